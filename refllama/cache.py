@@ -1,0 +1,50 @@
+"""The unified cache: per-layer K/V preallocated to the context length and filled in place, RoPE tables.
+
+Everything here is computed or allocated once per context; a forward step only writes rows into it.
+"""
+
+import numpy as np
+
+from .errors import RefllamaError
+
+
+def rope_tables(cfg, n_ctx, freq_factors=None):  # -> cos, sin: [n_ctx, R/2] float32
+    """cos/sin of pos * theta_i with theta_i = base^(-2i/R), computed in float64 once, stored float32."""
+    half = cfg.rope_dim // 2
+    theta = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
+    if freq_factors is not None:  # llama3-style: per-frequency divisors stored in the model file
+        theta = theta / np.asarray(freq_factors, dtype=np.float64)
+    pos = np.arange(n_ctx, dtype=np.float64) / cfg.rope_scale  # linear scaling stretches positions
+    angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
+    return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+
+
+class Cache:
+    """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables; `n_past` rows are valid."""
+
+    def __init__(self, cfg, n_ctx, xp=np, freq_factors=None):
+        if n_ctx < 1:
+            raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
+        self.n_ctx = n_ctx
+        shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
+        self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
+        self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
+        cos, sin = rope_tables(cfg, n_ctx, freq_factors)
+        self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
+        self.n_past = 0
+
+    def reset(self):
+        """Forget every cached position (the buffers are reused, not reallocated)."""
+        self.n_past = 0
+
+    def check_room(self, n_tokens):
+        if self.n_past + n_tokens > self.n_ctx:
+            raise RefllamaError(
+                f"context full: {self.n_past} cached + {n_tokens} new tokens > context size {self.n_ctx} (raise -c/--ctx-size)"
+            )
+
+    def store(self, layer, start_pos, k, v):  # k, v: [T, KVH, HD]; returns cached [KVH, S, HD] views
+        end = start_pos + k.shape[0]
+        self.k[layer][:, start_pos:end] = k.transpose(1, 0, 2)
+        self.v[layer][:, start_pos:end] = v.transpose(1, 0, 2)
+        return self.k[layer][:, :end], self.v[layer][:, :end]

@@ -1,0 +1,86 @@
+"""The layers of a Llama-family transformer, each a pure function of arrays.
+
+Shape letters: T tokens, D model dim, H / KVH query / kv heads, HD head dim, F ffn dim, V vocab,
+S cached length (keys visible to the step). Activations are float32. Each function takes its array
+module from its inputs, so the same code runs on NumPy and CuPy.
+"""
+
+from .xp import array_module
+
+
+def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
+    return w_embd[tokens]
+
+
+def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
+    xp = array_module(x)
+    # llama.cpp and transformers both normalise in float32, then scale by the weight
+    return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def linear(x, w):  # [T, in], [out, in] -> [T, out]
+    return x @ w.T
+
+
+def rope_interleaved(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
+    """Rotate pairs (x[2i], x[2i+1]) by angle pos*theta_i: GGUF llama weights, llama.cpp's rope mode 0.
+
+    Only the first R = 2 * cos.shape[-1] dims of each head rotate; the rest pass through.
+    """
+    xp = array_module(x)
+    r = 2 * cos.shape[-1]
+    x0, x1 = x[..., 0:r:2], x[..., 1:r:2]  # [T, n, R/2] each
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = xp.empty_like(x)
+    out[..., 0:r:2] = x0 * c - x1 * s
+    out[..., 1:r:2] = x0 * s + x1 * c
+    out[..., r:] = x[..., r:]
+    return out
+
+
+def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
+    """Rotate pairs (x[i], x[i + R/2]): HF weights, transformers' rotate_half / apply_rotary_pos_emb."""
+    xp = array_module(x)
+    half = cos.shape[-1]
+    x0, x1 = x[..., :half], x[..., half:2 * half]  # [T, n, R/2] each
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = xp.empty_like(x)
+    out[..., :half] = x0 * c - x1 * s
+    out[..., half:2 * half] = x0 * s + x1 * c
+    out[..., 2 * half:] = x[..., 2 * half:]
+    return out
+
+
+def causal_mask(start_pos, T, S, xp):  # -> [T, S] additive: 0 where key j <= query position, -inf after
+    q_pos = start_pos + xp.arange(T)[:, None]
+    return xp.where(xp.arange(S)[None, :] <= q_pos, 0.0, -xp.inf).astype(xp.float32)
+
+
+def softmax(x):  # [..., n] -> [..., n]
+    xp = array_module(x)
+    e = xp.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention(q, k, v, mask):  # [T, H, HD], [KVH, S, HD], [KVH, S, HD], [T, S] -> [T, H*HD]
+    """Grouped-query attention: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
+
+    K and V are broadcast over the G = H / KVH query heads of a group, never copied per head.
+    """
+    T, H, HD = q.shape
+    KVH = k.shape[0]
+    G = H // KVH
+    q = q.transpose(1, 0, 2).reshape(KVH, G, T, HD)  # [KVH, G, T, HD]
+    kq = q @ k[:, None].transpose(0, 1, 3, 2)  # [KVH, G, T, S], unscaled scores
+    p = softmax(kq * (1.0 / HD ** 0.5) + mask)  # [KVH, G, T, S]
+    out = p @ v[:, None]  # [KVH, G, T, HD]
+    return out.reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
+
+
+def silu(x):  # [...] -> [...]
+    xp = array_module(x)
+    return x / (1.0 + xp.exp(-x))
+
+
+def swiglu(x, w_gate, w_up, w_down):  # [T, D], [F, D], [F, D], [D, F] -> [T, D]
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)

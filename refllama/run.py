@@ -1,0 +1,96 @@
+"""Command line: generate text with a model, streaming it as it comes.
+
+    python -m refllama.run -p "The capital of France is" -n 32
+"""
+
+import argparse
+import sys
+import time
+
+from .errors import RefllamaError
+from .xp import BACKENDS
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m refllama.run", description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", help="GGUF file (default: the installed SmolLM2-135M-Instruct)")
+    p.add_argument("-p", "--prompt", help="prompt text")
+    p.add_argument("-f", "--file", help="read the prompt from this file")
+    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="top-k, <= 0 disables (default 40)")
+    p.add_argument("--top-p", type=float, default=0.95, help="top-p, 1.0 disables (default 0.95)")
+    p.add_argument("--min-p", type=float, default=0.05, help="min-p, 0 disables (default 0.05)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="repetition penalty, 1.0 disables (default 1.0)")
+    p.add_argument("--repeat-last-n", type=int, default=64, help="penalty window; 0 disables, -1 = all (default 64)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--system", help="system message for --chat")
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens; 0 = the model's (default 4096)")
+    args = p.parse_args(argv)
+    if args.prompt is not None and args.file is not None:
+        p.error("give either -p/--prompt or -f/--file, not both")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        prompt = args.prompt
+        if args.file is not None:
+            try:
+                with open(args.file, encoding="utf-8") as f:
+                    prompt = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise RefllamaError(f"{args.file}: cannot read prompt file ({e})") from None
+        if prompt is None:
+            prompt = "Tell me a short story about a robot." if args.chat else "Once upon a time"
+        run(args, prompt)
+    except RefllamaError as e:
+        print(f"refllama: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def run(args, prompt):
+    from . import api
+
+    t0 = time.perf_counter()
+    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size or None)
+    t_load = time.perf_counter() - t0
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+        ids = m.chat_tokens(messages)
+    else:
+        ids = m.tokenize(prompt)
+        sys.stdout.write(prompt)
+    n_gen, t_first = 0, None
+    t1 = time.perf_counter()
+    tokens = m.generate(ids, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                        min_p=args.min_p, repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
+                        seed=args.seed, stop=args.stop)
+
+    def counted(gen):
+        nonlocal n_gen, t_first
+        for t in gen:
+            n_gen += 1
+            t_first = t_first or time.perf_counter()
+            yield t
+
+    for piece in api.stream_text(m, counted(tokens), args.stop):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    t2 = time.perf_counter()
+    sys.stdout.write("\n")
+    t_prompt = (t_first or t2) - t1  # prefill and the first sample
+    rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
+    print(f"\nload: {t_load:.2f} s ({m.backend}) | prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
+          f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

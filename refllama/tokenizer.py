@@ -1,0 +1,139 @@
+"""Tokenizer: a `tokenizers.Tokenizer` built from a GGUF's embedded vocabulary, with llama.cpp's rules.
+
+Byte-level BPE ("gpt2" model) takes the pre-tokenizer that `tokenizer.ggml.pre` names; SentencePiece
+("llama" model) becomes BPE with merges ranked by score and byte fallback, as llama.cpp tokenizes it.
+"""
+
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from .errors import RefllamaError
+
+# llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), grouped by the `tokenizer.ggml.pre` names using each
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2 = ("gpt-2", "gpt2", "jais", "roberta-bpe")
+_DIGITS_GPT2 = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
+_REGEX = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), _LLAMA3),
+          **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2)}
+# control tokens llama.cpp treats as end of generation wherever they appear in a vocabulary
+_EOG_TEXTS = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>"}
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+def _byte_level_pre_tokenizer(pre, path):
+    if pre in _GPT2:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in _DIGITS_GPT2:  # each digit alone, then GPT-2's regex
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    if pre in _REGEX:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_REGEX[pre]), behavior="isolated"),
+                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    known = ", ".join(sorted((*_GPT2, *_DIGITS_GPT2, *_REGEX)))
+    raise RefllamaError(f"{path}: unsupported tokenizer.ggml.pre '{pre}' (supported: {known})")
+
+
+def _spm_merges(tokens, scores):
+    """BPE merges for a SentencePiece vocabulary: every split of a piece into two pieces, best score first."""
+    ids = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for piece, score in zip(tokens, scores):
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in ids and right in ids:
+                merges.append((score, ids[left], ids[right], left, right))
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    return [(left, right) for _, _, _, left, right in merges]
+
+
+def from_gguf(g):
+    """Tokenizer for the vocabulary embedded in an opened GGUFFile."""
+    model = g.get("tokenizer.ggml.model", required=True)
+    tokens = g.get("tokenizer.ggml.tokens", required=True)
+    types = g.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if model == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in g.get("tokenizer.ggml.merges", required=True)]
+        pre = g.get("tokenizer.ggml.pre", "default")
+        tok = HFTokenizer(BPE(vocab, merges, ignore_merges=_REGEX.get(pre) is _LLAMA3))
+        tok.pre_tokenizer = _byte_level_pre_tokenizer(pre, g.path)
+        tok.decoder = decoders.ByteLevel()
+        add_bos_default = pre in _REGEX and _REGEX[pre] is _LLAMA3
+    elif model == "llama":
+        scores = g.get("tokenizer.ggml.scores", required=True)
+        unk = tokens[g.get("tokenizer.ggml.unknown_token_id", 0)]
+        tok = HFTokenizer(BPE(vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True, fuse_unk=True))
+        space_prefix = g.get("tokenizer.ggml.add_space_prefix", True)
+        steps = [normalizers.Prepend("▁")] if space_prefix else []
+        tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+        dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        tok.decoder = decoders.Sequence([*dec, decoders.Strip(" ", 1, 0)] if space_prefix else dec)
+        add_bos_default = True
+    else:
+        raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model '{model}' (supported: gpt2, llama)")
+    # control and user-defined tokens are matched whole in the text, as llama.cpp does
+    tok.add_tokens([AddedToken(tokens[i], special=(t == CONTROL), normalized=False)
+                    for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
+    eog = {g.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")}
+    eog |= {i for i, t in enumerate(types) if t == CONTROL and tokens[i] in _EOG_TEXTS}
+    return Tokenizer(
+        tok,
+        bos_id=g.get("tokenizer.ggml.bos_token_id"),
+        eos_id=g.get("tokenizer.ggml.eos_token_id"),
+        add_bos=bool(g.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+        add_eos=bool(g.get("tokenizer.ggml.add_eos_token", False)),
+        eog_ids=frozenset(i for i in eog if i is not None),
+    )
+
+
+class Tokenizer:
+    """Text <-> token ids with llama.cpp's conventions for BOS/EOS and special-token parsing."""
+
+    def __init__(self, tok, bos_id, eos_id, add_bos, add_eos, eog_ids):
+        self.tok = tok
+        self.bos_id, self.eos_id = bos_id, eos_id
+        self.add_bos = add_bos and bos_id is not None
+        self.add_eos = add_eos and eos_id is not None
+        self.eog_ids = eog_ids  # generation ends at any of these
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text, add_special=True, parse_special=False):
+        """Token ids; `parse_special` matches control-token text such as '<|im_start|>' as one token."""
+        self.tok.encode_special_tokens = not parse_special
+        ids = self.tok.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos:
+            ids = [self.bos_id] + ids
+        if add_special and self.add_eos:
+            ids = ids + [self.eos_id]
+        return ids
+
+    def decode(self, ids):
+        self.check_ids(ids)
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_text(self, i):
+        return self.tok.id_to_token(int(i))
+
+    def check_ids(self, ids):
+        for i in ids:
+            if not 0 <= int(i) < self.vocab_size:
+                raise RefllamaError(f"token id {int(i)} is out of range for a vocabulary of {self.vocab_size}")
+
+    def stream(self):
+        """A fresh streaming decoder: feed ids one at a time, get text that never splits a UTF-8 character."""
+        return TextStream(self.tok)
+
+
+class TextStream:
+    """Incremental detokenizer around tokenizers' DecodeStream: `step(id)` returns the new text ('' if none yet)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.ds = decoders.DecodeStream(skip_special_tokens=False)
+
+    def step(self, token_id):
+        return self.ds.step(self.tok, int(token_id)) or ""
