@@ -118,11 +118,12 @@ class Model:
                     gen.finish_reason = "stop"
                     return
                 history.append(token)
-                yield token
                 text += text_stream.step(token)
                 if stop and any(s in text for s in stop):
-                    gen.finish_reason = "stop"
+                    gen.finish_reason = "stop"  # set before the yield: a consumer may stop pulling here
+                    yield token
                     return
+                yield token
                 if n + 1 == max_tokens or self.cache.n_past == self.n_ctx:
                     break
                 logits = forward(self.weights, self.config, np.asarray([token]), self.cache.n_past, self.cache,

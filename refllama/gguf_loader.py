@@ -80,7 +80,7 @@ def read_config(g):
     n_head = int(key("attention.head_count"))
     head_dim = int(key("attention.key_length", n_embd // n_head))
     n_tokens = len(g.get("tokenizer.ggml.tokens", [])) or None
-    vocab = key("vocab_size", n_tokens)
+    vocab = g.get(f"{arch}.vocab_size", n_tokens)
     if vocab is None:
         raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
     scaling = g.get(f"{arch}.rope.scaling.type", "none")

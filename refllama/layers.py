@@ -78,8 +78,9 @@ def attention(q, k, v, mask):  # [T, H, HD], [KVH, S, HD], [KVH, S, HD], [T, S] 
 
 
 def silu(x):  # [...] -> [...]
+    """x * sigmoid(x), with sigmoid written through tanh so large |x| cannot overflow."""
     xp = array_module(x)
-    return x / (1.0 + xp.exp(-x))
+    return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
 
 
 def swiglu(x, w_gate, w_up, w_down):  # [T, D], [F, D], [F, D], [D, F] -> [T, D]

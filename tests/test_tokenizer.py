@@ -1,0 +1,55 @@
+"""Tokenizer: ids equal llama.cpp's for a table of tricky strings; streaming never splits a character."""
+
+import json
+
+import pytest
+from conftest import DATA
+
+TABLE = json.loads((DATA / "tokenizer_llamacpp.json").read_text(encoding="utf-8"))
+
+
+def test_table_is_made_from_the_default_model(model):
+    import hashlib
+    from pathlib import Path
+
+    assert TABLE["model_sha256"] == hashlib.sha256(Path(model.path).read_bytes()).hexdigest()
+    assert len({c["text"] for c in TABLE["cases"]}) >= 30
+
+
+@pytest.mark.parametrize("case", TABLE["cases"],
+                         ids=lambda c: f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}")
+def test_ids_equal_llamacpp(model, case):
+    assert model.tokenize(case["text"], add_special=case["add_special"], parse_special=case["parse_special"]) == case["ids"]
+
+
+def test_special_tokens_only_parsed_when_asked(model):
+    assert model.tokenize("<|im_start|>", parse_special=True) == [1]
+    assert len(model.tokenize("<|im_start|>", parse_special=False)) > 1
+
+
+def test_bos_follows_metadata(model):
+    assert model.tokenizer.add_bos is False  # SmolLM2: tokenizer.ggml.add_bos_token = false
+    assert model.tokenize("") == []
+
+
+@pytest.mark.parametrize("text", ["Hello, world!", "café naïve 日本語 🤖👨‍👩‍👧", "  tabs\tand\nnewlines\n\n", "x" * 50])
+def test_detokenize_round_trips(model, text):
+    assert model.detokenize(model.tokenize(text)) == text
+
+
+def test_streaming_never_emits_half_a_character(model):
+    text = "emoji 🤖🚀 and 👨‍👩‍👧, 日本語, café — ok"
+    ids = model.tokenize(text)
+    stream = model.tokenizer.stream()
+    pieces = [stream.step(i) for i in ids]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    # some single tokens here are partial UTF-8 sequences: the stream holds them back, then emits whole characters
+    assert any(p == "" for p in pieces)
+
+
+def test_out_of_range_ids_are_refused(model):
+    import refllama
+
+    with pytest.raises(refllama.RefllamaError, match="token id 49152"):
+        model.detokenize([1, 49152])
