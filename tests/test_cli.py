@@ -1,0 +1,61 @@
+"""The command line, run as a user runs it: streamed text on stdout, timings on stderr, one-line errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "refllama.run", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_greedy_run_prints_prompt_continuation_and_timings(model):
+    r = cli("-p", "The history of the printing press begins", "-n", "12", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    ids = model.tokenize("The history of the printing press begins")
+    expected = model.detokenize(list(model.generate(ids, max_tokens=12, temperature=0)))
+    assert r.stdout == "The history of the printing press begins" + expected + "\n"
+    for field in ("load:", "prompt: 7 tokens", "tok/s", "generated: 12 tokens"):
+        assert field in r.stderr
+
+
+def test_prompt_from_file_and_chat_mode(tmp_path):
+    p = tmp_path / "q.txt"
+    p.write_text("What is the capital of France? Answer in one word.", encoding="utf-8")
+    r = cli("-f", str(p), "--chat", "--system", "Answer briefly.", "-n", "16", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout and "stop: stop" in r.stderr
+
+
+def test_sampling_flags_with_seed_are_reproducible():
+    args = ("-p", "Once upon a time", "-n", "10", "--temp", "0.9", "--top-k", "20", "--top-p", "0.9",
+            "--min-p", "0.02", "--repeat-penalty", "1.1", "--repeat-last-n", "32", "--seed", "5", "-c", "256")
+    a, b = cli(*args), cli(*args)
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("-f", "/nonexistent/prompt.txt"), "/nonexistent/prompt.txt"),
+    (("-m", "/nonexistent/model.gguf"), "/nonexistent/model.gguf"),
+    (("-m", "weights/pytorch_model.bin"), "pickle"),
+    (("-p", "x" * 100, "-c", "8"), "context size 8"),
+    (("--temp", "-1"), "temperature"),
+])
+def test_bad_input_is_one_line_and_nonzero(args, fragment):
+    r = cli(*args, "-n", "2")
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("refllama: error:") and fragment in lines[0], r.stderr
+
+
+def test_cupy_backend_without_gpu_is_a_clear_error():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a CUDA GPU is present, so the cupy backend loads")
+    except Exception:
+        pass
+    r = cli("--backend", "cupy", "-n", "1")
+    assert r.returncode == 1 and ("CuPy" in r.stderr or "GPU" in r.stderr) and len(r.stderr.strip().splitlines()) == 1
