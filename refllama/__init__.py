@@ -2,6 +2,7 @@
 
 from .api import Model, load
 from .errors import RefllamaError
+from .xp import set_threads
 
-__all__ = ["Model", "RefllamaError", "load"]
+__all__ = ["Model", "RefllamaError", "load", "set_threads"]
 __version__ = "0.1.0"

@@ -28,6 +28,8 @@ def parse_args(argv):
     p.add_argument("--system", help="system message for --chat")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="CPU threads for BLAS; 0 = idle cores (default, see README)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens; 0 = the model's (default 4096)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.file is not None:
@@ -58,7 +60,9 @@ def main(argv=None):
 
 def run(args, prompt):
     from . import api
+    from .xp import set_threads
 
+    threads = set_threads(args.threads)
     t0 = time.perf_counter()
     m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size or None)
     t_load = time.perf_counter() - t0
@@ -88,7 +92,7 @@ def run(args, prompt):
     sys.stdout.write("\n")
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
-    print(f"\nload: {t_load:.2f} s ({m.backend}) | prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
+    print(f"\nload: {t_load:.2f} s ({m.backend}, threads={threads}) | prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
           f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)
 
 
