@@ -88,7 +88,7 @@ def write_gguf(path, metadata, tensors, arch="llama"):
     for key, (value, vtype) in metadata.items():
         sub = None
         if vtype == VT.ARRAY:
-            sub = VT.STRING if isinstance(value[0], str) else VT.INT32
+            sub = {str: VT.STRING, float: VT.FLOAT32, int: VT.INT32}[type(value[0])]
         w.add_key_value(key, value, vtype, sub)
     for name, (array, qtype) in tensors.items():
         if qtype in (QT.F32, QT.F16):

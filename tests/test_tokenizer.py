@@ -53,3 +53,36 @@ def test_out_of_range_ids_are_refused(model):
 
     with pytest.raises(refllama.RefllamaError, match="token id 49152"):
         model.detokenize([1, 49152])
+
+
+SPM = json.loads((DATA / "tokenizer_spm_llamacpp.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def spm_tokenizer(tmp_path_factory):
+    """refllama's tokenizer for the tiny SentencePiece vocabulary that tools/make_spm_tokenizer_table.py made."""
+    from conftest import tiny_metadata, tiny_tensors, write_gguf
+    from gguf import GGUFValueType as VT
+
+    from refllama.gguf_loader import GGUFFile
+    from refllama.tokenizer import from_gguf
+
+    meta = {k: v for k, v in tiny_metadata().items() if not k.startswith("tokenizer.")}
+    meta.update({
+        "tokenizer.ggml.model": ("llama", VT.STRING), "tokenizer.ggml.tokens": (SPM["tokens"], VT.ARRAY),
+        "tokenizer.ggml.scores": (SPM["scores"], VT.ARRAY), "tokenizer.ggml.token_type": (SPM["token_type"], VT.ARRAY),
+        "tokenizer.ggml.bos_token_id": (1, VT.UINT32), "tokenizer.ggml.eos_token_id": (2, VT.UINT32),
+        "tokenizer.ggml.unknown_token_id": (0, VT.UINT32),
+    })
+    path = write_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", meta, tiny_tensors())
+    return from_gguf(GGUFFile(path))
+
+
+@pytest.mark.parametrize("case", SPM["cases"],
+                         ids=lambda c: f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}")
+def test_sentencepiece_ids_equal_llamacpp(spm_tokenizer, case):
+    assert spm_tokenizer.encode(case["text"], case["add_special"], case["parse_special"]) == case["ids"]
+
+
+def test_sentencepiece_decodes_back(spm_tokenizer):
+    assert spm_tokenizer.decode(spm_tokenizer.encode("hello world, café 日本", add_special=False)) == "hello world, café 日本"
