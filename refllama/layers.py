@@ -62,18 +62,25 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention(q, k, v, mask):  # [T, H, HD], [KVH, S, HD], [KVH, S, HD], [T, S] -> [T, H*HD]
-    """Grouped-query attention: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
+def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
+    """Grouped-query scores: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
 
-    K and V are broadcast over the G = H / KVH query heads of a group, never copied per head.
+    K is broadcast over the G = H / KVH query heads of its group, never copied per head.
     """
     T, H, HD = q.shape
-    KVH = k.shape[0]
-    G = H // KVH
-    q = q.transpose(1, 0, 2).reshape(KVH, G, T, HD)  # [KVH, G, T, HD]
-    kq = q @ k[:, None].transpose(0, 1, 3, 2)  # [KVH, G, T, S], unscaled scores
-    p = softmax(kq * (1.0 / HD ** 0.5) + mask)  # [KVH, G, T, S]
-    out = p @ v[:, None]  # [KVH, G, T, HD]
+    KVH, S, _ = k.shape
+    q = q.transpose(1, 0, 2).reshape(KVH, H // KVH, T, HD)  # [KVH, G, T, HD]
+    return (q @ k[:, None].transpose(0, 1, 3, 2)).reshape(H, T, S)  # [KVH, G, T, S] -> [H, T, S]
+
+
+def attention_weights(kq, mask, head_dim):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
+    return softmax(kq * (1.0 / head_dim ** 0.5) + mask)
+
+
+def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
+    H, T, S = p.shape
+    KVH, _, HD = v.shape
+    out = p.reshape(KVH, H // KVH, T, S) @ v[:, None]  # [KVH, G, T, HD], V broadcast like K
     return out.reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
 
 
@@ -83,5 +90,5 @@ def silu(x):  # [...] -> [...]
     return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
 
 
-def swiglu(x, w_gate, w_up, w_down):  # [T, D], [F, D], [F, D], [D, F] -> [T, D]
-    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
+    return silu(gate) * up

@@ -1,9 +1,12 @@
 """The Llama forward pass, top to bottom: embeddings, n_layer blocks of attention + SwiGLU, norm, logits.
 
-Stage names in comments are llama.cpp's graph names, the vocabulary of refllama's checkpoints.
+Each stage is handed to `tap` under llama.cpp's graph name (a no-op unless a trace is recording); where
+llama.cpp gives two tensors one name, refllama adds a suffix (`Qcur_rope`, `Kcur_rope`).
 """
 
-from .layers import attention, causal_mask, embedding, linear, rms_norm, rope_half, rope_interleaved, swiglu
+from .layers import (attention_mix, attention_scores, attention_weights, causal_mask, embedding, linear,
+                     rms_norm, rope_half, rope_interleaved, swiglu)
+from .trace import tap
 from .xp import array_module
 
 ROPE = {"interleaved": rope_interleaved, "half": rope_half}
@@ -23,21 +26,31 @@ def forward(w, cfg, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 
     cos, sin = cache.cos[start_pos:start_pos + T], cache.sin[start_pos:start_pos + T]  # [T, R/2]
     mask = causal_mask(start_pos, T, start_pos + T, xp)  # [T, S]
 
-    x = embedding(xp.asarray(tokens), w["token_embd"])  # inp_embd [T, D]
+    x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
     for i, lw in enumerate(w["layers"]):
-        h = rms_norm(x, lw["attn_norm"], cfg.rms_eps)  # attn_norm [T, D]
-        q = linear(h, lw["attn_q"]).reshape(T, H, HD)  # Qcur [T, H, HD]
-        k = linear(h, lw["attn_k"]).reshape(T, KVH, HD)  # Kcur [T, KVH, HD]
-        v = linear(h, lw["attn_v"]).reshape(T, KVH, HD)  # Vcur [T, KVH, HD]
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        k_all, v_all = cache.store(i, start_pos, k, v)  # [KVH, S, HD] each
-        attn = attention(q, k_all, v_all, mask)  # kqv_out [T, H*HD]
-        x = x + linear(attn, lw["attn_output"])  # ffn_inp [T, D]
-        h = rms_norm(x, lw["ffn_norm"], cfg.rms_eps)  # ffn_norm [T, D]
-        x = x + swiglu(h, lw["ffn_gate"], lw["ffn_up"], lw["ffn_down"])  # l_out [T, D]
+        # attention block
+        h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
+        q = tap("Qcur", i, linear(h, lw["attn_q"]).reshape(T, H, HD))  # [T, H, HD]
+        k = tap("Kcur", i, linear(h, lw["attn_k"]).reshape(T, KVH, HD))  # [T, KVH, HD]
+        v = tap("Vcur", i, linear(h, lw["attn_v"]).reshape(T, KVH, HD))  # [T, KVH, HD]
+        q = tap("Qcur_rope", i, rope(q, cos, sin))
+        k = tap("Kcur_rope", i, rope(k, cos, sin))
+        k_all, v_all = cache.store(i, start_pos, k, v)  # [KVH, S, HD] each, S = start_pos + T
+        kq = tap("kq", i, attention_scores(q, k_all))  # [H, T, S]
+        p = tap("kq_soft_max", i, attention_weights(kq, mask, HD))  # [H, T, S]
+        attn = tap("kqv_out", i, attention_mix(p, v_all))  # [T, H*HD]
+        attn = tap("attn_out", i, linear(attn, lw["attn_output"]))  # [T, D]
+        x = tap("ffn_inp", i, x + attn)  # [T, D]
+        # feed-forward block: SwiGLU
+        h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
+        gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"]))  # [T, F]
+        up = tap("ffn_up", i, linear(h, lw["ffn_up"]))  # [T, F]
+        h = tap("ffn_swiglu", i, swiglu(gate, up))  # [T, F]
+        h = tap("ffn_out", i, linear(h, lw["ffn_down"]))  # [T, D]
+        x = tap("l_out", i, x + h)  # [T, D]
     cache.n_past = start_pos + T
 
     if last_only:
         x = x[-1:]  # [1, D]
-    x = rms_norm(x, w["output_norm"], cfg.rms_eps)  # result_norm [T, D]
-    return linear(x, w["output"])  # result_output [T, V]
+    x = tap("result_norm", None, rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
+    return tap("result_output", None, linear(x, w["output"]))  # [T, V]
