@@ -2,7 +2,8 @@
 
 from .api import Model, load
 from .errors import RefllamaError
+from .trace import trace
 from .xp import set_threads
 
-__all__ = ["Model", "RefllamaError", "load", "set_threads"]
+__all__ = ["Model", "RefllamaError", "load", "set_threads", "trace"]
 __version__ = "0.1.0"

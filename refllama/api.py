@@ -137,9 +137,9 @@ class Model:
     def dump(self, ids, directory, prompt=None, greedy=0, **plan):
         """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);
         `greedy` also records that many greedy tokens; `plan` takes storage_plan's options."""
-        with trace() as t:
-            self.logits(ids)
         names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), **plan)
+        with trace(names=names) as t:
+            self.logits(ids)
         provenance = {
             "producer": f"refllama {__import__('refllama').__version__} ({self.backend})",
             "model": os.path.basename(self.path), "model_sha256": file_sha256(self.path), "prompt": prompt,

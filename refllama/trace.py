@@ -23,13 +23,19 @@ def stage_name(name, layer):
 
 
 class Trace:
-    """The stages of the forward passes run while it was active, in order; a stage seen twice keeps the last."""
+    """The stages of the forward passes run while it was active, in order; a stage seen twice keeps the last.
 
-    def __init__(self):
+    `names`, if given, limits what is kept (a long prompt's every stage is hundreds of MB).
+    """
+
+    def __init__(self, names=None):
         self.arrays, self.layers = {}, {}
+        self.names = None if names is None else set(names)
 
     def record(self, name, layer, x):
         key = stage_name(name, layer)
+        if self.names is not None and key not in self.names:
+            return
         self.arrays.pop(key, None)  # re-insert, so order is that of the last pass
         self.arrays[key] = to_numpy(x).copy()  # a copy: cache views are overwritten by later steps
         self.layers[key] = layer
@@ -48,12 +54,13 @@ class Trace:
 
 
 @contextmanager
-def trace(model=None):
-    """Record the stages of every forward pass run inside the block (model: for symmetry; any model records)."""
+def trace(model=None, names=None):
+    """Record the stages of every forward pass run inside the block (`model` reads well at the call site;
+    any model's passes are recorded); `names` limits the stages kept."""
     global _recorder
     if _recorder is not None:
         raise RuntimeError("refllama.trace() blocks cannot be nested")
-    _recorder = Trace()
+    _recorder = Trace(names)
     try:
         yield _recorder
     finally:

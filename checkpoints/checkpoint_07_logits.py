@@ -1,0 +1,30 @@
+"""Stage 7: logits (`result_output`): values within tolerance and the same best token."""
+
+import numpy as np
+
+from refllama.layers import linear
+
+NEAR_TIE = 0.25  # llama.cpp's best token may differ from ours only if ours rates it within this many logits
+
+
+def our_logits(case, mode):
+    if mode == "end_to_end":
+        return case.ours("result_output")
+    pos = case.rows("result_output")
+    norm_pos = case.rows("result_norm")
+    h = case.ref["result_norm"][[norm_pos.index(p) for p in pos]]  # [P, D] at the logit positions
+    return linear(h, case.w["output"])
+
+
+def test_logits(case, mode):
+    case.check("result_output", mode, our_logits(case, mode))
+
+
+def test_top1(case, mode):
+    got, want = our_logits(case, mode), case.ref["result_output"]
+    ref_best = want.argmax(axis=1)
+    gap = got.max(axis=1) - got[np.arange(len(got)), ref_best]  # 0 where the best tokens agree
+    if case.kind == "transformers":
+        assert (gap == 0).all(), f"{case}: best token differs at positions {np.flatnonzero(gap)}"
+    else:
+        assert (gap <= NEAR_TIE).all(), f"{case}: llama.cpp's best token is {gap.max():.3f} logits below ours"

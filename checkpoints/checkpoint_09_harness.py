@@ -1,0 +1,95 @@
+"""The harness itself: a deliberately broken stage is named, with its layer, as the first divergence.
+
+Each test breaks one thing in refllama's forward pass (monkeypatched for the test only), dumps the
+short prompt, and compares the dump with the stored references through `refllama.compare`.
+"""
+
+import json
+import subprocess
+import sys
+
+import harness
+import numpy as np
+import pytest
+
+import refllama.model
+from refllama.compare import compare
+from refllama.layers import rms_norm, rope_half
+
+REF = harness.HERE / "ref"
+
+
+def dump_short(model, tmp_path, name="dump"):
+    ids = harness.reference("hf", "short").manifest["token_ids"]
+    return model.dump(ids, tmp_path / name, layers=harness.stored_layers())
+
+
+def wrong_kv_head_scores(q, k):  # query head h reads kv head h % KVH instead of h // (H / KVH)
+    T, H, HD = q.shape
+    return np.einsum("thd,hsd->hts", q, k[np.arange(H) % k.shape[0]])
+
+
+BREAKS = {
+    "rope_layout_swapped": (lambda mp: mp.setitem(refllama.model.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
+    "rms_eps_dropped": (lambda mp: mp.setattr(refllama.model, "rms_norm", lambda x, w, eps: rms_norm(x, w, 0.0)),
+                        "attn_norm-0"),
+    "wrong_kv_head": (lambda mp: mp.setattr(refllama.model, "attention_scores", wrong_kv_head_scores), "kq-0"),
+}
+
+
+def test_unbroken_dump_is_within_tolerance_of_both_references(model, tmp_path):
+    ours = dump_short(model, tmp_path)
+    for ref in ("hf", "llamacpp"):
+        rows, first, _ = compare(ours, REF / ref / "short", harness.TOLERANCES)
+        assert first is None, f"{ref}: {first}"
+        assert len(rows) == 73
+
+
+@pytest.mark.parametrize("breakage", list(BREAKS))
+def test_broken_stage_is_named_as_first_divergence(model, tmp_path, monkeypatch, breakage):
+    apply, expected = BREAKS[breakage]
+    with monkeypatch.context() as mp:
+        apply(mp)
+        ours = dump_short(model, tmp_path)
+    _, first, _ = compare(ours, REF / "hf" / "short", harness.TOLERANCES)
+    assert first is not None and first["name"] == expected, first
+
+
+def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
+    with monkeypatch.context() as mp:
+        BREAKS["rope_layout_swapped"][0](mp)
+        broken = dump_short(model, tmp_path, "broken")
+    png = tmp_path / "errors.png"
+    r = subprocess.run([sys.executable, "-m", "refllama.compare", str(broken), str(REF / "llamacpp" / "short"),
+                        "--plot", str(png)], capture_output=True, text=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "first divergence: Qcur_rope-0" in r.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    clean = dump_short(model, tmp_path, "clean")
+    r = subprocess.run([sys.executable, "-m", "refllama.compare", str(clean), str(REF / "llamacpp" / "short")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "all 73 stages within tolerance" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
+    """What another engine writes: plain np.save files and a manifest, q/k in the half-split layout."""
+    ids = harness.reference("llamacpp", "short").manifest["token_ids"]
+    with refllama.trace(model) as t:
+        model.logits(ids)
+    d = tmp_path / "engine-dump"
+    d.mkdir()
+    half = np.concatenate([np.arange(0, 64, 2), np.arange(1, 64, 2)])  # interleaved -> half-split dims
+    stages = {"attn_norm-0": t["attn_norm-0"], "Qcur_rope-0": t["Qcur_rope-0"][..., half],
+              "l_out-0": t["l_out-0"], "l_out-1": t["l_out-1"] + 0.5}  # a bug in block 1
+    tensors = []
+    for name, a in stages.items():
+        np.save(d / f"{name}.npy", a.astype(np.float32))
+        stage, layer = name.rsplit("-", 1)
+        tensors.append({"name": name, "stage": stage, "layer": int(layer), "file": f"{name}.npy",
+                        "shape": list(a.shape), "dtype": "float32", "token_axis": 0, "positions": list(range(len(ids)))})
+    (d / "manifest.json").write_text(json.dumps({
+        "format": "refllama-dump/1", "producer": "hand-written test engine", "model": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "model_sha256": "", "token_ids": ids, "qk_layout": "half", "tensors": tensors}))
+    rows, first, kind = compare(d, REF / "llamacpp" / "short", harness.TOLERANCES)
+    assert kind == "llama.cpp" and [r["name"] for r in rows] == ["attn_norm-0", "Qcur_rope-0", "l_out-0", "l_out-1"]
+    assert first["name"] == "l_out-1"

@@ -1,0 +1,129 @@
+"""Dump every stage of transformers' forward pass over a prompt, in refllama's dump format (checkpoints/FORMAT.md).
+
+transformers (torch CPU, float32) loads the same GGUF file and dequantizes it itself; forward hooks on
+its modules give the stages, named as llama.cpp names them:
+  embed_tokens -> inp_embd; input_layernorm -> attn_norm; q/k/v_proj -> Qcur/Kcur/Vcur; o_proj input and
+  output -> kqv_out, attn_out; post_attention_layernorm input and output -> ffn_inp, ffn_norm; gate/up_proj
+  -> ffn_gate/ffn_up; down_proj input and output -> ffn_swiglu, ffn_out; decoder layer -> l_out;
+  norm -> result_norm; lm_head -> result_output.
+Inside attention a registered attention function records the query and key after RoPE (Qcur_rope,
+Kcur_rope) and the softmax weights of transformers' own eager attention (kq_soft_max); kq, the unscaled
+scores, is query @ key^T computed here from transformers' tensors, since eager attention never keeps it.
+
+transformers' GGUF loader undoes the q/k row permutation that llama.cpp's converter applied, so its q/k
+are in the half-split pair layout: the manifest records qk_layout "half", and refllama's Dump reader
+permutes each head's dims when comparing with an interleaved dump. Token ids come from refllama's
+tokenizer (equal to llama.cpp's, see tests/test_tokenizer.py), so dumps of one prompt line up.
+
+    python tools/dump_hf.py -p "The capital of France is" -o dumps/hf-short
+Needs torch==2.13.0, transformers and accelerate (README: "Regenerating the references").
+"""
+
+import argparse
+import os
+
+import numpy as np
+import torch
+import transformers
+from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+import refllama
+from refllama.api import default_model_path
+from refllama.dump import add_storage_args, file_sha256, plan_from_args, write_dump
+
+
+def capture(hf, ids):
+    """Stages of one forward pass of `ids` (batch of one), as numpy float32."""
+    stages, hooks = {}, []
+    H, KVH = hf.config.num_attention_heads, hf.config.num_key_value_heads
+
+    def keep(name, t, heads=None):
+        a = t.detach().float().numpy()[0]  # drop the batch axis
+        stages[name] = a.reshape(a.shape[0], heads, -1) if heads else a
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        i = module.layer_idx
+        keep(f"Qcur_rope-{i}", query.transpose(1, 2))  # [1, H, T, HD] -> [T, H, HD]
+        keep(f"Kcur_rope-{i}", key.transpose(1, 2))  # [1, KVH, S, HD] -> [S, KVH, HD]
+        k = key.repeat_interleave(module.num_key_value_groups, dim=1)
+        keep(f"kq-{i}", query @ k.transpose(2, 3))  # [H, T, S]
+        out, weights = eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        keep(f"kq_soft_max-{i}", weights)  # [H, T, S]
+        return out, weights
+
+    AttentionInterface.register("refllama_dump", attention)
+    AttentionMaskInterface.register("refllama_dump", eager_mask)  # the causal mask eager attention gets
+    hf.set_attn_implementation("refllama_dump")
+
+    def out_hook(name, heads=None):
+        return lambda mod, inp, out: keep(name, out[0] if isinstance(out, tuple) else out, heads)
+
+    def in_hook(name):
+        return lambda mod, inp: keep(name, inp[0])
+
+    m = hf.model
+    hooks.append(m.embed_tokens.register_forward_hook(out_hook("inp_embd")))
+    for i, layer in enumerate(m.layers):
+        a, f = layer.self_attn, layer.mlp
+        hooks += [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}")),
+                  a.q_proj.register_forward_hook(out_hook(f"Qcur-{i}", H)),
+                  a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
+                  a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH)),
+                  a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
+                  a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
+                  layer.post_attention_layernorm.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
+                  layer.post_attention_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
+                  f.gate_proj.register_forward_hook(out_hook(f"ffn_gate-{i}")),
+                  f.up_proj.register_forward_hook(out_hook(f"ffn_up-{i}")),
+                  f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}")),
+                  f.down_proj.register_forward_hook(out_hook(f"ffn_out-{i}")),
+                  layer.register_forward_hook(out_hook(f"l_out-{i}"))]
+    hooks += [m.norm.register_forward_hook(out_hook("result_norm")),
+              hf.lm_head.register_forward_hook(out_hook("result_output"))]
+    with torch.no_grad():
+        hf(torch.tensor([ids]), use_cache=False)
+    for h in hooks:
+        h.remove()
+    hf.set_attn_implementation("eager")
+    return stages
+
+
+def greedy(hf, ids, n):
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(hf(torch.tensor([seq]), use_cache=False).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("--special", action="store_true", help="parse special tokens in the prompt (chat prompts)")
+    p.add_argument("-o", "--out", required=True, help="dump directory to create")
+    p.add_argument("--greedy", type=int, default=0, help="also record transformers' greedy continuation of N tokens")
+    p.add_argument("-t", "--threads", type=int, default=2)
+    add_storage_args(p)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model_path = args.model or default_model_path()
+    ids = refllama.load(model_path).tokenize(args.prompt, parse_special=args.special)
+    d, f = os.path.split(os.path.abspath(model_path))
+    hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, attn_implementation="eager").eval()
+    stages = capture(hf, ids)
+    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids))
+    provenance = {
+        "producer": f"transformers {transformers.__version__} (torch {torch.__version__}, CPU, float32, eager attention)",
+        "model": f, "model_sha256": file_sha256(model_path), "prompt": args.prompt, "parse_special": args.special,
+        "token_ids": ids, "qk_layout": "half", "greedy": greedy(hf, ids, args.greedy),
+    }
+    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes)
+    print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

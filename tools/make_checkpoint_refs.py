@@ -1,0 +1,52 @@
+"""Regenerate checkpoints/ref/: llama.cpp and transformers dumps of SmolLM2 for the checkpoint suite's prompts.
+
+Kept: blocks 0, 1, 15 and 29 (with each one's input), embeddings, final norm; the first 8 and last 12
+token positions of longer prompts (K and V: all); logits for the last 4 positions; 16 greedy tokens.
+transformers' stages are stored as float32 (it agrees with refllama to ~1e-6, which float16 would hide),
+llama.cpp's as float16 (its own activations differ from fp32 by ~1e-3 to 1e-2 of their range, Q8_1 inside).
+
+    python tools/make_checkpoint_refs.py      # ~3 minutes on 2 cores; needs both reference tools (README)
+"""
+
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dump_hf  # noqa: E402
+import dump_llamacpp  # noqa: E402
+
+LONG = (
+    "The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
+    "letter by letter, often in a monastery, and a single Bible could take a scribe more than a year. Around 1440 "
+    "Johannes Gutenberg combined movable metal type, an oil-based ink and a screw press adapted from wine making. "
+    "By 1500, presses in more than two hundred and fifty cities had printed perhaps twenty million volumes. Prices "
+    "fell, literacy rose, and scholars could compare identical copies of a text for the first time. Errors could be "
+    "corrected in the next edition instead of multiplying with every copy. Pamphlets spread the arguments of the "
+    "Reformation within weeks, and scientists such as Copernicus and Vesalius published detailed diagrams that "
+    "readers in distant cities saw exactly as the author intended. Standardised spelling and grammar followed, as "
+    "printers chose one form of a word and repeated it thousands of times. In short, the press turned knowledge "
+    "from a scarce, fragile possession into something that could be shared, checked and built upon. Summarise the "
+    "three most important consequences of the printing press in one sentence each:"
+)
+PROMPTS = {
+    "short": ("The capital of France is", False),
+    "chat": ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+             "<|im_start|>user\nGive me two tips for learning a new language.<|im_end|>\n<|im_start|>assistant\n", True),
+    "long": (LONG, False),
+    "unicode": ("Übersetze: «Ça va très bien» — 東京は日本の首都です。Emoji: 🤖🚀. Answer:", False),
+}
+STORAGE = ["--layers", "0,1,15,-1", "--max-rows", "20", "--logit-rows", "4", "--greedy", "16"]
+
+
+def main():
+    root = Path(__file__).resolve().parent.parent / "checkpoints" / "ref"
+    for name, (text, special) in PROMPTS.items():
+        for tool, sub, extra in ((dump_llamacpp, "llamacpp", ["--float16"]), (dump_hf, "hf", [])):
+            out = root / sub / name
+            shutil.rmtree(out, ignore_errors=True)
+            tool.main(["-p", text, "-o", str(out), *STORAGE, *extra] + (["--special"] if special else []))
+
+
+if __name__ == "__main__":
+    main()
