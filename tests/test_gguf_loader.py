@@ -6,7 +6,7 @@ import sys
 import gguf
 import numpy as np
 import pytest
-from conftest import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
+from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 from gguf import GGMLQuantizationType as QT
 
 import refllama

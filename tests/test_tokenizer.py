@@ -1,17 +1,17 @@
 """Tokenizer: ids equal llama.cpp's for a table of tricky strings; streaming never splits a character."""
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
-from conftest import DATA
+
+DATA = Path(__file__).parent / "data"
 
 TABLE = json.loads((DATA / "tokenizer_llamacpp.json").read_text(encoding="utf-8"))
 
 
 def test_table_is_made_from_the_default_model(model):
-    import hashlib
-    from pathlib import Path
-
     assert TABLE["model_sha256"] == hashlib.sha256(Path(model.path).read_bytes()).hexdigest()
     assert len({c["text"] for c in TABLE["cases"]}) >= 30
 
@@ -61,7 +61,7 @@ SPM = json.loads((DATA / "tokenizer_spm_llamacpp.json").read_text(encoding="utf-
 @pytest.fixture(scope="module")
 def spm_tokenizer(tmp_path_factory):
     """refllama's tokenizer for the tiny SentencePiece vocabulary that tools/make_spm_tokenizer_table.py made."""
-    from conftest import tiny_metadata, tiny_tensors, write_gguf
+    from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
     from gguf import GGUFValueType as VT
 
     from refllama.gguf_loader import GGUFFile
