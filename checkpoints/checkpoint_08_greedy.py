@@ -6,13 +6,13 @@ import numpy as np
 NEAR_TIE = 0.25
 
 
-def test_greedy(case, model):
+def test_greedy(case):
     path = case.ref.manifest["greedy"]
     assert path, f"{case}: the reference recorded no greedy tokens"
     if case.kind == "transformers":
-        assert list(model.generate(case.ids, max_tokens=len(path), temperature=0)) == path
+        assert list(case.model.generate(case.ids, max_tokens=len(path), temperature=0)) == path
         return
-    logits = model.logits(case.ids + path[:-1])[len(case.ids) - 1:]  # teacher forcing along llama.cpp's path
+    logits = case.model.logits(case.ids + path[:-1])[len(case.ids) - 1:]  # teacher forcing along llama.cpp's path
     gap = logits.max(axis=1) - logits[np.arange(len(path)), path]
     assert (gap <= NEAR_TIE).all(), f"{case}: step {gap.argmax()} picks a token {gap.max():.3f} logits below ours"
     assert (gap == 0).mean() >= 0.75, f"{case}: top-1 agrees on only {(gap == 0).mean():.0%} of steps"

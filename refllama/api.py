@@ -4,6 +4,7 @@ This is the surface other tools drive (the CLI, the server, the checkpoint harne
 """
 
 import importlib.util
+import json
 import os
 
 import numpy as np
@@ -13,9 +14,10 @@ from .cache import Cache
 from .dump import file_sha256, storage_plan, write_dump
 from .errors import RefllamaError
 from .gguf_loader import load_gguf
+from .hf_loader import load_hf
 from .model import forward
 from .sampling import Sampler, SamplingParams
-from .tokenizer import from_gguf
+from .tokenizer import from_gguf, from_hf_dir
 from .trace import trace
 from .xp import backend_module, to_numpy
 
@@ -41,18 +43,35 @@ def _place(weights, xp):
 
 
 def load(path=None, backend="numpy", n_ctx=None):
-    """Load a GGUF model (None: the installed SmolLM2) onto a backend ("numpy" or "cupy")."""
+    """Load a model onto a backend ("numpy" or "cupy"): a GGUF file, an HF directory (config.json +
+    safetensors), or None for the installed SmolLM2."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
-        raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); use GGUF")
-    if os.path.isdir(path):
-        raise RefllamaError(f"{path}: is a directory; expected a .gguf file")
+        raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); use GGUF or safetensors")
     xp = backend_module(backend)
-    g, cfg, weights = load_gguf(path)
-    tokenizer = from_gguf(g)
-    if tokenizer.vocab_size < cfg.vocab_size:
+    if os.path.isdir(path):
+        cfg, weights = load_hf(path)
+        tokenizer, template = from_hf_dir(path, _hf_eos_ids(path))
+    else:
+        g, cfg, weights = load_gguf(path)
+        tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
+    if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {cfg.vocab_size}")
-    return Model(path, cfg, _place(weights, xp), tokenizer, g.get("tokenizer.chat_template"), backend, xp, n_ctx)
+    return Model(path, cfg, _place(weights, xp), tokenizer, template, backend, xp, n_ctx)
+
+
+def _hf_eos_ids(directory):
+    """End-of-generation ids named by config.json and generation_config.json (an int or a list)."""
+    ids = []
+    for name in ("config.json", "generation_config.json"):
+        p = os.path.join(directory, name)
+        if os.path.exists(p):
+            try:
+                value = json.loads(open(p, encoding="utf-8").read()).get("eos_token_id")
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise RefllamaError(f"{p}: invalid JSON ({e})") from None
+            ids += value if isinstance(value, list) else [value]
+    return [i for i in ids if isinstance(i, int)]
 
 
 class Generation:
@@ -78,17 +97,24 @@ class Model:
         self.n_ctx = int(n_ctx or config.n_ctx_train)
         self.cache = Cache(config, self.n_ctx, xp, weights.get("rope_freqs"))
 
+    def _tokenizer(self):
+        if self.tokenizer is None:
+            raise RefllamaError(f"{self.path}: no tokenizer.json in the model directory; pass token ids instead")
+        return self.tokenizer
+
     def tokenize(self, text, add_special=True, parse_special=False):
-        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+        return self._tokenizer().encode(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, ids):
-        return self.tokenizer.decode(ids)
+        return self._tokenizer().decode(ids)
 
     def _prefill(self, ids, last_only):
         ids = [int(i) for i in ids]
         if not ids:
             raise RefllamaError("empty prompt: at least one token is needed")
-        self.tokenizer.check_ids(ids)
+        bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
+        if bad:
+            raise RefllamaError(f"token id {bad[0]} is out of range for a vocabulary of {self.config.vocab_size}")
         if len(ids) > self.n_ctx:
             raise RefllamaError(f"prompt of {len(ids)} tokens does not fit the context size {self.n_ctx}")
         self.cache.reset()
@@ -113,18 +139,20 @@ class Model:
 
         def steps(gen):
             nonlocal logits
-            text_stream, text = self.tokenizer.stream(), ""
+            text_stream, text = self._tokenizer().stream() if stop else None, ""
+            eog = self.tokenizer.eog_ids if self.tokenizer is not None else frozenset()
             for n in range(max_tokens):
                 token = sample(to_numpy(logits[-1]), history)
-                if token in self.tokenizer.eog_ids:
+                if token in eog:
                     gen.finish_reason = "stop"
                     return
                 history.append(token)
-                text += text_stream.step(token)
-                if stop and any(s in text for s in stop):
-                    gen.finish_reason = "stop"  # set before the yield: a consumer may stop pulling here
-                    yield token
-                    return
+                if stop:
+                    text += text_stream.step(token)
+                    if any(s in text for s in stop):
+                        gen.finish_reason = "stop"  # set before the yield: a consumer may stop pulling here
+                        yield token
+                        return
                 yield token
                 if n + 1 == max_tokens or self.cache.n_past == self.n_ctx:
                     break
@@ -149,8 +177,9 @@ class Model:
         return write_dump(directory, {n: t[n] for n in names}, provenance, rows, dtypes)
 
     def render_chat(self, messages, add_generation_prompt=True):
-        bos = self.tokenizer.token_text(self.tokenizer.bos_id) if self.tokenizer.bos_id is not None else ""
-        eos = self.tokenizer.token_text(self.tokenizer.eos_id) if self.tokenizer.eos_id is not None else ""
+        tok = self._tokenizer()
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
         return chat_template.render(self.chat_template, messages, bos, eos, add_generation_prompt)
 
     def chat_tokens(self, messages):

@@ -16,7 +16,8 @@ def rope_tables(cfg, n_ctx, freq_factors=None):  # -> cos, sin: [n_ctx, R/2] flo
         theta = theta / np.asarray(freq_factors, dtype=np.float64)
     pos = np.arange(n_ctx, dtype=np.float64) / cfg.rope_scale  # linear scaling stretches positions
     angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
-    return np.cos(angle).astype(np.float32), np.sin(angle).astype(np.float32)
+    scale = cfg.rope_attn_factor  # LongRoPE scales cos and sin (and so q.k) by this
+    return (scale * np.cos(angle)).astype(np.float32), (scale * np.sin(angle)).astype(np.float32)
 
 
 class Cache:

@@ -23,7 +23,9 @@ class ModelConfig:
     rms_eps: float
     rope_base: float
     rope_dim: int  # leading dims of each head that rotate (== HD for Llama)
-    rope_scaling: str = "none"  # "none" | "linear"
+    rope_scaling: str = "none"  # "none" | "linear" | "llama3" | "longrope" (the last two via freq factors)
     rope_scale: float = 1.0  # linear: positions are divided by this
-    rope_layout: str = "interleaved"  # q/k pair layout: "interleaved" (GGUF) or "half" (HF)
+    rope_attn_factor: float = 1.0  # cos/sin multiplied by this (LongRoPE's attention scaling)
+    rope_layout: str = "interleaved"  # q/k pair layout of the weights: refllama converts HF's "half" at load
     tied_output: bool = False  # output projection reuses token_embd
+    sliding_window: int | None = None  # Mistral: a query sees only the last `sliding_window` keys

@@ -18,8 +18,8 @@ def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
     return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def linear(x, w):  # [T, in], [out, in] -> [T, out]
-    return x @ w.T
+def linear(x, w, b=None):  # [T, in], [out, in], [out] -> [T, out]
+    return x @ w.T if b is None else x @ w.T + b
 
 
 def rope_interleaved(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
@@ -51,9 +51,13 @@ def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
     return out
 
 
-def causal_mask(start_pos, T, S, xp):  # -> [T, S] additive: 0 where key j <= query position, -inf after
+def causal_mask(start_pos, T, S, xp, window=None):  # -> [T, S] additive: 0 where visible, -inf elsewhere
+    """Query i (position start_pos + i) sees keys j <= its position; with a sliding `window`, only the
+    last `window` of them (j > position - window), as Mistral's attention does."""
     q_pos = start_pos + xp.arange(T)[:, None]
-    return xp.where(xp.arange(S)[None, :] <= q_pos, 0.0, -xp.inf).astype(xp.float32)
+    k_pos = xp.arange(S)[None, :]
+    visible = k_pos <= q_pos if window is None else (k_pos <= q_pos) & (k_pos > q_pos - window)
+    return xp.where(visible, 0.0, -xp.inf).astype(xp.float32)
 
 
 def softmax(x):  # [..., n] -> [..., n]

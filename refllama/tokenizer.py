@@ -4,6 +4,9 @@ Byte-level BPE ("gpt2" model) takes the pre-tokenizer that `tokenizer.ggml.pre` 
 ("llama" model) becomes BPE with merges ranked by score and byte fallback, as llama.cpp tokenizes it.
 """
 
+import json
+from pathlib import Path
+
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
@@ -93,8 +96,9 @@ def from_gguf(g):
 class Tokenizer:
     """Text <-> token ids with llama.cpp's conventions for BOS/EOS and special-token parsing."""
 
-    def __init__(self, tok, bos_id, eos_id, add_bos, add_eos, eog_ids):
+    def __init__(self, tok, bos_id, eos_id, add_bos, add_eos, eog_ids, post_processor=False):
         self.tok = tok
+        self.post_processor = post_processor  # tokenizer.json's own template adds special tokens
         self.bos_id, self.eos_id = bos_id, eos_id
         self.add_bos = add_bos and bos_id is not None
         self.add_eos = add_eos and eos_id is not None
@@ -104,10 +108,11 @@ class Tokenizer:
     def encode(self, text, add_special=True, parse_special=False):
         """Token ids; `parse_special` matches control-token text such as '<|im_start|>' as one token."""
         self.tok.encode_special_tokens = not parse_special
-        ids = self.tok.encode(text, add_special_tokens=False).ids
-        if add_special and self.add_bos:
+        ids = self.tok.encode(text, add_special_tokens=add_special and self.post_processor).ids
+        # llama.cpp adds BOS/EOS whatever the text holds; a tokenizer.json template may have added them already
+        if add_special and self.add_bos and not (self.post_processor and ids[:1] == [self.bos_id]):
             ids = [self.bos_id] + ids
-        if add_special and self.add_eos:
+        if add_special and self.add_eos and not (self.post_processor and ids[-1:] == [self.eos_id]):
             ids = ids + [self.eos_id]
         return ids
 
@@ -137,3 +142,37 @@ class TextStream:
 
     def step(self, token_id):
         return self.ds.step(self.tok, int(token_id)) or ""
+
+
+def _token_content(value):
+    """A special token in tokenizer_config.json: a string or {"content": ...}."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def from_hf_dir(directory, eos_ids=()):
+    """(Tokenizer or None, chat template or None) from tokenizer.json, tokenizer_config.json and
+    chat_template.jinja; `eos_ids` (from config.json and generation_config.json) end generation too."""
+    d = Path(directory)
+    conf = {}
+    if (d / "tokenizer_config.json").exists():
+        try:
+            conf = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise RefllamaError(f"{d / 'tokenizer_config.json'}: invalid JSON ({e})") from None
+    template = conf.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if (d / "chat_template.jinja").exists():
+        template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+    if not (d / "tokenizer.json").exists():
+        return None, template
+    try:
+        tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    except Exception as e:  # tokenizers raises its own Exception type for bad files
+        raise RefllamaError(f"{d / 'tokenizer.json'}: cannot load ({e})") from None
+    ids = {name: tok.token_to_id(_token_content(conf.get(name)) or "") for name in ("bos_token", "eos_token")}
+    specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    eog = {i for i in (*eos_ids, ids["eos_token"]) if i is not None}
+    eog |= {tok.token_to_id(t) for t in specials & _EOG_TEXTS}
+    return Tokenizer(tok, ids["bos_token"], ids["eos_token"], bool(conf.get("add_bos_token", False)),
+                     bool(conf.get("add_eos_token", False)), frozenset(eog), post_processor=True), template
