@@ -47,10 +47,12 @@ def main():
         torch.manual_seed(0)
         config = config_class(**kw)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype).eval()
-        with torch.no_grad():  # larger random norms than the init's ones, so the check sees them
+        with torch.no_grad():  # random norms and biases (the init's are 1 and 0), so the checks see them
             for n, p in model.named_parameters():
                 if "norm" in n:
                     p.copy_(1 + 0.2 * torch.randn_like(p))
+                elif n.endswith("bias"):
+                    p.copy_(0.5 * torch.randn_like(p))
         d = out / f"tiny-{name}"
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d)
