@@ -210,3 +210,14 @@ def test_exported_directory_loads_in_transformers_with_the_same_logits(model, ex
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0].numpy()
     assert rel_err(model.logits(ids), want) < 1e-4
+
+
+def test_cli_runs_the_exported_directory(exported):
+    import subprocess
+    import sys
+
+    args = ["-p", "The capital of France is", "-n", "6", "--temp", "0"]
+    run = [sys.executable, "-m", "refllama.run"]
+    a = subprocess.run(run + args, capture_output=True, text=True)
+    b = subprocess.run(run + ["-m", str(exported)] + args, capture_output=True, text=True)
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout, b.stderr
