@@ -1,0 +1,394 @@
+"""An OpenAI-compatible HTTP worker: streamed completions, health, and a ready callback to a pool manager.
+
+    python -m refllama.serve -m MODEL --host 127.0.0.1 --port 8080 [--api-key KEY]
+
+Starlette + uvicorn serve `GET /health`, `GET /v1/models`, `POST /v1/completions` and
+`POST /v1/chat/completions`. The model is not thread-safe, so one generation runs at a time on a worker
+thread, off the event loop; up to --max-queue requests wait their turn and the rest get 503 + Retry-After.
+A client that disconnects mid-stream cancels its generation at the next token.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from .errors import RefllamaError
+
+log = logging.getLogger("refllama.serve")
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status, message, param=None, code=None, kind="invalid_request_error", headers=None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        self.headers = headers or {}
+
+    def response(self):
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def field(body, name, kinds, default=None, check=None, why=""):
+    """body[name] if present and of `kinds` (and passing `check`), else default; 400 naming the field."""
+    if name not in body or body[name] is None:
+        return default
+    value = body[name]
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise APIError(400, f"'{name}' must be {why or ' or '.join(k.__name__ for k in kinds)}", param=name)
+    if check is not None and not check(value):
+        raise APIError(400, f"'{name}' must be {why}", param=name)
+    return value
+
+
+class Worker:
+    """The model, its one generation thread, and the bounded queue in front of it."""
+
+    def __init__(self, args):
+        self.args = args
+        self.model, self.status, self.load_error = None, "loading", None
+        self.name = Path(args.model).stem if args.model else "SmolLM2-135M-Instruct.Q4_1"
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self.admitted = 0  # requests running or waiting; touched only on the event loop
+        self.busy = False
+
+    def load(self):
+        from . import api
+        from .xp import set_threads
+
+        try:
+            set_threads(self.args.threads)
+            self.model = api.load(self.args.model, backend=self.args.backend, n_ctx=self.args.ctx_size or None)
+            self.status = "ready"
+            log.info("model %s ready (%s, context %d)", self.name, self.args.backend, self.model.n_ctx)
+            if self.args.callback_url:
+                threading.Thread(target=self.callback, daemon=True).start()
+        except RefllamaError as e:
+            self.status, self.load_error = "failed", str(e)
+            log.error("loading failed: %s", e)
+
+    def callback(self):
+        """The pool manager's handshake: POST who we are once ready, retried with backoff, never fatal."""
+        a = self.args
+        body = json.dumps({"worker_id": a.worker_id, "model": self.name, "backend": a.backend,
+                           "url": f"http://{a.host}:{a.port}", "context_size": self.model.n_ctx}).encode()
+        delay = 0.5
+        for attempt in range(1, 7):
+            try:
+                req = urllib.request.Request(a.callback_url, data=body, headers={"Content-Type": "application/json"})
+                with urllib.request.urlopen(req, timeout=5) as r:
+                    log.info("ready callback to %s answered %d", a.callback_url, r.status)
+                    return
+            except Exception as e:  # any network failure: log, wait, retry
+                log.warning("ready callback to %s failed (attempt %d): %s", a.callback_url, attempt, e)
+                time.sleep(delay)
+                delay *= 2
+        log.error("ready callback to %s gave up; serving anyway", a.callback_url)
+
+    def admit(self):
+        if self.status != "ready":
+            raise APIError(503, f"model is {self.status}", code="model_not_ready", kind="server_error",
+                           headers={"Retry-After": "2"})
+        if self.admitted >= self.args.max_queue + 1:
+            raise APIError(503, "server busy: the queue is full, retry later", code="queue_full",
+                           kind="server_error", headers={"Retry-After": "1"})
+        self.admitted += 1
+
+    def release(self):
+        self.admitted -= 1
+
+    def run(self, job):
+        """Run job() on the generation thread; awaitable."""
+        return asyncio.get_running_loop().run_in_executor(self.executor, self._guarded, job)
+
+    def _guarded(self, job):
+        self.busy = True
+        try:
+            return job()
+        finally:
+            self.busy = False
+
+
+def sampling(body, m):
+    """refllama.generate keyword arguments from an OpenAI request (OpenAI's defaults where it has them)."""
+    max_tokens = field(body, "max_completion_tokens", (int,)) or field(body, "max_tokens", (int,), 256)
+    if max_tokens <= 0:
+        raise APIError(400, "'max_tokens' must be at least 1", param="max_tokens")
+    if max_tokens > m.n_ctx:
+        raise APIError(400, f"'max_tokens' {max_tokens} exceeds the context size {m.n_ctx}", param="max_tokens")
+    stop = field(body, "stop", (str, list), [])
+    stop = [stop] if isinstance(stop, str) else stop
+    if len(stop) > 4 or not all(isinstance(s, str) for s in stop):
+        raise APIError(400, "'stop' must be a string or a list of up to 4 strings", param="stop")
+    if field(body, "n", (int,), 1) != 1:
+        raise APIError(400, "only n=1 is supported", param="n")
+    if field(body, "logprobs", (bool, int), False):
+        raise APIError(400, "logprobs are not supported", param="logprobs")
+    num = (int, float)
+    return dict(
+        max_tokens=max_tokens, stop=stop,
+        temperature=float(field(body, "temperature", num, 1.0, lambda v: 0 <= v <= 2, "a number from 0 to 2")),
+        top_p=float(field(body, "top_p", num, 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")),
+        top_k=field(body, "top_k", (int,), 0), min_p=float(field(body, "min_p", num, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]")),
+        repeat_penalty=float(field(body, "repeat_penalty", num, 1.0, lambda v: v > 0, "a positive number")),
+        frequency_penalty=float(field(body, "frequency_penalty", num, 0.0, lambda v: -2 <= v <= 2, "from -2 to 2")),
+        presence_penalty=float(field(body, "presence_penalty", num, 0.0, lambda v: -2 <= v <= 2, "from -2 to 2")),
+        seed=field(body, "seed", (int,)),
+    )
+
+
+def chat_messages(body):
+    messages = field(body, "messages", (list,))
+    if not messages:
+        raise APIError(400, "'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise APIError(400, f"messages[{i}] must be an object with a string 'role'", param="messages")
+        content = msg.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise APIError(400, f"messages[{i}].content must be a string", param="messages")
+        out.append({"role": msg["role"], "content": content})
+    return out
+
+
+def create_app(worker):
+    args = worker.args
+
+    async def read_json(request):
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > args.max_body:
+            raise APIError(413, f"request body over {args.max_body} bytes")
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > args.max_body:
+                raise APIError(413, f"request body over {args.max_body} bytes")
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"malformed JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        return body
+
+    def authorize(request):
+        if args.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {args.api_key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key",
+                           kind="authentication_error")
+
+    def check_model(body):
+        name = field(body, "model", (str,))
+        if name is not None and name != worker.name:
+            raise APIError(404, f"model '{name}' does not exist; this server serves '{worker.name}'",
+                           param="model", code="model_not_found")
+
+    async def health(request):
+        m = worker.model
+        return JSONResponse({"status": worker.status, "model": worker.name, "backend": args.backend,
+                             "context_size": m.n_ctx if m else None, "queue_depth": max(worker.admitted - worker.busy, 0),
+                             "busy": worker.busy, "error": worker.load_error})
+
+    async def models(request):
+        authorize(request)
+        return JSONResponse({"object": "list", "data": [{"id": worker.name, "object": "model", "created": 0,
+                                                         "owned_by": "refllama"}]})
+
+    async def completions(request):
+        return await generate(request, chat=False)
+
+    async def chat_completions(request):
+        return await generate(request, chat=True)
+
+    async def generate(request, chat):
+        authorize(request)
+        body = await read_json(request)
+        check_model(body)
+        worker.admit()
+        admitted = True
+        try:
+            m = worker.model
+            opts = sampling(body, m)
+            stream = field(body, "stream", (bool,), False)
+            include_usage = stream and bool((field(body, "stream_options", (dict,), {}) or {}).get("include_usage"))
+            if chat:
+                ids = m.chat_tokens(chat_messages(body))
+            else:
+                prompt = field(body, "prompt", (str,))
+                if prompt is None:
+                    raise APIError(400, "'prompt' must be a string", param="prompt")
+                ids = m.tokenize(prompt)
+            if not ids:
+                raise APIError(400, "the prompt is empty", param="prompt")
+            room = m.n_ctx - len(ids)
+            if room < 1:
+                raise APIError(400, f"prompt of {len(ids)} tokens does not fit the context size {m.n_ctx}",
+                               param="messages" if chat else "prompt", code="context_length_exceeded")
+            if "max_tokens" in body or "max_completion_tokens" in body:
+                if opts["max_tokens"] > room:
+                    raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({opts['max_tokens']}) exceeds "
+                                   f"the context size {m.n_ctx}", param="max_tokens", code="context_length_exceeded")
+            else:
+                opts["max_tokens"] = min(opts["max_tokens"], room)
+            ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+            if stream:
+                admitted = False  # the stream releases its place when it ends
+                return StreamingResponse(stream_events(request, m, ids, opts, chat, ident, include_usage),
+                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            text, finish, n = await worker.run(lambda: complete(m, ids, opts))
+            message = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+            return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
+                                 "created": int(time.time()), "model": worker.name,
+                                 "choices": [{"index": 0, **message, "finish_reason": finish,
+                                              **({} if chat else {"logprobs": None})}],
+                                 "usage": usage(len(ids), n)})
+        except RefllamaError as e:
+            raise APIError(400, str(e)) from None
+        finally:
+            if admitted:
+                worker.release()
+
+    def complete(m, ids, opts):
+        from .api import stream_text
+
+        gen, count = m.generate(ids, **opts), [0]
+        text = "".join(stream_text(m, counted(gen, count), opts["stop"]))
+        return text, gen.finish_reason or "stop", count[0]
+
+    async def stream_events(request, m, ids, opts, chat, ident, include_usage):
+        from .api import stream_text
+
+        loop = asyncio.get_running_loop()
+        pieces, cancel, count = asyncio.Queue(), threading.Event(), [0]
+        done = object()
+
+        def produce():
+            gen = m.generate(ids, **opts)
+            try:
+                for piece in stream_text(m, counted(gen, count, cancel), opts["stop"]):
+                    loop.call_soon_threadsafe(pieces.put_nowait, piece)
+            finally:
+                reason = "cancelled" if cancel.is_set() else (gen.finish_reason or "stop")
+                loop.call_soon_threadsafe(pieces.put_nowait, (done, reason))
+
+        def chunk(delta, finish=None):
+            choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content", ""), "logprobs": None}
+            body = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
+                    "model": worker.name, "choices": [{**choice, "finish_reason": finish}]}
+            if include_usage:
+                body["usage"] = None
+            return f"data: {json.dumps(body)}\n\n"
+
+        job = worker.run(produce)
+        job.add_done_callback(lambda _: worker.release())  # not awaited: a cancelled stream cannot await
+        try:
+            if chat:
+                yield chunk({"role": "assistant", "content": ""})
+            while True:
+                item = await pieces.get()
+                if isinstance(item, tuple) and item[0] is done:
+                    yield chunk({}, item[1])
+                    if include_usage:
+                        yield "data: " + json.dumps({"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
+                                                     "created": int(time.time()), "model": worker.name, "choices": [],
+                                                     "usage": usage(len(ids), count[0])}) + "\n\n"
+                    yield "data: [DONE]\n\n"
+                    break
+                yield chunk({"content": item})
+        finally:  # the client went away (or we finished): stop generating at the next token
+            cancel.set()
+
+    def counted(gen, count, cancel=None):
+        for token in gen:
+            count[0] += 1
+            yield token
+            if cancel is not None and cancel.is_set():
+                log.info("client disconnected: generation cancelled after %d tokens", count[0])
+                return
+
+    def usage(prompt, completion):
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def on_error(request, exc):
+        return exc.response()
+
+    async def on_unexpected(request, exc):
+        log.exception("unexpected error")
+        return APIError(500, "internal error", kind="server_error").response()
+
+    routes = [Route("/health", health), Route("/v1/models", models),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        threading.Thread(target=worker.load, daemon=True).start()  # /health answers "loading" meanwhile
+        yield
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={APIError: on_error, Exception: on_unexpected})
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m refllama.serve", description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
+    p.add_argument("--worker-id", default="refllama-0", help="this worker's id in the ready callback")
+    p.add_argument("--callback-url", help="POST {worker_id, model, backend, url, context_size} here once ready")
+    p.add_argument("--max-queue", type=int, default=8, help="requests that may wait behind the running one")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size; 0 = the model's (default 4096)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="BLAS threads (default: idle cores)")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
+    return p.parse_args(argv)
+
+
+def is_loopback(host):
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv=None):
+    import uvicorn
+
+    args = parse_args(argv)
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"refllama.serve: error: refusing to listen on {args.host} without --api-key "
+              "(anyone on the network could use it); bind 127.0.0.1 or set a key", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    worker = Worker(args)
+    uvicorn.run(create_app(worker), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
