@@ -6,6 +6,7 @@ This is the surface other tools drive (the CLI, the server, the checkpoint harne
 import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -53,11 +54,24 @@ def load(path=None, backend="numpy", n_ctx=None):
         cfg, weights = load_hf(path)
         tokenizer, template = from_hf_dir(path, _hf_eos_ids(path))
     else:
-        g, cfg, weights = load_gguf(path)
+        g, cfg, weights = load_gguf(path, _quantized_types(backend))
         tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
+        if g.fallbacks:
+            print(f"refllama: no {backend} kernel for {', '.join(sorted(g.fallbacks))}: those tensors are "
+                  "dequantized to float32", file=sys.stderr)
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {cfg.vocab_size}")
     return Model(path, cfg, _place(weights, xp), tokenizer, template, backend, xp, n_ctx)
+
+
+def _quantized_types(backend):
+    """Tensor types the backend multiplies without dequantizing (compiling its kernels now)."""
+    if backend != "numba":
+        return frozenset()
+    from .quant import QUANTIZED, warm_up
+
+    warm_up()  # Numba compiles on first use, or loads its cache (refllama/__pycache__)
+    return QUANTIZED
 
 
 def _hf_eos_ids(directory):

@@ -21,10 +21,15 @@ ARCHITECTURES = ("llama",)
 
 
 class GGUFFile:
-    """An opened GGUF file: typed metadata access and tensors by name, errors naming the file."""
+    """An opened GGUF file: typed metadata access and tensors by name, errors naming the file.
 
-    def __init__(self, path):
+    `keep_quantized`: matrices of these types stay quantized (refllama.quant.QuantMatrix) instead of being
+    dequantized to float32; `fallbacks` collects the other quantized types met, for a one-line notice.
+    """
+
+    def __init__(self, path, keep_quantized=frozenset()):
         self.path = str(path)
+        self.keep_quantized, self.fallbacks = keep_quantized, set()
         if not os.path.isfile(self.path):
             raise RefllamaError(f"{self.path}: no such model file")
         with open(self.path, "rb") as f:
@@ -64,6 +69,12 @@ class GGUFFile:
             raise RefllamaError(f"{self.path}: tensor '{name}' has unsupported type {t.tensor_type.name}")
         if t.tensor_type == QT.F32:
             return np.asarray(t.data, dtype=np.float32).reshape(shape)  # a view of the memory map
+        if len(shape) == 2 and t.tensor_type in self.keep_quantized:
+            from .quant import QuantMatrix
+
+            return QuantMatrix(np.asarray(t.data), t.tensor_type, shape)
+        if self.keep_quantized and t.tensor_type not in (QT.F16, QT.BF16):
+            self.fallbacks.add(t.tensor_type.name)
         return dequantize(t.data, t.tensor_type).astype(np.float32, copy=False).reshape(shape)
 
 
@@ -128,8 +139,8 @@ def read_weights(g, cfg):
     return w
 
 
-def load_gguf(path):
+def load_gguf(path, keep_quantized=frozenset()):
     """(GGUFFile, ModelConfig, weights) for a llama-architecture GGUF file."""
-    g = GGUFFile(path)
+    g = GGUFFile(path, keep_quantized)
     cfg = read_config(g)
     return g, cfg, read_weights(g, cfg)

@@ -10,12 +10,15 @@ from threadpoolctl import threadpool_limits
 
 from .errors import RefllamaError
 
-BACKENDS = ("numpy", "cupy")
+BACKENDS = ("numpy", "numba", "cupy")
 
 
 def backend_module(name):
-    """The array module for a backend name; a clear error when it cannot run here."""
-    if name == "numpy":
+    """The array module for a backend name; a clear error when it cannot run here.
+
+    "numba" computes on NumPy arrays, with quantized weights multiplied by Numba kernels (refllama.quant).
+    """
+    if name in ("numpy", "numba"):
         return np
     if name == "cupy":
         try:
@@ -63,4 +66,7 @@ def set_threads(n=None):
     if n < 1:
         raise RefllamaError(f"threads must be at least 1, got {n}")
     threadpool_limits(limits=n)
+    import numba
+
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     return n
