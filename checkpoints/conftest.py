@@ -1,7 +1,9 @@
-"""Parametrization of the checkpoint suite: reference x prompt x model path (`case`), stored layer, mode.
+"""Parametrization of the checkpoint suite: reference x prompt x model (`case`), stored layer, mode.
 
-Model paths: "gguf" is SmolLM2's GGUF file; "hf" is the same model exported by `refllama.convert` to an HF
-directory (safetensors, half-split q/k) and loaded back, checked against the transformers references.
+Models: "gguf-numpy", "gguf-numba" (quantized weights, Numba kernels) and "gguf-cupy" (skipped with a reason
+when CuPy or a GPU is missing) load SmolLM2's GGUF file; "hf-numpy" is the same model exported by
+`refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
+transformers references.
 """
 
 import harness
@@ -10,7 +12,8 @@ import pytest
 import refllama
 from refllama.convert import convert
 
-CASES = [(r, p, "gguf") for r, p in harness.REFS] + [(r, p, "hf") for r, p in harness.REFS if r == "hf"]
+CASES = ([(r, p, f"gguf-{b}") for b in ("numpy", "numba", "cupy") for r, p in harness.REFS]
+         + [(r, p, "hf-numpy") for r, p in harness.REFS if r == "hf"])
 
 
 def pytest_generate_tests(metafunc):
@@ -28,7 +31,23 @@ def exported_model(model, tmp_path_factory):
     return refllama.load(convert(model.path, tmp_path_factory.mktemp("export") / "smollm2-hf"))
 
 
+@pytest.fixture(scope="session")
+def numba_model(model):
+    return refllama.load(model.path, backend="numba")
+
+
+@pytest.fixture(scope="session")
+def cupy_model(model):
+    try:
+        return refllama.load(model.path, backend="cupy")
+    except refllama.RefllamaError as e:
+        pytest.skip(f"cupy backend unavailable here: {e}")
+
+
 @pytest.fixture
 def case(request, model, case_id):
-    ref, prompt, path = case_id
-    return harness.Case(model if path == "gguf" else request.getfixturevalue("exported_model"), ref, prompt)
+    ref, prompt, which = case_id
+    models = {"gguf-numpy": lambda: model, "gguf-numba": lambda: request.getfixturevalue("numba_model"),
+              "gguf-cupy": lambda: request.getfixturevalue("cupy_model"),
+              "hf-numpy": lambda: request.getfixturevalue("exported_model")}
+    return harness.Case(models[which](), ref, prompt)

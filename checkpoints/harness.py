@@ -17,6 +17,7 @@ import numpy as np
 import refllama
 from refllama.compare import metrics, read_tolerances
 from refllama.dump import Dump
+from refllama.xp import to_numpy
 
 HERE = Path(__file__).resolve().parent
 TOLERANCES = read_tolerances(HERE / "README.md")
@@ -49,30 +50,31 @@ class Case:
     def __init__(self, model, ref, prompt):
         self.model, self.ref_dir, self.prompt = model, ref, prompt
         self.kind = KINDS[ref]
-        self.ref = reference(ref, prompt)
+        self.dump = reference(ref, prompt)
+        self.ref = self.dump if model.xp is np else OnDevice(self.dump, model.xp)  # inputs where the weights live
         self.ids = self.ref.manifest["token_ids"]
         self.w, self.cfg = model.weights, model.config
 
     def __repr__(self):
-        return f"{self.kind}/{self.prompt}"
+        return f"{self.kind}/{self.prompt}/{self.model.backend}"
 
     def rows(self, name):
         """The token positions the reference stored for `name`."""
-        return self.ref.positions(name)
+        return self.dump.positions(name)
 
     def ours(self, name):
         """refllama's end-to-end value of `name`, at the reference's positions."""
-        t = our_trace(self.model, tuple(self.ids), tuple(self.ref.names))
-        return np.take(t[name], self.rows(name), axis=self.ref.token_axis(name))
+        t = our_trace(self.model, tuple(self.ids), tuple(self.dump.names))
+        return np.take(t[name], self.rows(name), axis=self.dump.token_axis(name))
 
     def check(self, name, mode, got, positions=None):
         """Assert `got` matches the reference's `name` (at `positions`, default all it stored) within the
         table's tolerance for this stage."""
-        stage = self.ref.entries[name]["stage"]
-        want = self.ref[name]
+        stage = self.dump.entries[name]["stage"]
+        want, got = self.dump[name], to_numpy(got)
         if positions is not None:
             stored = self.rows(name)
-            want = np.take(want, [stored.index(p) for p in positions], axis=self.ref.token_axis(name))
+            want = np.take(want, [stored.index(p) for p in positions], axis=self.dump.token_axis(name))
         assert got.shape == want.shape, f"{name} ({self.kind}, {self.prompt}, {mode}): shape {got.shape} != {want.shape}"
         m = metrics(got, want)
         if os.environ.get("REFLLAMA_CHECKPOINT_LOG"):  # measured errors, for tools/tolerance_report.py
@@ -84,6 +86,19 @@ class Case:
             f"{name} departs from {self.kind} ({self.prompt} prompt, {mode}): max_rel {m['max_rel']:.2e} "
             f"(tolerance {rel:.0e}), nmse {m['nmse']:.2e} (tolerance {nmse:.0e})")
         return m
+
+
+class OnDevice:
+    """A reference dump whose arrays are handed out on the model's device (CuPy)."""
+
+    def __init__(self, dump, xp):
+        self.dump, self.xp = dump, xp
+
+    def __getitem__(self, name):
+        return self.xp.asarray(self.dump[name])
+
+    def __getattr__(self, attr):
+        return getattr(self.dump, attr)
 
 
 def block_input(layer):

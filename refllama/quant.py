@@ -59,44 +59,86 @@ def repack(raw, qtype, shape):
     raise ValueError(f"no kernel for {qtype.name}")
 
 
+CHUNKS = 64  # rows are split into this many chunks across threads; each chunk reuses one scratch row
+
+
 @njit(parallel=True, fastmath=True, cache=True)
-def matmul_q4(x, packed, scale, offset):  # [T, K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [T, N] = x @ W.T
-    T, K = x.shape
+def matvec_q4(x, packed, scale, offset):  # [K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [N] = W @ x
+    K = x.shape[0]
     N, nb = scale.shape
-    xsum = np.zeros((T, nb), np.float32)  # sum of x over each group, for the offsets
-    for t in range(T):
-        for b in range(nb):
-            for j in range(32):
-                xsum[t, b] += x[t, b * 32 + j]
-    out = np.empty((T, N), np.float32)
-    for r in prange(N):
-        for t in range(T):
+    half = K // 2
+    xlo, xhi = np.empty(half, np.float32), np.empty(half, np.float32)  # x in the nibbles' order
+    xsum = np.zeros(nb, np.float32)  # sum of x over each group, for the offsets
+    for b in range(nb):
+        for j in range(16):
+            xlo[b * 16 + j], xhi[b * 16 + j] = x[b * 32 + j], x[b * 32 + 16 + j]
+            xsum[b] += x[b * 32 + j] + x[b * 32 + 16 + j]
+    out = np.empty(N, np.float32)
+    n_chunks = min(N, CHUNKS)
+    for c in prange(n_chunks):
+        tmp = np.empty(half, np.float32)
+        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+            row = packed[r]
+            for i in range(half):  # by far the most time is spent here: one straight, vectorizable pass
+                q = row[i]
+                tmp[i] = np.float32(np.int32(q & np.uint8(15))) * xlo[i] + np.float32(np.int32(q >> np.uint8(4))) * xhi[i]
             acc = np.float32(0.0)
             for b in range(nb):
                 s = np.float32(0.0)
-                for j in range(16):  # by far the most time is spent here: unpack two codes, two multiply-adds
-                    q = packed[r, b * 16 + j]
-                    s += np.float32(q & 15) * x[t, b * 32 + j] + np.float32(q >> 4) * x[t, b * 32 + 16 + j]
-                acc += scale[r, b] * s + offset[r, b] * xsum[t, b]
-            out[t, r] = acc
+                for j in range(16):
+                    s += tmp[b * 16 + j]
+                acc += scale[r, b] * s + offset[r, b] * xsum[b]
+            out[r] = acc
     return out
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def matmul_q8(x, codes, scale, group):  # [T, K] f32, [N, K] i8, [N, K/group] -> [T, N] = x @ W.T
-    T, K = x.shape
+def matvec_q8(x, codes, scale, group):  # [K] f32, [N, K] i8, [N, K/group] -> [N] = W @ x
+    K = x.shape[0]
     N = codes.shape[0]
-    out = np.empty((T, N), np.float32)
-    for r in prange(N):
-        for t in range(T):
+    out = np.empty(N, np.float32)
+    n_chunks = min(N, CHUNKS)
+    for c in prange(n_chunks):
+        tmp = np.empty(K, np.float32)
+        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+            row = codes[r]
+            for i in range(K):
+                tmp[i] = np.float32(row[i]) * x[i]
             acc = np.float32(0.0)
             for g in range(K // group):
                 s = np.float32(0.0)
                 for j in range(group):
-                    s += np.float32(codes[r, g * group + j]) * x[t, g * group + j]
+                    s += tmp[g * group + j]
                 acc += scale[r, g] * s
-            out[t, r] = acc
+            out[r] = acc
     return out
+
+
+@njit(fastmath=True, cache=True)
+def dequant_q4(packed, scale, offset, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
+    nb = scale.shape[1]
+    out = np.empty((r1 - r0, nb * 32), np.float32)
+    for r in range(r0, r1):
+        for b in range(nb):
+            sc, off = scale[r, b], offset[r, b]
+            for j in range(16):
+                q = packed[r, b * 16 + j]
+                out[r - r0, b * 32 + j] = np.float32(np.int32(q & np.uint8(15))) * sc + off
+                out[r - r0, b * 32 + 16 + j] = np.float32(np.int32(q >> np.uint8(4))) * sc + off
+    return out
+
+
+@njit(fastmath=True, cache=True)
+def dequant_q8(codes, scale, group, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
+    K = codes.shape[1]
+    out = np.empty((r1 - r0, K), np.float32)
+    for r in range(r0, r1):
+        for i in range(K):
+            out[r - r0, i] = np.float32(codes[r, i]) * scale[r, i // group]
+    return out
+
+
+TILE = 4096  # prefill dequantizes this many rows at a time (9 MB for a 576-wide matrix), then BLAS multiplies
 
 
 class QuantMatrix:
@@ -115,19 +157,24 @@ class QuantMatrix:
         return sum(a.nbytes for a in self.form[1:] if isinstance(a, np.ndarray))
 
     def matmul(self, x):  # [T, K] -> [T, N]
+        """Decode (T = 1): the Numba matvec on the packed codes. Prefill: Numba dequantizes tiles of rows
+        and BLAS multiplies them by all T tokens at once (matrix-matrix)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         kind, a, scale, extra = self.form
-        return matmul_q4(x, a, scale, extra) if kind == "q4" else matmul_q8(x, a, scale, extra)
+        if len(x) == 1:
+            return (matvec_q4(x[0], a, scale, extra) if kind == "q4" else matvec_q8(x[0], a, scale, extra))[None]
+        n = self.shape[0]
+        out = np.empty((len(x), n), np.float32)
+        for r0 in range(0, n, TILE):
+            out[:, r0:r0 + TILE] = x @ self.rows(r0, min(n, r0 + TILE)).T
+        return out
+
+    def rows(self, r0, r1):  # [r1 - r0, K] float32
+        kind, a, scale, extra = self.form
+        return dequant_q4(a, scale, extra, r0, r1) if kind == "q4" else dequant_q8(a, scale, extra, r0, r1)
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
-        kind, a, scale, extra = self.form
-        rows = np.asarray(rows)
-        n, k = len(rows), self.shape[1]
-        if kind == "q4":
-            p = a[rows].reshape(n, k // 32, 16)
-            codes = np.concatenate([p & 15, p >> 4], axis=-1).astype(np.float32)  # [n, groups, 32]
-            return (codes * scale[rows][..., None] + extra[rows][..., None]).reshape(n, k)
-        return (a[rows].reshape(n, -1, extra).astype(np.float32) * scale[rows][..., None]).reshape(n, k)
+        return np.concatenate([self.rows(int(r), int(r) + 1) for r in np.asarray(rows)])
 
 
 class _Transposed:
@@ -140,10 +187,11 @@ class _Transposed:
         return self.w.matmul(x)
 
 
-def warm_up(kinds=("q4", "q8")):
-    """Compile (or load from Numba's cache) every kernel once; returns nothing, costs the compile time."""
-    x = np.ones((1, 32), np.float32)
-    if "q4" in kinds:
-        matmul_q4(x, np.zeros((1, 16), np.uint8), np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32))
-    if "q8" in kinds:
-        matmul_q8(x, np.zeros((1, 32), np.int8), np.ones((1, 1), np.float32), 32)
+def warm_up():
+    """Compile (or load from Numba's cache) every kernel once, so the first token does not pay for it."""
+    x, one, zero = np.ones(32, np.float32), np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32)
+    packed, codes = np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8)
+    matvec_q4(x, packed, one, zero)
+    dequant_q4(packed, one, zero, 0, 1)
+    matvec_q8(x, codes, one, 32)
+    dequant_q8(codes, one, 32, 0, 1)

@@ -1,0 +1,59 @@
+"""Numba kernels on quantized blocks, against gguf's own dequantization: `dequantize(W) @ x`."""
+
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
+
+import refllama
+from refllama.quant import QUANTIZED, QuantMatrix
+
+rng = np.random.default_rng(0)
+
+
+def random_blocks(qtype, shape):
+    # bytes in [0, 0x3B]: every float16 scale inside a block is finite
+    return rng.integers(0, 0x3C, size=gguf.quant_shape_to_byte_shape(shape, qtype), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("T", [1, 5], ids=["decode", "prefill"])
+@pytest.mark.parametrize("shape", [(64, 512), (300, 256)])
+@pytest.mark.parametrize("qtype", sorted(QUANTIZED, key=lambda t: t.value), ids=lambda t: t.name)
+def test_kernel_equals_gguf_dequantize_then_matmul(qtype, shape, T):
+    raw = random_blocks(qtype, shape)
+    W = gguf.quants.dequantize(raw, qtype)  # [N, K] float32, gguf-py's reference dequantization
+    x = rng.standard_normal((T, shape[1])).astype(np.float32)
+    got, want = x @ QuantMatrix(raw, qtype, shape).T, x @ W.T
+    # float32 sums in another order: error ~1e-7 of the largest output
+    np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max(), rtol=0)
+
+
+@pytest.mark.parametrize("qtype", sorted(QUANTIZED, key=lambda t: t.value), ids=lambda t: t.name)
+def test_rows_dequantize_exactly(qtype):
+    raw = random_blocks(qtype, (40, 256))
+    W = gguf.quants.dequantize(raw, qtype)
+    q = QuantMatrix(raw, qtype, (40, 256))
+    np.testing.assert_array_equal(q[[0, 7, 39, 7]], W[[0, 7, 39, 7]])
+    assert q.nbytes < W.nbytes / 3  # quantized in memory: at most 8.5 bits of 32 (Q8_0 codes + float32 scales)
+
+
+def test_numba_backend_keeps_smollm2_quantized(model):
+    m = refllama.load(model.path, backend="numba", n_ctx=256)
+    q = m.weights["layers"][0]["attn_q"]
+    assert isinstance(q, QuantMatrix) and q.qtype == QT.Q4_1
+    assert isinstance(m.weights["token_embd"], QuantMatrix) and m.weights["token_embd"].qtype == QT.Q8_0
+    ids = model.tokenize("The history of the printing press begins")
+    np.testing.assert_allclose(m.logits(ids), model.logits(ids), atol=1e-3 * np.ptp(model.logits(ids)))
+    assert list(m.generate(ids, max_tokens=20, temperature=0)) == list(model.generate(ids, max_tokens=20, temperature=0))
+
+
+def test_unsupported_types_fall_back_with_one_notice(tmp_path):
+    path = write_gguf(tmp_path / "q5.gguf", tiny_metadata(), tiny_tensors(QT.Q5_K))
+    r = subprocess.run([sys.executable, "-c", f"import refllama; m = refllama.load({str(path)!r}, backend='numba');"
+                        "print(type(m.weights['layers'][0]['attn_q']).__name__)"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ndarray"
+    assert r.stderr.strip() == "refllama: no numba kernel for Q5_K: those tensors are dequantized to float32"
