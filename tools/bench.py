@@ -1,0 +1,166 @@
+"""One table for the default model on this machine: load time, prefill and decode speed, peak memory,
+for refllama (numpy, numba) and, when installed, llama.cpp (llama-cpp-python) and transformers (fp32).
+
+Each engine runs in its own process with the same thread count, on the same GGUF file and the same 128
+prompt tokens, then decodes 128 tokens greedily:
+  load     process start until the model is ready for its first token (imports included; Numba's JIT
+           cache warm: run the tool twice after a fresh install)
+  prefill  128 prompt tokens in one batch, tokens per second
+  decode   128 tokens one at a time after the prompt, tokens per second
+  peak RSS the process's maximum resident memory
+
+    python tools/bench.py [--threads N] [--engines numpy,numba,llama.cpp,transformers]
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+N_PROMPT, N_DECODE = 128, 128
+TEXT = ("The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
+        "letter by letter, often in a monastery, and a single Bible could take a scribe more than a year. ") * 6
+
+
+def process_age():
+    """Seconds since this process started (Linux /proc), so load time includes interpreter start and imports."""
+    start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    return float(open("/proc/uptime").read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_refllama(backend, threads, ids):
+    import numpy as np
+
+    import refllama
+    from refllama.model import forward
+
+    refllama.set_threads(threads)
+    m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE + 8)
+    load = process_age()
+    t0 = time.perf_counter()
+    logits = m._prefill(ids, last_only=True)
+    t1 = time.perf_counter()
+    token = int(np.argmax(logits[-1]))
+    for _ in range(N_DECODE):
+        token = int(np.argmax(forward(m.weights, m.config, np.asarray([token]), m.cache.n_past, m.cache, True)[-1]))
+    t2 = time.perf_counter()
+    return load, t1 - t0, t2 - t1
+
+
+def run_llamacpp(threads, ids):
+    import llama_cpp
+    import numpy as np
+
+    from refllama.api import default_model_path
+
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=N_PROMPT + N_DECODE + 8, n_batch=N_PROMPT, n_threads=threads,
+                          n_threads_batch=threads, verbose=False)
+    load = process_age()
+
+    def last_logits():  # llama.cpp keeps only the last row's logits when logits_all is off
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    t1 = time.perf_counter()
+    token = int(np.argmax(last_logits()))
+    for _ in range(N_DECODE):
+        llm.eval([token])
+        token = int(np.argmax(last_logits()))
+    t2 = time.perf_counter()
+    return load, t1 - t0, t2 - t1
+
+
+def run_transformers(threads, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from refllama.api import default_model_path
+
+    torch.set_num_threads(threads)
+    d, f = os.path.split(default_model_path())
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    load = process_age()
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        out = model(torch.tensor([ids]), use_cache=True)
+        t1 = time.perf_counter()
+        past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        for _ in range(N_DECODE):
+            out = model(token, past_key_values=past, use_cache=True)
+            past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
+        t2 = time.perf_counter()
+    return load, t1 - t0, t2 - t1
+
+
+def child(engine, threads):
+    from refllama.api import default_model_path
+    from refllama.gguf_loader import GGUFFile
+    from refllama.tokenizer import from_gguf
+
+    ids = from_gguf(GGUFFile(default_model_path())).encode(TEXT)[:N_PROMPT] if engine != "llama.cpp" else None
+    if engine == "llama.cpp":
+        import llama_cpp
+
+        ids = llama_cpp.Llama(default_model_path(), vocab_only=True, verbose=False).tokenize(TEXT.encode())[:N_PROMPT]
+    runs = {"numpy": lambda: run_refllama("numpy", threads, ids), "numba": lambda: run_refllama("numba", threads, ids),
+            "llama.cpp": lambda: run_llamacpp(threads, ids), "transformers": lambda: run_transformers(threads, ids)}
+    load, prefill, decode = runs[engine]()
+    print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": N_PROMPT / prefill,
+                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def installed(engine):
+    module = {"llama.cpp": "llama_cpp", "transformers": "transformers"}.get(engine)
+    if module is None:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None and (engine != "transformers" or importlib.util.find_spec("torch"))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--engines", default="numpy,numba,llama.cpp,transformers")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args.child, args.threads)
+    rows = {}
+    for engine in args.engines.split(","):
+        if not installed(engine):
+            print(f"{engine}: not installed, skipped", file=sys.stderr)
+            continue
+        r = subprocess.run([sys.executable, __file__, "--child", engine, "--threads", str(args.threads)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{engine}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
+            continue
+        rows[engine] = json.loads(r.stdout.strip().splitlines()[-1])
+    from refllama.api import default_model_path
+
+    gguf_mb = os.path.getsize(default_model_path()) / 2**20
+    print(f"SmolLM2-135M-Instruct Q4_1 ({gguf_mb:.0f} MB), {args.threads} threads, {os.cpu_count()} cores, "
+          f"{N_PROMPT}-token prompt, {N_DECODE} decoded tokens\n")
+    print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) |")
+    print("| --- | --- | --- | --- | --- |")
+    for e, r in rows.items():
+        print(f"| {e} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+
+    def ratio(a, b, key):
+        if a in rows and b in rows:
+            print(f"- {a} / {b} {key.split('_')[0]}: {rows[a][key] / rows[b][key]:.2f}x")
+    print()
+    ratio("numba", "llama.cpp", "decode_tok_s")
+    ratio("numba", "llama.cpp", "prefill_tok_s")
+    ratio("numpy", "transformers", "decode_tok_s")
+    if "numba" in rows:
+        kv_mb = (N_PROMPT + N_DECODE) * 30 * 2 * 3 * 64 * 4 / 2**20
+        print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {rows['numba']['peak_rss_mb'] / (2 * gguf_mb + kv_mb):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
