@@ -1,0 +1,50 @@
+"""pytest-benchmark suite (not part of the default test run): `python -m pytest benchmarks/ --benchmark-only`.
+
+Each benchmark has its peer in the same run (numpy vs numba, kernel vs BLAS on float32), so compare
+the rows of one table, never absolute times across machines. `tools/bench.py` compares with llama.cpp
+and transformers.
+"""
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+import refllama
+from refllama.model import forward
+from refllama.quant import QuantMatrix
+
+PROMPT = "The printing press changed how knowledge moved through Europe. " * 12
+
+
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def loaded(request):
+    refllama.set_threads(None)
+    m = refllama.load(backend=request.param, n_ctx=512)
+    return m, m.tokenize(PROMPT)[:128]
+
+
+def test_prefill_128_tokens(benchmark, loaded):
+    m, ids = loaded
+    benchmark(m._prefill, ids, True)
+
+
+def test_decode_one_token(benchmark, loaded):
+    m, ids = loaded
+    m._prefill(ids, True)
+
+    def step():
+        forward(m.weights, m.config, np.asarray([ids[-1]]), 128, m.cache, True)  # position 128, rewritten each time
+    benchmark(step)
+
+
+@pytest.mark.parametrize("kind", ["float32 BLAS", "Q4_1 kernel", "Q8_0 kernel"])
+def test_matvec_1536x576(benchmark, kind):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    if kind == "float32 BLAS":
+        w = rng.standard_normal((1536, 576)).astype(np.float32)
+    else:
+        qt = QT.Q4_1 if kind.startswith("Q4_1") else QT.Q8_0
+        w = QuantMatrix(rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((1536, 576), qt), dtype=np.uint8), qt, (1536, 576))
+    benchmark(lambda: x @ w.T)
