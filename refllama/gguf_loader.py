@@ -90,8 +90,8 @@ class GGUFFile:
             magic = f.read(4)
             if magic != b"GGUF":
                 raise RefllamaError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-            self.data = np.memmap(f, dtype=np.uint8, mode="r")
-        c = _Cursor(memoryview(self.data), self.path)
+            header = np.memmap(f, dtype=np.uint8, mode="r")  # only the header pages are ever read through it
+        c = _Cursor(memoryview(header), self.path)
         c.take(4)
         version = c.scalar(4)
         if version not in (2, 3):
@@ -127,8 +127,11 @@ class GGUFFile:
         return self.fields[key]
 
     def raw(self, t):
-        """The bytes of tensor t, shaped [rows, row bytes] as gguf-py's dequantize wants them."""
-        data = self.data[t.data_offset:t.data_offset + t.n_bytes]
+        """The bytes of tensor t, shaped [rows, row bytes] as gguf-py's dequantize wants them.
+
+        Read into memory rather than viewed through the memory map: the map's pages would stay resident
+        next to the converted weights, doubling peak memory."""
+        data = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.data_offset)
         if t.tensor_type == QT.F32:
             return data.view(np.float32).reshape(tuple(reversed(t.shape)))
         rows = math.prod(t.shape[1:])
@@ -145,7 +148,7 @@ class GGUFFile:
         if t.tensor_type not in SUPPORTED_TYPES:
             raise RefllamaError(f"{self.path}: tensor '{name}' has unsupported type {t.tensor_type.name}")
         if t.tensor_type == QT.F32:
-            return self.raw(t).reshape(shape)  # a view of the memory map
+            return self.raw(t).reshape(shape)
         if len(shape) == 2 and t.tensor_type in self.keep_quantized:
             from .quant import QuantMatrix
 
