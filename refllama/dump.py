@@ -167,8 +167,14 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
     return sorted(set(names)), rows, {name: dtype for name in names} if dtype else {}
 
 
-def add_storage_args(parser):
-    """The command-line options of storage_plan, shared by the dump tools."""
+def add_tool_args(parser, producer):
+    """The command-line options shared by the reference dump tools: model, prompt, output, storage_plan's."""
+    parser.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
+    parser.add_argument("-p", "--prompt", required=True)
+    parser.add_argument("--special", action="store_true", help="parse special tokens in the prompt (chat prompts)")
+    parser.add_argument("-o", "--out", required=True, help="dump directory to create")
+    parser.add_argument("--greedy", type=int, default=0, help=f"also record {producer}'s greedy continuation of N tokens")
+    parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--layers", help="comma-separated blocks to keep, negative from the end (default: all)")
     parser.add_argument("--max-rows", type=int, help="token positions kept per stage for longer prompts")
     parser.add_argument("--logit-rows", type=int, help="keep logits for the last N positions only")

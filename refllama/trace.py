@@ -29,7 +29,7 @@ class Trace:
     """
 
     def __init__(self, names=None):
-        self.arrays, self.layers = {}, {}
+        self.arrays = {}
         self.names = None if names is None else set(names)
 
     def record(self, name, layer, x):
@@ -38,7 +38,6 @@ class Trace:
             return
         self.arrays.pop(key, None)  # re-insert, so order is that of the last pass
         self.arrays[key] = to_numpy(x).copy()  # a copy: cache views are overwritten by later steps
-        self.layers[key] = layer
 
     def __getitem__(self, key):
         return self.arrays[key]

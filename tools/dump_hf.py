@@ -31,7 +31,7 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 import refllama
 from refllama.api import default_model_path
-from refllama.dump import add_storage_args, file_sha256, plan_from_args, write_dump
+from refllama.dump import add_tool_args, file_sha256, plan_from_args, write_dump
 
 
 def capture(hf, ids):
@@ -100,13 +100,7 @@ def greedy(hf, ids, n):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
-    p.add_argument("-p", "--prompt", required=True)
-    p.add_argument("--special", action="store_true", help="parse special tokens in the prompt (chat prompts)")
-    p.add_argument("-o", "--out", required=True, help="dump directory to create")
-    p.add_argument("--greedy", type=int, default=0, help="also record transformers' greedy continuation of N tokens")
-    p.add_argument("-t", "--threads", type=int, default=2)
-    add_storage_args(p)
+    add_tool_args(p, "transformers")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_path = args.model or default_model_path()

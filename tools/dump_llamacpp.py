@@ -22,7 +22,7 @@ import llama_cpp
 import numpy as np
 
 from refllama.api import default_model_path
-from refllama.dump import add_storage_args, file_sha256, plan_from_args, write_dump
+from refllama.dump import add_tool_args, file_sha256, plan_from_args, write_dump
 
 _GGML = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
 _GGML.ggml_op_desc.restype = ctypes.c_char_p
@@ -126,13 +126,7 @@ def greedy(model_path, ids, n, n_threads):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
-    p.add_argument("-p", "--prompt", required=True)
-    p.add_argument("--special", action="store_true", help="parse special tokens in the prompt (chat prompts)")
-    p.add_argument("-o", "--out", required=True, help="dump directory to create")
-    p.add_argument("--greedy", type=int, default=0, help="also record llama.cpp's greedy continuation of N tokens")
-    p.add_argument("-t", "--threads", type=int, default=2)
-    add_storage_args(p)
+    add_tool_args(p, "llama.cpp")
     args = p.parse_args(argv)
     model_path = args.model or default_model_path()
     vocab = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
