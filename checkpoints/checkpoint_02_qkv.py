@@ -9,10 +9,7 @@ WEIGHT = {"Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v"}
 
 @pytest.mark.parametrize("which", list(WEIGHT))
 def test_projection(case, layer, mode, which):
-    name = f"{which}-{layer}"
-    if mode == "isolated":  # at the positions of the input (K/V store every position, the norm may not)
+    def isolated():  # at the positions of the input (K/V store every position, the norm may not)
         h = case.ref[f"attn_norm-{layer}"]  # [P, D]
-        got = linear(h, case.w["layers"][layer][WEIGHT[which]]).reshape(len(h), -1, case.cfg.head_dim)
-        case.check(name, mode, got, positions=case.rows(f"attn_norm-{layer}"))
-    else:
-        case.check(name, mode, case.ours(name))
+        return linear(h, case.w["layers"][layer][WEIGHT[which]]).reshape(len(h), -1, case.cfg.head_dim)
+    case.stage(f"{which}-{layer}", mode, isolated, fed_by=f"attn_norm-{layer}")

@@ -88,6 +88,14 @@ class Case:
         return m
 
 
+    def stage(self, name, mode, isolated, fed_by=None):
+        """Check stage `name`: isolated, the value `isolated()` computes from the reference's own inputs (at
+        the positions stored for stage `fed_by`, when given); end to end, refllama's own value."""
+        if mode == "isolated":
+            return self.check(name, mode, isolated(), positions=self.rows(fed_by) if fed_by else None)
+        return self.check(name, mode, self.ours(name))
+
+
 class OnDevice:
     """A reference dump whose arrays are handed out on the model's device (CuPy)."""
 

@@ -3,8 +3,8 @@
 This is the surface other tools drive (the CLI, the server, the checkpoint harness); keep it stable.
 """
 
+import importlib.metadata
 import importlib.util
-import json
 import os
 import sys
 
@@ -44,15 +44,15 @@ def _place(weights, xp):
 
 
 def load(path=None, backend="numpy", n_ctx=None):
-    """Load a model onto a backend ("numpy" or "cupy"): a GGUF file, an HF directory (config.json +
-    safetensors), or None for the installed SmolLM2."""
+    """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory
+    (config.json + safetensors), or None for the installed SmolLM2."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); use GGUF or safetensors")
     xp = backend_module(backend)
     if os.path.isdir(path):
-        cfg, weights = load_hf(path)
-        tokenizer, template = from_hf_dir(path, _hf_eos_ids(path))
+        cfg, weights, eos_ids = load_hf(path)
+        tokenizer, template = from_hf_dir(path, eos_ids)
     else:
         g, cfg, weights = load_gguf(path, _quantized_types(backend))
         tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
@@ -72,20 +72,6 @@ def _quantized_types(backend):
 
     warm_up()  # Numba compiles on first use, or loads its cache (refllama/__pycache__)
     return QUANTIZED
-
-
-def _hf_eos_ids(directory):
-    """End-of-generation ids named by config.json and generation_config.json (an int or a list)."""
-    ids = []
-    for name in ("config.json", "generation_config.json"):
-        p = os.path.join(directory, name)
-        if os.path.exists(p):
-            try:
-                value = json.loads(open(p, encoding="utf-8").read()).get("eos_token_id")
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise RefllamaError(f"{p}: invalid JSON ({e})") from None
-            ids += value if isinstance(value, list) else [value]
-    return [i for i in ids if isinstance(i, int)]
 
 
 class Generation:
@@ -183,7 +169,7 @@ class Model:
         with trace(names=names) as t:
             self.logits(ids)
         provenance = {
-            "producer": f"refllama {__import__('refllama').__version__} ({self.backend})",
+            "producer": f"refllama {importlib.metadata.version('refllama')} ({self.backend})",
             "model": os.path.basename(self.path), "model_sha256": file_sha256(self.path), "prompt": prompt,
             "token_ids": [int(i) for i in ids], "qk_layout": self.config.rope_layout,
             "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],

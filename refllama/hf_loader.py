@@ -254,11 +254,21 @@ def read_weights(ck, cfg):
     return w
 
 
+def eos_ids(c, directory):
+    """End-of-generation ids named by config.json (already read) and generation_config.json: an int or a list."""
+    ids = [c.get("eos_token_id")]
+    if (Path(directory) / "generation_config.json").exists():
+        ids.append(Config(Path(directory) / "generation_config.json").get("eos_token_id"))
+    flat = [i for v in ids for i in (v if isinstance(v, list) else [v])]
+    return [i for i in flat if isinstance(i, int)]
+
+
 def load_hf(directory):
-    """(ModelConfig, weights, directory) for an HF model directory."""
+    """(ModelConfig, weights, end-of-generation ids) for an HF model directory."""
     d = Path(directory)
-    cfg, freq_factors = read_config(Config(d / "config.json"))
+    c = Config(d / "config.json")
+    cfg, freq_factors = read_config(c)
     w = read_weights(Checkpoint(d), cfg)
     if freq_factors is not None:
         w["rope_freqs"] = freq_factors.astype(np.float32)
-    return cfg, w
+    return cfg, w, eos_ids(c, d)

@@ -63,7 +63,9 @@ class Worker:
     def __init__(self, args):
         self.args = args
         self.model, self.status, self.load_error = None, "loading", None
-        self.name = Path(args.model).stem if args.model else "SmolLM2-135M-Instruct.Q4_1"
+        from .api import DEFAULT_MODEL
+
+        self.name = Path(args.model or DEFAULT_MODEL[1]).stem  # the file or directory name, without .gguf
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self.admitted = 0  # requests running or waiting; touched only on the event loop
         self.busy = False
