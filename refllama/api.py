@@ -10,11 +10,10 @@ import sys
 
 import numpy as np
 
-from . import chat as chat_template
 from .cache import Cache
 from .dump import file_sha256, storage_plan, write_dump
 from .errors import RefllamaError
-from .gguf_loader import load_gguf
+from .gguf_loader import GGUFFile, read_config, read_weights
 from .hf_loader import load_hf
 from .model import forward
 from .sampling import Sampler, SamplingParams
@@ -54,8 +53,12 @@ def load(path=None, backend="numpy", n_ctx=None):
         cfg, weights, eos_ids = load_hf(path)
         tokenizer, template = from_hf_dir(path, eos_ids)
     else:
-        g, cfg, weights = load_gguf(path, _quantized_types(backend))
+        g = GGUFFile(path, _quantized_types(backend))
+        cfg = read_config(g)
         tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
+        # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
+        g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
+        weights = read_weights(g, cfg)
         if g.fallbacks:
             print(f"refllama: no {backend} kernel for {', '.join(sorted(g.fallbacks))}: those tensors are "
                   "dequantized to float32", file=sys.stderr)
@@ -177,6 +180,8 @@ class Model:
         return write_dump(directory, {n: t[n] for n in names}, provenance, rows, dtypes)
 
     def render_chat(self, messages, add_generation_prompt=True):
+        from . import chat as chat_template  # jinja2 (6 MB) only once a chat is rendered
+
         tok = self._tokenizer()
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""

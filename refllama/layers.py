@@ -14,8 +14,9 @@ def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
 
 def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
     xp = array_module(x)
-    # llama.cpp and transformers both normalise in float32, then scale by the weight
-    return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * w
+    # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w
+    mean_sq = xp.square(x).sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]
+    return x * (1.0 / xp.sqrt(mean_sq + eps)) * w
 
 
 def linear(x, w, b=None):  # [T, in], [out, in], [out] -> [T, out]
@@ -25,17 +26,18 @@ def linear(x, w, b=None):  # [T, in], [out, in], [out] -> [T, out]
 def rope_interleaved(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
     """Rotate pairs (x[2i], x[2i+1]) by angle pos*theta_i: GGUF llama weights, llama.cpp's rope mode 0.
 
-    Only the first R = 2 * cos.shape[-1] dims of each head rotate; the rest pass through.
+    Each pair is the complex number x[2i] + i x[2i+1], so the rotation is one complex product with
+    cos + i sin (as Meta's reference code writes it). Only the first R = 2 * cos.shape[-1] dims of each
+    head rotate; the rest pass through.
     """
     xp = array_module(x)
+    T, n, HD = x.shape
     r = 2 * cos.shape[-1]
-    x0, x1 = x[..., 0:r:2], x[..., 1:r:2]  # [T, n, R/2] each
-    c, s = cos[:, None, :], sin[:, None, :]
-    out = xp.empty_like(x)
-    out[..., 0:r:2] = x0 * c - x1 * s
-    out[..., 1:r:2] = x0 * s + x1 * c
-    out[..., r:] = x[..., r:]
-    return out
+    rot = xp.empty(cos.shape, dtype=xp.complex64)  # [T, R/2]
+    rot.real, rot.imag = cos, sin
+    pairs = xp.ascontiguousarray(x[..., :r], dtype=xp.float32).view(xp.complex64)  # [T, n, R/2]
+    rotated = (pairs * rot[:, None, :]).view(xp.float32)  # [T, n, R]
+    return rotated if r == HD else xp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
 def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]

@@ -2,24 +2,46 @@
 
 Every supported GGUF type is repacked once, at load, into one of two forms that keep its bits:
   4-bit (Q4_0, Q4_1, Q4_K): codes 0..15 packed two per byte, for each group of 32 values byte j holding
-      value j (low nibble) and value j+16 (high); per group a float32 scale and offset:
-      w = scale * code + offset  (Q4_0: offset = -8 * d; Q4_1: offset = m; Q4_K: 8 groups per 256-block,
-      scale = d * sc, offset = -dmin * min, its nibbles reordered into the layout above);
-  8-bit (Q8_0, Q6_K): int8 codes and a float32 scale per group (32 for Q8_0; 16 for Q6_K, codes q - 32).
-Decode reads 4.5 to 8.5 bits per weight instead of float32's 32: it is memory-bound, so that is the speed.
+      value j (low nibble) and value j+16 (high); per group a scale and offset: w = scale * code + offset
+      (Q4_0: offset = -8 * d; Q4_1: offset = m; Q4_K: 8 groups per 256-block, scale = d * sc,
+      offset = -dmin * min, its nibbles reordered into the layout above);
+  8-bit (Q8_0, Q6_K): int8 codes and a scale per group (32 for Q8_0; 16 for Q6_K, codes q - 32).
+Scales that GGUF stores as float16 (Q4_0, Q4_1, Q8_0) keep their 16 bits, read through a 65536-entry table
+as ggml does; the K-quants' products d * sc are not float16 numbers, so they are float32. Either way the
+weights take the GGUF file's bytes, and decode reads 5 to 8.5 bits per weight instead of float32's 32.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
 """
+
+import ctypes
+import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf.quants import Q4_K
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import overload
 
 QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K))
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
 
-def _f16(a):
+def _f16(a):  # [..., 2] bytes -> float32 values
     return np.ascontiguousarray(a).view(np.float16).astype(np.float32)
+
+
+def _f16_bits(a):  # [..., 2] bytes -> uint16 bits of the float16 values
+    return np.ascontiguousarray(a).view(np.uint16)
+
+
+def as_f32(s, table):
+    """A scale as float32: float16 bits (uint16) through the table, float32 as it is."""
+
+
+@overload(as_f32)
+def _as_f32(s, table):
+    if isinstance(s, types.Integer):
+        return lambda s, table: table[s]
+    return lambda s, table: s
 
 
 def _pack_nibbles(codes):  # [N, K] values 0..15 -> [N, K/2], per 32-group: byte j = code j | code j+16 << 4
@@ -34,10 +56,13 @@ def repack(raw, qtype, shape):
     n, k = shape
     if qtype in (QT.Q4_0, QT.Q4_1):
         blocks = raw.reshape(n, k // 32, -1)
-        d = _f16(blocks[..., 0:2]).reshape(n, -1)
-        if qtype == QT.Q4_0:
-            return ("q4", np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, -8.0 * d)
-        return ("q4", np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16(blocks[..., 2:4]).reshape(n, -1))
+        d = _f16_bits(blocks[..., 0:2]).reshape(n, -1)
+        if qtype == QT.Q4_0:  # -8 d is exact in float16 (an exponent step) unless it overflows
+            with np.errstate(over="ignore"):
+                offset = (-8 * F16_TABLE[d]).astype(np.float16)
+            offset = offset.view(np.uint16) if np.isfinite(offset).all() else -8 * F16_TABLE[d]
+            return ("q4", np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset)
+        return ("q4", np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16_bits(blocks[..., 2:4]).reshape(n, -1))
     if qtype == QT.Q4_K:
         blocks = raw.reshape(n * k // 256, 144)
         d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])  # [n_blocks, 1]
@@ -47,7 +72,7 @@ def repack(raw, qtype, shape):
         return ("q4", _pack_nibbles(codes), (d * sc).reshape(n, -1), (-dmin * mn).reshape(n, -1))
     if qtype == QT.Q8_0:
         blocks = raw.reshape(n, k // 32, 34)
-        return ("q8", np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k), _f16(blocks[..., :2]).reshape(n, -1), 32)
+        return ("q8", np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k), _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
     if qtype == QT.Q6_K:
         blocks = raw.reshape(n * k // 256, 210)
         ql, qh = blocks[:, :128], blocks[:, 128:192]
@@ -63,7 +88,7 @@ CHUNKS = 64  # rows are split into this many chunks across threads; each chunk r
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def matvec_q4(x, packed, scale, offset):  # [K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [N] = W @ x
+def matvec_q4(x, packed, scale, offset, table):  # [K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [N] = W @ x
     K = x.shape[0]
     N, nb = scale.shape
     half = K // 2
@@ -82,18 +107,18 @@ def matvec_q4(x, packed, scale, offset):  # [K] f32, [N, K/2] u8, [N, K/32], [N,
             acc[:] = 0.0
             off = np.float32(0.0)
             for b in range(nb):  # by far the most time is spent here: unpack 32 codes, 32 multiply-adds
-                sb = scale[r, b]
+                sb = as_f32(scale[r, b], table)
                 for j in range(16):
                     q = row[b * 16 + j]
                     acc[j] += sb * (np.float32(np.int32(q & np.uint8(15))) * xlo[b * 16 + j]
                                     + np.float32(np.int32(q >> np.uint8(4))) * xhi[b * 16 + j])
-                off += offset[r, b] * xsum[b]
+                off += as_f32(offset[r, b], table) * xsum[b]
             out[r] = acc.sum() + off
     return out
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def matvec_q8(x, codes, scale, group):  # [K] f32, [N, K] i8, [N, K/group] -> [N] = W @ x
+def matvec_q8(x, codes, scale, group, table):  # [K] f32, [N, K] i8, [N, K/group] -> [N] = W @ x
     K = x.shape[0]
     N = codes.shape[0]
     out = np.empty(N, np.float32)
@@ -109,18 +134,18 @@ def matvec_q8(x, codes, scale, group):  # [K] f32, [N, K] i8, [N, K/group] -> [N
                 s = np.float32(0.0)
                 for j in range(group):
                     s += tmp[g * group + j]
-                acc += scale[r, g] * s
+                acc += as_f32(scale[r, g], table) * s
             out[r] = acc
     return out
 
 
 @njit(fastmath=True, cache=True)
-def dequant_q4(packed, scale, offset, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
+def dequant_q4(packed, scale, offset, table, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
     nb = scale.shape[1]
     out = np.empty((r1 - r0, nb * 32), np.float32)
     for r in range(r0, r1):
         for b in range(nb):
-            sc, off = scale[r, b], offset[r, b]
+            sc, off = as_f32(scale[r, b], table), as_f32(offset[r, b], table)
             for j in range(16):
                 q = packed[r, b * 16 + j]
                 out[r - r0, b * 32 + j] = np.float32(np.int32(q & np.uint8(15))) * sc + off
@@ -129,12 +154,12 @@ def dequant_q4(packed, scale, offset, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f3
 
 
 @njit(fastmath=True, cache=True)
-def dequant_q8(codes, scale, group, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
+def dequant_q8(codes, scale, group, table, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
     K = codes.shape[1]
     out = np.empty((r1 - r0, K), np.float32)
     for r in range(r0, r1):
         for i in range(K):
-            out[r - r0, i] = np.float32(codes[r, i]) * scale[r, i // group]
+            out[r - r0, i] = np.float32(codes[r, i]) * as_f32(scale[r, i // group], table)
     return out
 
 
@@ -162,7 +187,7 @@ class QuantMatrix:
         x = np.ascontiguousarray(x, dtype=np.float32)
         kind, a, scale, extra = self.form
         if len(x) == 1:
-            return (matvec_q4(x[0], a, scale, extra) if kind == "q4" else matvec_q8(x[0], a, scale, extra))[None]
+            return (matvec_q4(x[0], a, scale, extra, F16_TABLE) if kind == "q4" else matvec_q8(x[0], a, scale, extra, F16_TABLE))[None]
         n = self.shape[0]
         out = np.empty((len(x), n), np.float32)
         for r0 in range(0, n, TILE):
@@ -171,7 +196,7 @@ class QuantMatrix:
 
     def rows(self, r0, r1):  # [r1 - r0, K] float32
         kind, a, scale, extra = self.form
-        return dequant_q4(a, scale, extra, r0, r1) if kind == "q4" else dequant_q8(a, scale, extra, r0, r1)
+        return dequant_q4(a, scale, extra, F16_TABLE, r0, r1) if kind == "q4" else dequant_q8(a, scale, extra, F16_TABLE, r0, r1)
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
         return np.concatenate([self.rows(int(r), int(r) + 1) for r in np.asarray(rows)])
@@ -188,10 +213,33 @@ class _Transposed:
 
 
 def warm_up():
-    """Compile (or load from Numba's cache) every kernel once, so the first token does not pay for it."""
-    x, one, zero = np.ones(32, np.float32), np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32)
-    packed, codes = np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8)
-    matvec_q4(x, packed, one, zero)
-    dequant_q4(packed, one, zero, 0, 1)
-    matvec_q8(x, codes, one, 32)
-    dequant_q8(codes, one, 32, 0, 1)
+    """Compile (or load from Numba's cache) every kernel once for float16-bit and float32 scales, so the first
+    token does not pay for it; then release LLVM's pages."""
+    x, packed, codes = np.ones(32, np.float32), np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8)
+    for one, zero in ((np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32)),
+                      (np.full((1, 1), 0x3C00, np.uint16), np.zeros((1, 1), np.uint16))):
+        matvec_q4(x, packed, one, zero, F16_TABLE)
+        dequant_q4(packed, one, zero, F16_TABLE, 0, 1)
+        matvec_q8(x, codes, one, 32, F16_TABLE)
+        dequant_q8(codes, one, 32, F16_TABLE, 0, 1)
+    release_compiler_pages()
+
+
+MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are read again if touched
+
+
+def release_compiler_pages():
+    """Hand LLVM's library pages back to the OS once the kernels are loaded (~65 MB resident otherwise).
+
+    Numba needs LLVM to compile or to load its cache, not to run compiled kernels; should it compile again,
+    the pages come back from the library file. Elsewhere than Linux, or on older kernels, this does nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    madvise = ctypes.CDLL(None).madvise
+    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if fields[-1].endswith("/libllvmlite.so") and "w" not in fields[1]:  # read-only: code, constants
+                start, end = (int(a, 16) for a in fields[0].split("-"))
+                madvise(start, end - start, MADV_PAGEOUT)  # a refusal (EINVAL on old kernels) changes nothing

@@ -41,6 +41,21 @@ def test_rows_dequantize_exactly(qtype):
     assert q.nbytes < W.nbytes / 3  # quantized in memory: at most 8.5 bits of 32 (Q8_0 codes + float32 scales)
 
 
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q8_0], ids=lambda t: t.name)
+def test_float16_scales_keep_the_gguf_size(qtype):
+    raw = random_blocks(qtype, (40, 256))
+    extra = 40 * 8 * 2 if qtype == QT.Q4_0 else 0  # Q4_0 adds its offset -8 d, 16 bits per block
+    assert QuantMatrix(raw, qtype, (40, 256)).nbytes == raw.nbytes + extra  # codes bit for bit, scales 16-bit
+
+
+def test_q4_0_offset_that_overflows_float16_stays_exact():
+    raw = random_blocks(QT.Q4_0, (4, 64))
+    raw.reshape(4, 2, 18)[0, 0, :2] = np.frombuffer(np.float16(60000).tobytes(), np.uint8)  # -8 d overflows
+    W = gguf.quants.dequantize(raw, QT.Q4_0)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    np.testing.assert_allclose(x @ QuantMatrix(raw, QT.Q4_0, (4, 64)).T, x @ W.T, rtol=1e-5, atol=1e-3)
+
+
 def test_numba_backend_keeps_smollm2_quantized(model):
     m = refllama.load(model.path, backend="numba", n_ctx=256)
     q = m.weights["layers"][0]["attn_q"]

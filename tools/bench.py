@@ -95,21 +95,22 @@ def run_transformers(threads, ids):
     return load, t1 - t0, t2 - t1
 
 
-def child(engine, threads):
-    from refllama.api import default_model_path
-    from refllama.gguf_loader import GGUFFile
-    from refllama.tokenizer import from_gguf
-
-    ids = from_gguf(GGUFFile(default_model_path())).encode(TEXT)[:N_PROMPT] if engine != "llama.cpp" else None
-    if engine == "llama.cpp":
-        import llama_cpp
-
-        ids = llama_cpp.Llama(default_model_path(), vocab_only=True, verbose=False).tokenize(TEXT.encode())[:N_PROMPT]
+def child(engine, threads, ids):
     runs = {"numpy": lambda: run_refllama("numpy", threads, ids), "numba": lambda: run_refllama("numba", threads, ids),
             "llama.cpp": lambda: run_llamacpp(threads, ids), "transformers": lambda: run_transformers(threads, ids)}
     load, prefill, decode = runs[engine]()
     print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": N_PROMPT / prefill,
                       "decode_tok_s": N_DECODE / decode, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def prompt_ids():
+    """The prompt's first N_PROMPT token ids (refllama's tokenizer, equal to llama.cpp's: tests/test_tokenizer.py),
+    computed here once so that no engine's process pays for a second tokenizer."""
+    from refllama.api import default_model_path
+    from refllama.gguf_loader import GGUFFile
+    from refllama.tokenizer import from_gguf
+
+    return from_gguf(GGUFFile(default_model_path())).encode(TEXT)[:N_PROMPT]
 
 
 def installed(engine):
@@ -126,15 +127,17 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--engines", default="numpy,numba,llama.cpp,transformers")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--ids", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.threads)
+        return child(args.child, args.threads, json.loads(args.ids))
+    ids = json.dumps(prompt_ids())
     rows = {}
     for engine in args.engines.split(","):
         if not installed(engine):
             print(f"{engine}: not installed, skipped", file=sys.stderr)
             continue
-        r = subprocess.run([sys.executable, __file__, "--child", engine, "--threads", str(args.threads)],
+        r = subprocess.run([sys.executable, __file__, "--child", engine, "--threads", str(args.threads), "--ids", ids],
                            capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{engine}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
