@@ -2,14 +2,15 @@
 for refllama (numpy, numba) and, when installed, llama.cpp (llama-cpp-python) and transformers (fp32).
 
 Each engine runs in its own process with the same thread count, on the same GGUF file and the same 128
-prompt tokens, then decodes 128 tokens greedily:
+prompt tokens (tokenized once, here), then decodes 128 tokens greedily; prefill + decode run --repeat
+times in that process and the best time of each counts:
   load     process start until the model is ready for its first token (imports included; Numba's JIT
            cache warm: run the tool twice after a fresh install)
   prefill  128 prompt tokens in one batch, tokens per second
   decode   128 tokens one at a time after the prompt, tokens per second
   peak RSS the process's maximum resident memory
 
-    python tools/bench.py [--threads N] [--engines numpy,numba,llama.cpp,transformers]
+    python tools/bench.py [--threads N] [--repeat 3] [--engines numpy,numba,llama.cpp,transformers]
 """
 
 import argparse
@@ -40,14 +41,16 @@ def run_refllama(backend, threads, ids):
     refllama.set_threads(threads)
     m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE + 8)
     load = process_age()
-    t0 = time.perf_counter()
-    logits = m._prefill(ids, last_only=True)
-    t1 = time.perf_counter()
-    token = int(np.argmax(logits[-1]))
-    for _ in range(N_DECODE):
-        token = int(np.argmax(forward(m.weights, m.config, np.asarray([token]), m.cache.n_past, m.cache, True)[-1]))
-    t2 = time.perf_counter()
-    return load, t1 - t0, t2 - t1
+
+    def generate():
+        t0 = time.perf_counter()
+        logits = m._prefill(ids, last_only=True)  # resets the cache
+        t1 = time.perf_counter()
+        token = int(np.argmax(logits[-1]))
+        for _ in range(N_DECODE):
+            token = int(np.argmax(forward(m.weights, m.config, np.asarray([token]), m.cache.n_past, m.cache, True)[-1]))
+        return t1 - t0, time.perf_counter() - t1
+    return load, generate
 
 
 def run_llamacpp(threads, ids):
@@ -62,15 +65,18 @@ def run_llamacpp(threads, ids):
 
     def last_logits():  # llama.cpp keeps only the last row's logits when logits_all is off
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),))
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    t1 = time.perf_counter()
-    token = int(np.argmax(last_logits()))
-    for _ in range(N_DECODE):
-        llm.eval([token])
+
+    def generate():
+        llm.reset()  # evaluation starts again at position 0
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        t1 = time.perf_counter()
         token = int(np.argmax(last_logits()))
-    t2 = time.perf_counter()
-    return load, t1 - t0, t2 - t1
+        for _ in range(N_DECODE):
+            llm.eval([token])
+            token = int(np.argmax(last_logits()))
+        return t1 - t0, time.perf_counter() - t1
+    return load, generate
 
 
 def run_transformers(threads, ids):
@@ -83,22 +89,26 @@ def run_transformers(threads, ids):
     d, f = os.path.split(default_model_path())
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     load = process_age()
-    with torch.no_grad():
+
+    @torch.no_grad()
+    def generate():
         t0 = time.perf_counter()
-        out = model(torch.tensor([ids]), use_cache=True)
+        out = model(torch.tensor([ids]), use_cache=True)  # a new cache each time
         t1 = time.perf_counter()
         past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
         for _ in range(N_DECODE):
             out = model(token, past_key_values=past, use_cache=True)
             past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
-        t2 = time.perf_counter()
-    return load, t1 - t0, t2 - t1
+        return t1 - t0, time.perf_counter() - t1
+    return load, generate
 
 
-def child(engine, threads, ids):
+def child(engine, threads, ids, repeat):
     runs = {"numpy": lambda: run_refllama("numpy", threads, ids), "numba": lambda: run_refllama("numba", threads, ids),
             "llama.cpp": lambda: run_llamacpp(threads, ids), "transformers": lambda: run_transformers(threads, ids)}
-    load, prefill, decode = runs[engine]()
+    load, generate = runs[engine]()
+    times = [generate() for _ in range(repeat)]  # the best of `repeat`: the least disturbed by other work
+    prefill, decode = min(t[0] for t in times), min(t[1] for t in times)
     print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": N_PROMPT / prefill,
                       "decode_tok_s": N_DECODE / decode, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
@@ -126,18 +136,20 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--engines", default="numpy,numba,llama.cpp,transformers")
+    p.add_argument("--repeat", type=int, default=3, help="prefill + decode runs per engine; the best time counts")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        return child(args.child, args.threads, json.loads(args.ids))
+        return child(args.child, args.threads, json.loads(args.ids), args.repeat)
     ids = json.dumps(prompt_ids())
     rows = {}
     for engine in args.engines.split(","):
         if not installed(engine):
             print(f"{engine}: not installed, skipped", file=sys.stderr)
             continue
-        r = subprocess.run([sys.executable, __file__, "--child", engine, "--threads", str(args.threads), "--ids", ids],
+        r = subprocess.run([sys.executable, __file__, "--child", engine, "--threads", str(args.threads), "--ids", ids,
+                            "--repeat", str(args.repeat)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{engine}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
@@ -147,7 +159,7 @@ def main():
 
     gguf_mb = os.path.getsize(default_model_path()) / 2**20
     print(f"SmolLM2-135M-Instruct Q4_1 ({gguf_mb:.0f} MB), {args.threads} threads, {os.cpu_count()} cores, "
-          f"{N_PROMPT}-token prompt, {N_DECODE} decoded tokens\n")
+          f"{N_PROMPT}-token prompt, {N_DECODE} decoded tokens, best of {args.repeat}\n")
     print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) |")
     print("| --- | --- | --- | --- | --- |")
     for e, r in rows.items():
