@@ -180,7 +180,7 @@ class Model:
         return write_dump(directory, {n: t[n] for n in names}, provenance, rows, dtypes)
 
     def render_chat(self, messages, add_generation_prompt=True):
-        from . import chat as chat_template  # jinja2 (6 MB) only once a chat is rendered
+        from . import chat as chat_template  # jinja2 is imported only once a chat is rendered
 
         tok = self._tokenizer()
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""

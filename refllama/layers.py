@@ -31,13 +31,12 @@ def rope_interleaved(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, H
     head rotate; the rest pass through.
     """
     xp = array_module(x)
-    T, n, HD = x.shape
     r = 2 * cos.shape[-1]
     rot = xp.empty(cos.shape, dtype=xp.complex64)  # [T, R/2]
     rot.real, rot.imag = cos, sin
     pairs = xp.ascontiguousarray(x[..., :r], dtype=xp.float32).view(xp.complex64)  # [T, n, R/2]
     rotated = (pairs * rot[:, None, :]).view(xp.float32)  # [T, n, R]
-    return rotated if r == HD else xp.concatenate([rotated, x[..., r:]], axis=-1)
+    return rotated if r == x.shape[-1] else xp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
 def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
