@@ -219,8 +219,8 @@ def read_weights(g, cfg):
     return w
 
 
-def load_gguf(path, keep_quantized=frozenset()):
-    """(GGUFFile, ModelConfig, weights) for a llama-architecture GGUF file."""
-    g = GGUFFile(path, keep_quantized)
+def load_gguf(path):
+    """(GGUFFile, ModelConfig, float32 weights) for a llama-architecture GGUF file."""
+    g = GGUFFile(path)
     cfg = read_config(g)
     return g, cfg, read_weights(g, cfg)

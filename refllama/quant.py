@@ -57,11 +57,12 @@ def repack(raw, qtype, shape):
     if qtype in (QT.Q4_0, QT.Q4_1):
         blocks = raw.reshape(n, k // 32, -1)
         d = _f16_bits(blocks[..., 0:2]).reshape(n, -1)
-        if qtype == QT.Q4_0:  # -8 d is exact in float16 (an exponent step) unless it overflows
+        if qtype == QT.Q4_0:  # -8 d is exact in float16 (an exponent step) unless it overflows: then float32
             with np.errstate(over="ignore"):
                 offset = (-8 * F16_TABLE[d]).astype(np.float16)
-            offset = offset.view(np.uint16) if np.isfinite(offset).all() else -8 * F16_TABLE[d]
-            return ("q4", np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset)
+            if not np.isfinite(offset).all():
+                d, offset = F16_TABLE[d], -8 * F16_TABLE[d]
+            return ("q4", np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset.view(d.dtype))
         return ("q4", np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16_bits(blocks[..., 2:4]).reshape(n, -1))
     if qtype == QT.Q4_K:
         blocks = raw.reshape(n * k // 256, 144)
