@@ -19,7 +19,7 @@ PROMPT = "The printing press changed how knowledge moved through Europe. " * 12
 
 @pytest.fixture(scope="module", params=["numpy", "numba"])
 def loaded(request):
-    refllama.set_threads(None)
+    refllama.set_threads(None, request.param)
     m = refllama.load(backend=request.param, n_ctx=512)
     return m, m.tokenize(PROMPT)[:128]
 

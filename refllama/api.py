@@ -53,12 +53,12 @@ def load(path=None, backend="numpy", n_ctx=None):
         cfg, weights, eos_ids = load_hf(path)
         tokenizer, template = from_hf_dir(path, eos_ids)
     else:
-        g = GGUFFile(path, _quantized_types(backend))
+        g = GGUFFile(path)
         cfg = read_config(g)
         tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
         # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
         g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
-        weights = read_weights(g, cfg)
+        weights = read_weights(g, cfg, _quantized_types(backend, g))
         if g.fallbacks:
             print(f"refllama: no {backend} kernel for {', '.join(sorted(g.fallbacks))}: those tensors are "
                   "dequantized to float32", file=sys.stderr)
@@ -67,13 +67,14 @@ def load(path=None, backend="numpy", n_ctx=None):
     return Model(path, cfg, _place(weights, xp), tokenizer, template, backend, xp, n_ctx)
 
 
-def _quantized_types(backend):
-    """Tensor types the backend multiplies without dequantizing (compiling its kernels now)."""
+def _quantized_types(backend, g):
+    """Tensor types the backend multiplies without dequantizing; for numba, the kernels of those found in
+    GGUF file g are made ready now (compiled, or loaded from Numba's cache in refllama/__pycache__)."""
     if backend != "numba":
         return frozenset()
     from .quant import QUANTIZED, warm_up
 
-    warm_up()  # Numba compiles on first use, or loads its cache (refllama/__pycache__)
+    warm_up(QUANTIZED & {t.tensor_type for t in g.tensors.values() if len(t.shape) == 2})
     return QUANTIZED
 
 

@@ -4,7 +4,6 @@ The same format is written by refllama (`--dump-dir`), by the reference tools in
 engine; `read_dump` loads any of them and can convert q/k to either RoPE pair layout.
 """
 
-import hashlib
 import json
 import os
 import re
@@ -44,6 +43,8 @@ def forward_order(names):
 
 
 def file_sha256(path):
+    import hashlib  # here, not at the top: OpenSSL's ~3 MB would sit in every process that loads a model
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

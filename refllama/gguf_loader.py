@@ -76,13 +76,12 @@ class GGUFFile:
 
     The header is parsed here rather than with gguf-py's GGUFReader, which builds a NumPy view per vocabulary
     string (2.5 s and 160 MB for SmolLM2's 98k strings); gguf-py still does the dequantizing.
-    `keep_quantized`: matrices of these types stay quantized (refllama.quant.QuantMatrix) instead of being
-    dequantized to float32; `fallbacks` collects the other quantized types met, for a one-line notice.
+    `fallbacks` collects the quantized types that `tensor` was asked to keep but dequantized, for a one-line notice.
     """
 
-    def __init__(self, path, keep_quantized=frozenset()):
+    def __init__(self, path):
         self.path = str(path)
-        self.keep_quantized, self.fallbacks = keep_quantized, set()
+        self.fallbacks = set()
         if not os.path.isfile(self.path):
             raise RefllamaError(f"{self.path}: no such model file")
         size = os.path.getsize(self.path)
@@ -137,8 +136,9 @@ class GGUFFile:
         rows = math.prod(t.shape[1:])
         return data.reshape(rows, -1)
 
-    def tensor(self, name, shape):
-        """Tensor `name` as float32 with numpy shape `shape`, or a clear error."""
+    def tensor(self, name, shape, keep_quantized=frozenset()):
+        """Tensor `name` with numpy shape `shape`, or a clear error: float32, or a QuantMatrix if it is a matrix
+        of a type in `keep_quantized`."""
         t = self.tensors.get(name)
         if t is None:
             raise RefllamaError(f"{self.path}: missing tensor '{name}'")
@@ -149,11 +149,11 @@ class GGUFFile:
             raise RefllamaError(f"{self.path}: tensor '{name}' has unsupported type {t.tensor_type.name}")
         if t.tensor_type == QT.F32:
             return self.raw(t).reshape(shape)
-        if len(shape) == 2 and t.tensor_type in self.keep_quantized:
+        if len(shape) == 2 and t.tensor_type in keep_quantized:
             from .quant import QuantMatrix
 
             return QuantMatrix(self.raw(t), t.tensor_type, shape)
-        if self.keep_quantized and t.tensor_type not in (QT.F16, QT.BF16):
+        if keep_quantized and t.tensor_type not in (QT.F16, QT.BF16):
             self.fallbacks.add(t.tensor_type.name)
         return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
 
@@ -198,14 +198,15 @@ def read_config(g):
     )
 
 
-def read_weights(g, cfg):
-    """All weights as float32 numpy arrays, shapes checked against cfg (numpy order [out, in])."""
+def read_weights(g, cfg, keep_quantized=frozenset()):
+    """All weights, shapes checked against cfg (numpy order [out, in]): float32 numpy arrays, except matrices
+    of the `keep_quantized` types, which stay quantized (refllama.quant.QuantMatrix)."""
     D, H, KVH, HD, F, V = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.vocab_size
     w = {
-        "token_embd": g.tensor("token_embd.weight", (V, D)),
+        "token_embd": g.tensor("token_embd.weight", (V, D), keep_quantized),
         "output_norm": g.tensor("output_norm.weight", (D,)),
     }
-    w["output"] = w["token_embd"] if cfg.tied_output else g.tensor("output.weight", (V, D))
+    w["output"] = w["token_embd"] if cfg.tied_output else g.tensor("output.weight", (V, D), keep_quantized)
     if "rope_freqs.weight" in g.tensors:  # llama3-style per-frequency scaling, stored by the converter
         w["rope_freqs"] = g.tensor("rope_freqs.weight", (cfg.rope_dim // 2,))
     shapes = {
@@ -213,7 +214,7 @@ def read_weights(g, cfg):
         "attn_output": (D, H * HD), "ffn_norm": (D,), "ffn_gate": (F, D), "ffn_up": (F, D), "ffn_down": (D, F),
     }
     w["layers"] = [
-        {name: g.tensor(f"blk.{i}.{name}.weight", shape) for name, shape in shapes.items()}
+        {name: g.tensor(f"blk.{i}.{name}.weight", shape, keep_quantized) for name, shape in shapes.items()}
         for i in range(cfg.n_layer)
     ]
     return w

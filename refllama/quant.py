@@ -17,6 +17,7 @@ import sys
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
+from gguf import quant_shape_to_byte_shape
 from gguf.quants import Q4_K
 from numba import njit, prange, types
 from numba.extending import overload
@@ -140,31 +141,77 @@ def matvec_q8(x, codes, scale, group, table):  # [K] f32, [N, K] i8, [N, K/group
     return out
 
 
-@njit(fastmath=True, cache=True)
-def dequant_q4(packed, scale, offset, table, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
-    nb = scale.shape[1]
-    out = np.empty((r1 - r0, nb * 32), np.float32)
-    for r in range(r0, r1):
-        for b in range(nb):
-            sc, off = as_f32(scale[r, b], table), as_f32(offset[r, b], table)
-            for j in range(16):
-                q = packed[r, b * 16 + j]
-                out[r - r0, b * 32 + j] = np.float32(np.int32(q & np.uint8(15))) * sc + off
-                out[r - r0, b * 32 + 16 + j] = np.float32(np.int32(q >> np.uint8(4))) * sc + off
-    return out
+def dequant_row(codes, scale, extra, table, r, w):
+    """Row r of either form, dequantized into w [K] f32: ('q4', packed u8, scale, offset) or ('q8', codes i8,
+    scale, group); the codes' dtype tells which."""
+
+
+@njit(fastmath=True)
+def _row_q4(packed, scale, offset, table, r, w):
+    for b in range(scale.shape[1]):
+        sc, off = as_f32(scale[r, b], table), as_f32(offset[r, b], table)
+        for j in range(16):
+            q = packed[r, b * 16 + j]
+            w[b * 32 + j] = np.float32(np.int32(q & np.uint8(15))) * sc + off
+            w[b * 32 + 16 + j] = np.float32(np.int32(q >> np.uint8(4))) * sc + off
+
+
+@njit(fastmath=True)
+def _row_q8(codes, scale, group, table, r, w):
+    for i in range(codes.shape[1]):
+        w[i] = np.float32(codes[r, i]) * as_f32(scale[r, i // group], table)
+
+
+@overload(dequant_row)
+def _dequant_row(codes, scale, extra, table, r, w):
+    row = _row_q4 if codes.dtype == types.uint8 else _row_q8
+    return lambda codes, scale, extra, table, r, w: row(codes, scale, extra, table, r, w)
 
 
 @njit(fastmath=True, cache=True)
-def dequant_q8(codes, scale, group, table, r0, r1):  # rows r0..r1 -> [r1 - r0, K] f32
-    K = codes.shape[1]
-    out = np.empty((r1 - r0, K), np.float32)
-    for r in range(r0, r1):
-        for i in range(K):
-            out[r - r0, i] = np.float32(codes[r, i]) * as_f32(scale[r, i // group], table)
+def dequant_rows(codes, scale, extra, table, rows, out):  # rows [T] of either form -> out [T, K] f32
+    for i in range(len(rows)):
+        dequant_row(codes, scale, extra, table, rows[i], out[i])
+
+
+@njit(fastmath=True)
+def _tile_4x2(X, w, out, r):  # out[:, r:r+4] = X @ w.T for 4 dequantized rows w [4, K]
+    """Two tokens at a time against the four rows: 8 sums that stay in registers while K streams by, so each
+    load of w or X serves two or four multiply-adds. An odd last token is computed twice (same value)."""
+    T, K = X.shape
+    N = out.shape[1]
+    for t in range(0, T, 2):
+        u = min(t + 1, T - 1)
+        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+        for k in range(K):
+            x, y = X[t, k], X[u, k]
+            a0 += w[0, k] * x
+            a1 += w[1, k] * x
+            a2 += w[2, k] * x
+            a3 += w[3, k] * x
+            b0 += w[0, k] * y
+            b1 += w[1, k] * y
+            b2 += w[2, k] * y
+            b3 += w[3, k] * y
+        for i, a, b in ((0, a0, b0), (1, a1, b1), (2, a2, b2), (3, a3, b3)):
+            if r + i < N:
+                out[t, r + i], out[u, r + i] = a, b
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def matmul(X, codes, scale, extra, table):  # [T, K] f32, either form of [N, K] -> [T, N] = X @ W.T
+    T, K = X.shape
+    N = codes.shape[0]
+    out = np.empty((T, N), np.float32)
+    n_quads = (N + 3) // 4
+    n_chunks = min(n_quads, CHUNKS)
+    for c in prange(n_chunks):
+        w = np.empty((4, K), np.float32)  # 4 rows dequantized, reused for every token
+        for g in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+            for i in range(4):
+                dequant_row(codes, scale, extra, table, min(4 * g + i, N - 1), w[i])
+            _tile_4x2(X, w, out, 4 * g)
     return out
-
-
-TILE = 4096  # prefill dequantizes this many rows at a time (9 MB for a 576-wide matrix), then BLAS multiplies
 
 
 class QuantMatrix:
@@ -183,24 +230,21 @@ class QuantMatrix:
         return sum(a.nbytes for a in self.form[1:] if isinstance(a, np.ndarray))
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        """Decode (T = 1): the Numba matvec on the packed codes. Prefill: Numba dequantizes tiles of rows
-        and BLAS multiplies them by all T tokens at once (matrix-matrix)."""
+        """Decode (T = 1): the Numba matvec on the packed codes. Prefill: the Numba matmul, which dequantizes
+        4 rows at a time into a small scratch and multiplies them by all T tokens (matrix-matrix)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        kind, a, scale, extra = self.form
-        if len(x) == 1:
-            return (matvec_q4(x[0], a, scale, extra, F16_TABLE) if kind == "q4" else matvec_q8(x[0], a, scale, extra, F16_TABLE))[None]
-        n = self.shape[0]
-        out = np.empty((len(x), n), np.float32)
-        for r0 in range(0, n, TILE):
-            out[:, r0:r0 + TILE] = x @ self.rows(r0, min(n, r0 + TILE)).T
-        return out
-
-    def rows(self, r0, r1):  # [r1 - r0, K] float32
-        kind, a, scale, extra = self.form
-        return dequant_q4(a, scale, extra, F16_TABLE, r0, r1) if kind == "q4" else dequant_q8(a, scale, extra, F16_TABLE, r0, r1)
+        kind, codes, scale, extra = self.form
+        if len(x) > 1:
+            return matmul(x, codes, scale, extra, F16_TABLE)
+        return (matvec_q4 if kind == "q4" else matvec_q8)(x[0], codes, scale, extra, F16_TABLE)[None]
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
-        return np.concatenate([self.rows(int(r), int(r) + 1) for r in np.asarray(rows)])
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):  # the kernel does not check
+            raise IndexError(f"rows {rows.min()}..{rows.max()} asked of a {self.shape[0]}-row matrix")
+        out = np.empty((len(rows), self.shape[1]), np.float32)
+        dequant_rows(*self.form[1:], F16_TABLE, rows, out)
+        return out
 
 
 class _Transposed:
@@ -213,16 +257,13 @@ class _Transposed:
         return self.w.matmul(x)
 
 
-def warm_up():
-    """Compile (or load from Numba's cache) every kernel once for float16-bit and float32 scales, so the first
-    token does not pay for it; then release LLVM's pages."""
-    x, packed, codes = np.ones(32, np.float32), np.zeros((1, 16), np.uint8), np.zeros((1, 32), np.int8)
-    for one, zero in ((np.ones((1, 1), np.float32), np.zeros((1, 1), np.float32)),
-                      (np.full((1, 1), 0x3C00, np.uint16), np.zeros((1, 1), np.uint16))):
-        matvec_q4(x, packed, one, zero, F16_TABLE)
-        dequant_q4(packed, one, zero, F16_TABLE, 0, 1)
-        matvec_q8(x, codes, one, 32, F16_TABLE)
-        dequant_q8(codes, one, 32, F16_TABLE, 0, 1)
+def warm_up(qtypes):
+    """Run each kernel that matrices of these GGUF types use once, on a small zero matrix of each, so that Numba
+    compiles it (or loads it from its cache) now rather than at the first token; then release LLVM's pages."""
+    x = np.zeros((2, 256), np.float32)
+    for qtype in qtypes:
+        m = QuantMatrix(np.zeros(quant_shape_to_byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
+        _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
     release_compiler_pages()
 
 

@@ -29,7 +29,7 @@ def parse_args(argv):
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
     p.add_argument("-t", "--threads", type=int, default=None,
-                   help="CPU threads for BLAS; 0 = idle cores (default, see README)")
+                   help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores (default, see README)")
     p.add_argument("--dump-dir", help="write every stage of the prompt's forward pass here (checkpoints/FORMAT.md)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens; 0 = the model's (default 4096)")
     args = p.parse_args(argv)
@@ -63,7 +63,7 @@ def run(args, prompt):
     from . import api
     from .xp import set_threads
 
-    threads = set_threads(args.threads)
+    threads = set_threads(args.threads, args.backend)
     t0 = time.perf_counter()
     m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size or None)
     t_load = time.perf_counter() - t0

@@ -75,7 +75,7 @@ class Worker:
         from .xp import set_threads
 
         try:
-            set_threads(self.args.threads)
+            set_threads(self.args.threads, self.args.backend)
             self.model = api.load(self.args.model, backend=self.args.backend, n_ctx=self.args.ctx_size or None)
             self.status = "ready"
             log.info("model %s ready (%s, context %d)", self.name, self.args.backend, self.model.n_ctx)

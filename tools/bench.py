@@ -38,7 +38,7 @@ def run_refllama(backend, threads, ids):
     import refllama
     from refllama.model import forward
 
-    refllama.set_threads(threads)
+    refllama.set_threads(threads, backend)
     m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE + 8)
     load = process_age()
 
