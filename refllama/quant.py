@@ -13,6 +13,7 @@ A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code f
 """
 
 import ctypes
+import re
 import sys
 
 import numpy as np
@@ -270,11 +271,15 @@ def warm_up(qtypes):
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are read again if touched
 
 
-def release_compiler_pages():
-    """Hand LLVM's library pages back to the OS once the kernels are loaded (~65 MB resident otherwise).
+LOAD_ONLY_LIBRARIES = re.compile(r"/(libllvmlite\.so|libcrypto\.so[.0-9]*)$")  # LLVM; OpenSSL
 
-    Numba needs LLVM to compile or to load its cache, not to run compiled kernels; should it compile again,
-    the pages come back from the library file. Elsewhere than Linux, or on older kernels, this does nothing."""
+
+def release_compiler_pages():
+    """Hand back to the OS the pages of the libraries that only loading the kernels uses (~68 MB resident otherwise):
+    LLVM, which compiles them or links them from Numba's cache, and OpenSSL, with which Numba hashes a function's
+    bytecode to find its cache entry. Running compiled kernels touches neither; should Numba compile again, or
+    anything hash, the pages come back from the library files. Elsewhere than Linux, or on older kernels, this
+    does nothing."""
     if not sys.platform.startswith("linux"):
         return
     madvise = ctypes.CDLL(None).madvise
@@ -282,6 +287,6 @@ def release_compiler_pages():
     with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split()
-            if fields[-1].endswith("/libllvmlite.so") and "w" not in fields[1]:  # read-only: code, constants
+            if LOAD_ONLY_LIBRARIES.search(fields[-1]) and "w" not in fields[1]:  # read-only: code, constants
                 start, end = (int(a, 16) for a in fields[0].split("-"))
                 madvise(start, end - start, MADV_PAGEOUT)  # a refusal (EINVAL on old kernels) changes nothing

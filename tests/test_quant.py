@@ -1,5 +1,6 @@
 """Numba kernels on quantized blocks, against gguf's own dequantization: `dequantize(W) @ x`."""
 
+import os
 import subprocess
 import sys
 
@@ -74,3 +75,35 @@ def test_unsupported_types_fall_back_with_one_notice(tmp_path):
                         "print(type(m.weights['layers'][0]['attn_q']).__name__)"], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ndarray"
     assert r.stderr.strip() == "refllama: no numba kernel for Q5_K: those tensors are dequantized to float32"
+
+
+def _resident_kb(pattern):  # resident KB of this process's read-only mappings of files matching pattern
+    total, match = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                match = len(fields) > 5 and pattern in fields[-1] and "w" not in fields[1]
+            elif match and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or tuple(map(int, os.uname().release.split(".")[:2])) < (5, 4),
+                    reason="MADV_PAGEOUT needs Linux 5.4+")
+def test_released_compiler_pages_leave_kernels_and_hashing_working():
+    import hashlib
+
+    from refllama.quant import release_compiler_pages
+
+    from numba import njit
+
+    raw = random_blocks(QT.Q4_1, (8, 256))
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    want = x @ gguf.quants.dequantize(raw, QT.Q4_1).T
+    assert njit(lambda a: a + 1)(1) == 2  # compiling something new makes LLVM's pages resident again
+    before = _resident_kb("libllvmlite")
+    release_compiler_pages()
+    assert _resident_kb("libllvmlite") < before / 2
+    np.testing.assert_allclose(x @ QuantMatrix(raw, QT.Q4_1, (8, 256)).T, want, rtol=1e-5, atol=1e-5)
+    assert hashlib.sha256(b"abc").hexdigest().startswith("ba7816bf")

@@ -39,7 +39,7 @@ def run_refllama(backend, threads, ids):
     from refllama.model import forward
 
     refllama.set_threads(threads, backend)
-    m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE + 8)
+    m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE)
     load = process_age()
 
     def generate():
@@ -59,7 +59,7 @@ def run_llamacpp(threads, ids):
 
     from refllama.api import default_model_path
 
-    llm = llama_cpp.Llama(default_model_path(), n_ctx=N_PROMPT + N_DECODE + 8, n_batch=N_PROMPT, n_threads=threads,
+    llm = llama_cpp.Llama(default_model_path(), n_ctx=N_PROMPT + N_DECODE, n_batch=N_PROMPT, n_threads=threads,
                           n_threads_batch=threads, verbose=False)
     load = process_age()
 
@@ -174,7 +174,7 @@ def main():
     ratio("numpy", "transformers", "decode_tok_s")
     if "numba" in rows:
         kv_mb = (N_PROMPT + N_DECODE) * 30 * 2 * 3 * 64 * 4 / 2**20
-        print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {rows['numba']['peak_rss_mb'] / (2 * gguf_mb + kv_mb):.2f}x")
+        print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {rows['numba']['peak_rss_mb'] / (2 * gguf_mb + kv_mb):.3f}x")
 
 
 if __name__ == "__main__":
