@@ -43,7 +43,7 @@ def forward_order(names):
 
 
 def file_sha256(path):
-    import hashlib  # here, not at the top: OpenSSL's ~3 MB would sit in every process that loads a model
+    import hashlib  # here, not at the top: OpenSSL's ~3 MB would sit in every numpy-backend process
 
     h = hashlib.sha256()
     with open(path, "rb") as f:

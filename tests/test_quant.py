@@ -39,6 +39,8 @@ def test_rows_dequantize_exactly(qtype):
     W = gguf.quants.dequantize(raw, qtype)
     q = QuantMatrix(raw, qtype, (40, 256))
     np.testing.assert_array_equal(q[[0, 7, 39, 7]], W[[0, 7, 39, 7]])
+    with pytest.raises(IndexError):
+        q[[0, 40]]  # the kernel reads rows unchecked: the lookup refuses rows past the end
     assert q.nbytes < W.nbytes / 3  # quantized in memory: at most 8.5 bits of 32 (Q8_0 codes + float32 scales)
 
 
