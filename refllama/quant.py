@@ -260,12 +260,13 @@ class _Transposed:
 
 def warm_up(qtypes):
     """Run each kernel that matrices of these GGUF types use once, on a small zero matrix of each, so that Numba
-    compiles it (or loads it from its cache) now rather than at the first token; then release LLVM's pages."""
+    compiles it (or loads it from its cache) now rather than at the first token; then release the pages of the
+    libraries that only loading needed."""
     x = np.zeros((2, 256), np.float32)
     for qtype in qtypes:
         m = QuantMatrix(np.zeros(quant_shape_to_byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
         _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
-    release_compiler_pages()
+    release_loader_pages()
 
 
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are read again if touched
@@ -274,7 +275,7 @@ MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are r
 LOAD_ONLY_LIBRARIES = re.compile(r"/(libllvmlite\.so|libcrypto\.so[.0-9]*)$")  # LLVM; OpenSSL
 
 
-def release_compiler_pages():
+def release_loader_pages():
     """Hand back to the OS the pages of the libraries that only loading the kernels uses (~68 MB resident otherwise):
     LLVM, which compiles them or links them from Numba's cache, and OpenSSL, with which Numba hashes a function's
     bytecode to find its cache entry. Running compiled kernels touches neither; should Numba compile again, or

@@ -93,10 +93,10 @@ def _resident_kb(pattern):  # resident KB of this process's read-only mappings o
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or tuple(map(int, os.uname().release.split(".")[:2])) < (5, 4),
                     reason="MADV_PAGEOUT needs Linux 5.4+")
-def test_released_compiler_pages_leave_kernels_and_hashing_working():
+def test_released_loader_pages_leave_kernels_and_hashing_working():
     import hashlib
 
-    from refllama.quant import release_compiler_pages
+    from refllama.quant import release_loader_pages
 
     from numba import njit
 
@@ -105,7 +105,7 @@ def test_released_compiler_pages_leave_kernels_and_hashing_working():
     want = x @ gguf.quants.dequantize(raw, QT.Q4_1).T
     assert njit(lambda a: a + 1)(1) == 2  # compiling something new makes LLVM's pages resident again
     before = _resident_kb("libllvmlite")
-    release_compiler_pages()
+    release_loader_pages()
     assert _resident_kb("libllvmlite") < before / 2
     np.testing.assert_allclose(x @ QuantMatrix(raw, QT.Q4_1, (8, 256)).T, want, rtol=1e-5, atol=1e-5)
     assert hashlib.sha256(b"abc").hexdigest().startswith("ba7816bf")
