@@ -5,21 +5,65 @@ Weights keep GGUF's row layout [out, in] (numpy order); q/k rows keep GGUF's int
 
 import math
 import os
+from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
-from gguf import GGMLQuantizationType as QT
-from gguf.quants import dequantize
 
 from .config import ModelConfig
 from .errors import RefllamaError
 
-SUPPORTED_TYPES = frozenset(
-    (QT.F32, QT.F16, QT.BF16, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0,
-     QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
-)
 ARCHITECTURES = ("llama",)
+
+
+class GGMLType(IntEnum):
+    """ggml's ids of the tensor types refllama reads (ggml.h, `enum ggml_type`). gguf-py has them all, but
+    importing its package also imports YAML and, where installed, SentencePiece: 2 MB to 3.4 MB of memory
+    that the numba path, which calls no gguf-py function for the default model, would carry to the end.
+    gguf-py is imported where one of its functions is needed: dequantizing, Q4_K's scales, naming a type
+    refllama does not read. tests/test_gguf_loader.py checks this table against gguf-py's."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    BF16 = 30
+
+
+SUPPORTED_TYPES = frozenset(GGMLType)
+BLOCK_SIZES = {  # type: (values per block, bytes per block)
+    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
+    GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24),
+    GGMLType.Q8_0: (32, 34), GGMLType.Q2_K: (256, 84), GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144),
+    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
+}
+
+
+def byte_shape(shape, qtype):  # numpy shape [..., K] of a supported type -> its bytes' shape [..., row bytes]
+    block, type_size = BLOCK_SIZES[qtype]
+    return (*shape[:-1], shape[-1] // block * type_size)
+
+
+def _type_and_sizes(raw_type):
+    """(type, (values per block, bytes per block)) for a raw type id: refllama's own for the types it reads,
+    else gguf-py's, so that the error names the type when a tensor of it is asked for; None if unknown."""
+    if raw_type in BLOCK_SIZES:
+        return GGMLType(raw_type), BLOCK_SIZES[raw_type]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(raw_type)
+    except ValueError:
+        return None
+    return qtype, GGML_QUANT_SIZES[qtype]
 
 
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
@@ -28,7 +72,7 @@ STRING, ARRAY = 8, 9
 
 class TensorInfo(NamedTuple):
     name: str
-    tensor_type: QT
+    tensor_type: GGMLType  # or gguf-py's enum member, for a type refllama does not read
     shape: tuple  # GGUF order: fastest-varying dimension first
     n_bytes: int
     data_offset: int
@@ -105,11 +149,10 @@ class GGUFFile:
             name, n_dims = c.string(), c.scalar(4)
             shape = tuple(c.scalar(10) for _ in range(n_dims))
             raw_type, offset = c.scalar(4), c.scalar(10)
-            try:
-                qtype = QT(raw_type)
-            except ValueError:
-                raise RefllamaError(f"{self.path}: tensor '{name}' has unknown type {raw_type}") from None
-            block, type_size = GGML_QUANT_SIZES[qtype]
+            known = _type_and_sizes(raw_type)
+            if known is None:
+                raise RefllamaError(f"{self.path}: tensor '{name}' has unknown type {raw_type}")
+            qtype, (block, type_size) = known
             infos.append((name, qtype, shape, math.prod(shape) // block * type_size, offset))
         align = self.fields.get("general.alignment", 32)
         start = (c.pos + align - 1) // align * align
@@ -133,7 +176,7 @@ class GGUFFile:
         threshold for serving allocations with their own mappings, and the activations of every later prefill
         then stay in the heap once freed (measured: numba backend, peak RSS 1 MB higher)."""
         data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.data_offset, shape=(t.n_bytes,))
-        if t.tensor_type == QT.F32:
+        if t.tensor_type == GGMLType.F32:
             return np.array(data).view(np.float32).reshape(tuple(reversed(t.shape)))
         rows = math.prod(t.shape[1:])
         return data.reshape(rows, -1)
@@ -149,14 +192,16 @@ class GGUFFile:
             raise RefllamaError(f"{self.path}: tensor '{name}' has shape {list(got)}, expected {list(shape)}")
         if t.tensor_type not in SUPPORTED_TYPES:
             raise RefllamaError(f"{self.path}: tensor '{name}' has unsupported type {t.tensor_type.name}")
-        if t.tensor_type == QT.F32:
+        if t.tensor_type == GGMLType.F32:
             return self.raw(t).reshape(shape)
         if len(shape) == 2 and t.tensor_type in keep_quantized:
             from .quant import QuantMatrix
 
             return QuantMatrix(self.raw(t), t.tensor_type, shape)
-        if keep_quantized and t.tensor_type not in (QT.F16, QT.BF16):
+        if keep_quantized and t.tensor_type not in (GGMLType.F16, GGMLType.BF16):
             self.fallbacks.add(t.tensor_type.name)
+        from gguf.quants import dequantize
+
         return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
 
 

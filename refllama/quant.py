@@ -17,11 +17,11 @@ import re
 import sys
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
-from gguf import quant_shape_to_byte_shape
-from gguf.quants import Q4_K
 from numba import njit, prange, types
 from numba.extending import overload
+
+from .gguf_loader import GGMLType as QT
+from .gguf_loader import byte_shape
 
 QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K))
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
@@ -67,6 +67,8 @@ def repack(raw, qtype, shape):
             return ("q4", np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset.view(d.dtype))
         return ("q4", np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16_bits(blocks[..., 2:4]).reshape(n, -1))
     if qtype == QT.Q4_K:
+        from gguf.quants import Q4_K
+
         blocks = raw.reshape(n * k // 256, 144)
         d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])  # [n_blocks, 1]
         sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))  # [n_blocks, 8] each
@@ -264,7 +266,7 @@ def warm_up(qtypes):
     libraries that only loading needed."""
     x = np.zeros((2, 256), np.float32)
     for qtype in qtypes:
-        m = QuantMatrix(np.zeros(quant_shape_to_byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
+        m = QuantMatrix(np.zeros(byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
         _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
     release_loader_pages()
 

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .errors import RefllamaError
+from .xp import BACKENDS
 
 log = logging.getLogger("refllama.serve")
 
@@ -71,6 +72,7 @@ class Worker:
         self.busy = False
 
     def load(self):
+        """Load the model; runs on the generation thread, as Numba's thread count is set per thread."""
         from . import api
         from .xp import set_threads
 
@@ -347,7 +349,7 @@ def create_app(worker):
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        threading.Thread(target=worker.load, daemon=True).start()  # /health answers "loading" meanwhile
+        worker.executor.submit(worker.load)  # /health answers "loading" meanwhile
         yield
 
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={APIError: on_error, Exception: on_unexpected})
@@ -358,13 +360,13 @@ def parse_args(argv):
     p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
+    p.add_argument("--backend", default="numpy", choices=BACKENDS, help="array backend (default numpy)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--worker-id", default="refllama-0", help="this worker's id in the ready callback")
     p.add_argument("--callback-url", help="POST {worker_id, model, backend, url, context_size} here once ready")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait behind the running one")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size; 0 = the model's (default 4096)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="BLAS threads (default: idle cores)")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (BLAS, or Numba kernels with --backend numba; default: idle cores)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     return p.parse_args(argv)
 

@@ -10,7 +10,7 @@ from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 from gguf import GGMLQuantizationType as QT
 
 import refllama
-from refllama.gguf_loader import SUPPORTED_TYPES, load_gguf
+from refllama.gguf_loader import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape, load_gguf
 
 
 def test_default_model_config_comes_from_metadata(model):
@@ -90,6 +90,21 @@ def test_wrong_tensor_shape(tmp_path):
     tensors = tiny_tensors()
     tensors["blk.0.attn_k.weight"] = (np.zeros((64, 256), np.float32), QT.F32)
     _expect_error(write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors), "'blk.0.attn_k.weight'", "[64, 256]", "[128, 256]")
+
+
+@pytest.mark.parametrize("qtype", list(GGMLType), ids=lambda t: t.name)
+def test_type_table_equals_gguf_py(qtype):
+    assert QT[qtype.name] == qtype and gguf.GGML_QUANT_SIZES[QT[qtype.name]] == BLOCK_SIZES[qtype]
+    assert byte_shape((3, 512), qtype) == gguf.quant_shape_to_byte_shape((3, 512), QT[qtype.name])
+
+
+def test_numba_path_does_not_import_gguf_py(model):
+    """Its package import costs 2 to 3.4 MB (gguf_loader.GGMLType); SmolLM2 needs none of its functions."""
+    code = (f"import sys, refllama; m = refllama.load({model.path!r}, backend='numba', n_ctx=8); m.logits([1, 2]);"
+            "print(sorted(k for k in sys.modules if k.split('.')[0] in ('gguf', 'sentencepiece')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
 
 
 def test_unsupported_tensor_type(tmp_path):

@@ -214,6 +214,17 @@ def test_ready_callback_reaches_the_pool_manager(secured):
                                     "url": secured.url, "context_size": 4096}
 
 
+def test_generation_thread_runs_numba_with_the_threads_asked_for():
+    import numba
+
+    from refllama.serve import Worker, parse_args
+
+    w = Worker(parse_args(["-t", "1", "--backend", "numba", "-c", "64"]))
+    w.executor.submit(w.load).result()  # as the server's startup does
+    assert w.status == "ready"
+    assert w.executor.submit(numba.get_num_threads).result() == 1  # numba's default here: every core
+
+
 def test_non_loopback_bind_without_key_is_refused():
     r = subprocess.run([sys.executable, "-m", "refllama.serve", "--host", "0.0.0.0", "--port", str(free_port())],
                        capture_output=True, text=True, timeout=60)
