@@ -86,6 +86,9 @@ class Worker:
         except RefllamaError as e:
             self.status, self.load_error = "failed", str(e)
             log.error("loading failed: %s", e)
+        except Exception as e:  # a bug, not bad input: keep the traceback, and let /health say so
+            self.status, self.load_error = "failed", f"{type(e).__name__}: {e}"
+            log.exception("loading failed")
 
     def callback(self):
         """The pool manager's handshake: POST who we are once ready, retried with backoff, never fatal."""

@@ -225,6 +225,19 @@ def test_generation_thread_runs_numba_with_the_threads_asked_for():
     assert w.executor.submit(numba.get_num_threads).result() == 1  # numba's default here: every core
 
 
+def test_unexpected_loading_error_is_reported_not_left_loading(monkeypatch):
+    from refllama import api
+    from refllama.serve import Worker, parse_args
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(api, "load", broken)
+    w = Worker(parse_args(["-t", "1"]))
+    w.executor.submit(w.load).result()
+    assert (w.status, w.load_error) == ("failed", "RuntimeError: boom")
+
+
 def test_non_loopback_bind_without_key_is_refused():
     r = subprocess.run([sys.executable, "-m", "refllama.serve", "--host", "0.0.0.0", "--port", str(free_port())],
                        capture_output=True, text=True, timeout=60)
