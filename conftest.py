@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 
 import refllama
+from refllama.xp import BACKENDS
 
 DATA = Path(__file__).parent / "tests" / "data"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", action="append", choices=BACKENDS,
+                     help="run the checkpoint suite on this backend only (repeat for several; default: all)")
 
 
 @pytest.fixture(scope="session")

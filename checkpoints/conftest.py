@@ -11,14 +11,17 @@ import pytest
 
 import refllama
 from refllama.convert import convert
+from refllama.xp import BACKENDS
 
-CASES = ([(r, p, f"gguf-{b}") for b in ("numpy", "numba", "cupy") for r, p in harness.REFS]
+CASES = ([(r, p, f"gguf-{b}") for b in BACKENDS for r, p in harness.REFS]
          + [(r, p, "hf-numpy") for r, p in harness.REFS if r == "hf"])
 
 
 def pytest_generate_tests(metafunc):
     if "case_id" in metafunc.fixturenames:
-        metafunc.parametrize("case_id", CASES, ids=[f"{harness.KINDS[r]}-{p}-{m}" for r, p, m in CASES])
+        backends = metafunc.config.getoption("backend") or BACKENDS  # pytest checkpoints/ --backend numba
+        cases = [c for c in CASES if c[2].split("-")[1] in backends]
+        metafunc.parametrize("case_id", cases, ids=[f"{harness.KINDS[r]}-{p}-{m}" for r, p, m in cases])
     if "layer" in metafunc.fixturenames:
         metafunc.parametrize("layer", harness.stored_layers(), ids=lambda n: f"layer{n}")
     if "mode" in metafunc.fixturenames:

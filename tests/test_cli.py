@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,16 @@ def test_cupy_backend_without_gpu_is_a_clear_error():
         pass
     r = cli("--backend", "cupy", "-n", "1")
     assert r.returncode == 1 and ("CuPy" in r.stderr or "GPU" in r.stderr) and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_checkpoint_suite_runs_one_backend_on_request():
+    def collected(*args):
+        r = subprocess.run([sys.executable, "-m", "pytest", "checkpoints/checkpoint_00_embedding.py", "--collect-only",
+                            "-q", *args], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+        assert r.returncode == 0, r.stdout + r.stderr
+        return [line for line in r.stdout.splitlines() if "::" in line]
+
+    every, numba = collected(), collected("--backend", "numba")
+    assert numba and all("-gguf-numba-" in t for t in numba)
+    assert numba == [t for t in every if "-gguf-numba-" in t] and len(every) > len(numba)
+
