@@ -217,12 +217,17 @@ def test_ready_callback_reaches_the_pool_manager(secured):
 def test_generation_thread_runs_numba_with_the_threads_asked_for():
     import numba
 
-    from refllama.serve import Worker, parse_args
+    from starlette.testclient import TestClient
+
+    from refllama.serve import Worker, create_app, parse_args
 
     w = Worker(parse_args(["-t", "1", "--backend", "numba", "-c", "64"]))
-    w.executor.submit(w.load).result()  # as the server's startup does
-    assert w.status == "ready"
-    assert w.executor.submit(numba.get_num_threads).result() == 1  # numba's default here: every core
+    with TestClient(create_app(w)) as client:  # runs the app's startup, which starts loading
+        deadline = time.time() + 60
+        while client.get("/health").json()["status"] == "loading" and time.time() < deadline:
+            time.sleep(0.1)
+        assert w.status == "ready"
+        assert w.executor.submit(numba.get_num_threads).result() == 1  # numba's default here: every core
 
 
 def test_unexpected_loading_error_is_reported_not_left_loading(monkeypatch):
