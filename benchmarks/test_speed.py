@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import refllama
-from refllama.model import forward
+from refllama.arch.llama import forward
 from refllama.quant import QuantMatrix
 
 PROMPT = "The printing press changed how knowledge moved through Europe. " * 12

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from refllama.model import ROPE
+from refllama.layers import ROPE
 
 
 @pytest.mark.parametrize("which", ["Qcur", "Kcur"])

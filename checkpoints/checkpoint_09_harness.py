@@ -12,7 +12,7 @@ import harness
 import numpy as np
 import pytest
 
-import refllama.model
+import refllama.arch.llama
 from refllama.compare import compare
 from refllama.layers import rms_norm, rope_half
 
@@ -30,10 +30,10 @@ def wrong_kv_head_scores(q, k):  # query head h reads kv head h % KVH instead of
 
 
 BREAKS = {
-    "rope_layout_swapped": (lambda mp: mp.setitem(refllama.model.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
-    "rms_eps_dropped": (lambda mp: mp.setattr(refllama.model, "rms_norm", lambda x, w, eps: rms_norm(x, w, 0.0)),
+    "rope_layout_swapped": (lambda mp: mp.setitem(refllama.arch.llama.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
+    "rms_eps_dropped": (lambda mp: mp.setattr(refllama.arch.llama, "rms_norm", lambda x, w, eps: rms_norm(x, w, 0.0)),
                         "attn_norm-0"),
-    "wrong_kv_head": (lambda mp: mp.setattr(refllama.model, "attention_scores", wrong_kv_head_scores), "kq-0"),
+    "wrong_kv_head": (lambda mp: mp.setattr(refllama.arch.llama, "attention_scores", wrong_kv_head_scores), "kq-0"),
 }
 
 

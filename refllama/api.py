@@ -10,14 +10,14 @@ import sys
 
 import numpy as np
 
+from . import arch as archs
 from .cache import Cache
-from .dump import file_sha256, storage_plan, write_dump
+from .dump import model_sha256, storage_plan, write_dump
 from .errors import RefllamaError
-from .gguf_loader import GGUFFile, read_config, read_weights
+from .ggml_types import QuantizedTensor
+from .gguf_loader import load_gguf
 from .hf_loader import load_hf
-from .model import forward
 from .sampling import Sampler, SamplingParams
-from .tokenizer import from_gguf, from_hf_dir
 from .trace import trace
 from .xp import backend_module, to_numpy
 
@@ -34,11 +34,18 @@ def default_model_path():
 
 
 def _place(weights, xp):
-    """Weights on the backend's device, uploaded once (a no-op for NumPy)."""
-    if xp is np:
-        return weights
-    placed = {k: xp.asarray(v) for k, v in weights.items() if k != "layers"}
-    placed["layers"] = [{k: xp.asarray(v) for k, v in lw.items()} for lw in weights["layers"]]
+    """Weights where the backend computes: uploaded once to the GPU for CuPy; for numba, tensors left quantized
+    become QuantMatrix (the Numba kernels' form); NumPy arrays stay as they are."""
+    def put(a):
+        if isinstance(a, QuantizedTensor):
+            from .quant import QuantMatrix
+
+            return QuantMatrix(a.raw, a.qtype, a.shape)
+        return a if xp is np else xp.asarray(a)
+
+    placed = {k: put(v) for k, v in weights.items() if k not in ("layers", "output")}
+    placed["output"] = placed["token_embd"] if weights["output"] is weights["token_embd"] else put(weights["output"])
+    placed["layers"] = [{k: put(v) for k, v in lw.items()} for lw in weights["layers"]]
     return placed
 
 
@@ -49,47 +56,70 @@ def load(path=None, backend="numpy", n_ctx=None):
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); use GGUF or safetensors")
     xp = backend_module(backend)
-    if os.path.isdir(path):
-        cfg, weights, eos_ids = load_hf(path)
-        tokenizer, template = from_hf_dir(path, eos_ids)
-    else:
-        g = GGUFFile(path)
-        cfg = read_config(g)
-        tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
-        # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
-        g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
-        weights = read_weights(g, cfg, _quantized_types(backend, g))
-        if g.fallbacks:
-            print(f"refllama: no {backend} kernel for {', '.join(sorted(g.fallbacks))}: those tensors are "
-                  "dequantized to float32", file=sys.stderr)
+    loaded = load_hf(path) if os.path.isdir(path) else load_gguf(path, _quantized_types(backend))
+    if backend == "numba":
+        _warm_up(loaded.weights)
+    for notice in loaded.notices:
+        print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
+    cfg, tokenizer = loaded.config, loaded.tokenizer
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {cfg.vocab_size}")
-    return Model(path, cfg, _place(weights, xp), tokenizer, template, backend, xp, n_ctx)
+    return Model(path, cfg, _place(loaded.weights, xp), tokenizer, loaded.chat_template, backend, xp, n_ctx)
 
 
-def _quantized_types(backend, g):
-    """Tensor types the backend multiplies without dequantizing; for numba, the kernels of those found in
-    GGUF file g are made ready now (compiled, or loaded from Numba's cache in refllama/__pycache__)."""
+def _quantized_types(backend):
+    """Tensor types the backend multiplies without dequantizing."""
     if backend != "numba":
         return frozenset()
-    from .quant import QUANTIZED, warm_up
+    from .quant import QUANTIZED
 
-    warm_up(QUANTIZED & {t.tensor_type for t in g.tensors.values() if len(t.shape) == 2})
     return QUANTIZED
 
 
-class Generation:
-    """Iterator over generated token ids; once exhausted, `finish_reason` is "stop" or "length"."""
+def _warm_up(weights):
+    """The Numba kernels of the quantized types among the weights, made ready (compiled, or loaded from Numba's
+    cache in refllama/__pycache__) while the weights are still memory maps of the file, before they are repacked."""
+    from .quant import warm_up
 
-    def __init__(self, steps):
+    tensors = [*weights.values(), *(t for lw in weights["layers"] for t in lw.values())]
+    warm_up({t.qtype for t in tensors if isinstance(t, QuantizedTensor)})
+
+
+class Generation:
+    """Iterator over the token ids generated after a prompt, one forward step per token; once exhausted,
+    `finish_reason` is "stop" (an end-of-generation token or a stop string) or "length"."""
+
+    def __init__(self, model, history, logits, sample, max_tokens, stop):
+        self.model, self.history, self.logits, self.sample = model, history, logits, sample
+        self.max_tokens, self.stop, self.n = max_tokens, stop, 0
+        self.eog = model.tokenizer.eog_ids if model.tokenizer is not None else frozenset()
+        self.text_stream, self.text = model._tokenizer().stream() if stop else None, ""
         self.finish_reason = None
-        self._steps = steps(self)
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return next(self._steps)
+        m = self.model
+        if self.finish_reason is not None:
+            raise StopIteration
+        if self.n == self.max_tokens or (self.n and m.cache.n_past == m.n_ctx):
+            self.finish_reason = "length"
+            raise StopIteration
+        if self.n:  # decode: the last token, one step
+            self.logits = m.arch.forward(m.weights, m.config, np.asarray(self.history[-1:]), m.cache.n_past, m.cache,
+                                         last_only=True)
+        token = self.sample(to_numpy(self.logits[-1]), self.history)
+        if token in self.eog:
+            self.finish_reason = "stop"
+            raise StopIteration
+        self.history.append(token)
+        self.n += 1
+        if self.stop:
+            self.text += self.text_stream.step(token)
+            if any(s in self.text for s in self.stop):
+                self.finish_reason = "stop"  # set before the token is returned: a consumer may stop pulling here
+        return token
 
 
 class Model:
@@ -98,8 +128,9 @@ class Model:
     def __init__(self, path, config, weights, tokenizer, chat_template_text, backend, xp, n_ctx=None):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp = chat_template_text, backend, xp
+        self.arch = archs.get(config.arch)
         self.n_ctx = int(n_ctx or config.n_ctx_train)
-        self.cache = Cache(config, self.n_ctx, xp, weights.get("rope_freqs"))
+        self.cache = Cache(config, self.n_ctx, xp, archs.freq_factors(weights, config, self.n_ctx))
 
     def _tokenizer(self):
         if self.tokenizer is None:
@@ -122,7 +153,7 @@ class Model:
         if len(ids) > self.n_ctx:
             raise RefllamaError(f"prompt of {len(ids)} tokens does not fit the context size {self.n_ctx}")
         self.cache.reset()
-        return forward(self.weights, self.config, np.asarray(ids, dtype=np.int64), 0, self.cache, last_only)
+        return self.arch.forward(self.weights, self.config, np.asarray(ids, dtype=np.int64), 0, self.cache, last_only)
 
     def logits(self, ids):  # [T] -> [T, V] float32 numpy, from a fresh cache in one prefill
         return to_numpy(self._prefill(ids, last_only=False)).astype(np.float32, copy=False)
@@ -140,42 +171,19 @@ class Model:
                                         frequency_penalty, presence_penalty, seed))
         history = [int(i) for i in ids]
         logits = self._prefill(history, last_only=True)  # prefill: the whole prompt at once
-
-        def steps(gen):
-            nonlocal logits
-            text_stream, text = self._tokenizer().stream() if stop else None, ""
-            eog = self.tokenizer.eog_ids if self.tokenizer is not None else frozenset()
-            for n in range(max_tokens):
-                token = sample(to_numpy(logits[-1]), history)
-                if token in eog:
-                    gen.finish_reason = "stop"
-                    return
-                history.append(token)
-                if stop:
-                    text += text_stream.step(token)
-                    if any(s in text for s in stop):
-                        gen.finish_reason = "stop"  # set before the yield: a consumer may stop pulling here
-                        yield token
-                        return
-                yield token
-                if n + 1 == max_tokens or self.cache.n_past == self.n_ctx:
-                    break
-                logits = forward(self.weights, self.config, np.asarray([token]), self.cache.n_past, self.cache,
-                                 last_only=True)  # decode: one token
-            gen.finish_reason = "length"
-
-        return Generation(steps)
+        return Generation(self, history, logits, sample, max_tokens, stop)
 
     def dump(self, ids, directory, prompt=None, greedy=0, **plan):
         """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);
         `greedy` also records that many greedy tokens; `plan` takes storage_plan's options."""
-        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), **plan)
+        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES, **plan)
         with trace(names=names) as t:
             self.logits(ids)
         provenance = {
             "producer": f"refllama {importlib.metadata.version('refllama')} ({self.backend})",
-            "model": os.path.basename(self.path), "model_sha256": file_sha256(self.path), "prompt": prompt,
-            "token_ids": [int(i) for i in ids], "qk_layout": self.config.rope_layout,
+            "model": os.path.basename(self.path), "model_sha256": model_sha256(self.path), "prompt": prompt,
+            "token_ids": [int(i) for i in ids], "arch": self.config.arch, "qk_layout": self.config.rope_layout,
+            "rope_dim": self.config.rope_dim,
             "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
         }
         return write_dump(directory, {n: t[n] for n in names}, provenance, rows, dtypes)

@@ -2,8 +2,9 @@
 
     python -m refllama.convert model.gguf out_dir/ [--dtype f32|f16]
 
-Weights are dequantized to float32 (or float16), q/k rows are put back in HF's half-split RoPE layout, and
-the tokenizer is the one refllama builds from the GGUF vocabulary. The directory loads in refllama and in
+Weights are dequantized to float32 (or float16) and named by the architecture's table (refllama.arch), q/k rows
+put back in HF's half-split RoPE layout where llama.cpp's converter had permuted them, fused tensors fused as HF
+stores them; the tokenizer is the one refllama builds from the GGUF vocabulary. The directory loads in refllama and in
 transformers (`AutoModelForCausalLM.from_pretrained(out_dir)`). Written to a temporary directory and renamed,
 so a failed export leaves nothing behind.
 """
@@ -18,49 +19,52 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from . import arch as archs
+from .arch.common import HF_LAYER, dims, permute_rows
 from .errors import RefllamaError
 from .gguf_loader import load_gguf
-from .hf_loader import interleave_rows
-from .tokenizer import from_gguf
-
-HF_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-            "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
-            "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-
-
-def half_split_rows(w, n_heads, rope_dim):
-    """Inverse of hf_loader.interleave_rows: refllama's interleaved q/k rows -> HF's half-split rows."""
-    hd = w.shape[0] // n_heads
-    probe = interleave_rows(np.arange(n_heads * hd), n_heads, rope_dim)[:hd]  # where each row came from
-    return w.reshape(n_heads, hd, *w.shape[1:])[:, np.argsort(probe)].reshape(w.shape)
-
 
 def hf_tensors(cfg, w, dtype):
-    out = {"model.embed_tokens.weight": w["token_embd"], "model.norm.weight": w["output_norm"]}
-    if not cfg.tied_output:
-        out["lm_head.weight"] = w["output"]
+    """{HF name: array} from refllama's weights, through the architecture's tables in reverse."""
+    arch, d = archs.get(cfg.arch), dims(cfg)
+    out = {}
+
+    def give(row, source, prefix):
+        if row.hf is None or (row.key == "output" and cfg.tied_output):
+            return
+        if row.split:
+            t = np.concatenate([source[key] for key, _ in row.split])
+        elif row.key in source:
+            t = source[row.key]
+        else:
+            return  # an optional tensor the model does not have
+        if row.hf_permute:
+            t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "half")
+        out[prefix + row.hf] = t
+
+    for row in arch.WEIGHTS:
+        give(row, w, "")
     for i, lw in enumerate(w["layers"]):
-        for name, hf in HF_NAMES.items():
-            t = lw[name]
-            if name in ("attn_q", "attn_k"):
-                t = half_split_rows(t, cfg.n_head if name == "attn_q" else cfg.n_head_kv, cfg.rope_dim)
-            out[f"model.layers.{i}.{hf}.weight"] = t
+        for row in arch.LAYER_WEIGHTS:
+            give(row, lw, HF_LAYER.format(i=i))
     return {k: np.ascontiguousarray(v, dtype=dtype) for k, v in out.items()}
 
 
-def hf_config(cfg, tok, dtype_name, rope_freqs):
-    if cfg.rope_scaling not in ("none", "linear") or rope_freqs is not None:
+def hf_config(cfg, tok, dtype_name, w):
+    if any(k in w for k in ("rope_freqs", "rope_factors_short")):
         raise RefllamaError("export supports plain and linear RoPE only (this model has per-frequency factors)")
     rope = {"rope_theta": cfg.rope_base, "rope_type": "default"}
-    if cfg.rope_scaling == "linear":
+    if cfg.rope_scale != 1.0:
         rope = {"rope_theta": cfg.rope_base, "rope_type": "linear", "factor": cfg.rope_scale}
+    arch = archs.get(cfg.arch)
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": cfg.n_embd,
+        "architectures": [arch.HF_ARCHITECTURES[0]], "model_type": cfg.arch, "hidden_size": cfg.n_embd,
         "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head, "num_key_value_heads": cfg.n_head_kv,
         "head_dim": cfg.head_dim, "intermediate_size": cfg.n_ff, "vocab_size": cfg.vocab_size,
         "max_position_embeddings": cfg.n_ctx_train, "rms_norm_eps": cfg.rms_eps, "hidden_act": "silu",
         "rope_theta": cfg.rope_base, "rope_scaling": None if rope["rope_type"] == "default" else rope,
-        "tie_word_embeddings": cfg.tied_output, "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": cfg.tied_output, "attention_bias": "attn_q_bias" in w["layers"][0],
+        "mlp_bias": "ffn_up_bias" in w["layers"][0], "sliding_window": cfg.sliding_window,
         "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "torch_dtype": dtype_name,
     }
 
@@ -72,10 +76,9 @@ def convert(gguf_path, out_dir, dtype="f32"):
         raise RefllamaError(f"{out}: output directory exists and is not empty")
     if dtype not in ("f32", "f16"):
         raise RefllamaError(f"unsupported --dtype {dtype!r} (f32 or f16)")
-    g, cfg, w = load_gguf(gguf_path)
-    tok = from_gguf(g)
+    cfg, w, tok, template, _ = load_gguf(gguf_path)
     np_dtype, dtype_name = (np.float32, "float32") if dtype == "f32" else (np.float16, "float16")
-    config = hf_config(cfg, tok, dtype_name, w.get("rope_freqs"))
+    config = hf_config(cfg, tok, dtype_name, w)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     save_file(hf_tensors(cfg, w, np_dtype), str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -90,7 +93,7 @@ def convert(gguf_path, out_dir, dtype="f32"):
         "bos_token": text(tok.bos_id) if tok.bos_id is not None else None,
         "eos_token": text(tok.eos_id) if tok.eos_id is not None else None,
         "add_bos_token": tok.add_bos, "add_eos_token": tok.add_eos,
-        "chat_template": g.get("tokenizer.chat_template"),
+        "chat_template": template,
     }, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     for f in tmp.iterdir():
         f.chmod(0o644)

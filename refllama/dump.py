@@ -12,14 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import arch as archs
+from .arch import LAYOUTS, QK_STAGES, TOKEN_AXIS, permute_qk
 from .errors import RefllamaError
 
 FORMAT = "refllama-dump/1"
-LAYER_STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "kq_soft_max", "kqv_out",
-                "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out")
-QK_STAGES = ("Qcur", "Kcur", "Qcur_rope", "Kcur_rope")  # last axis is a head's dims, in the recorded pair layout
-TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
-LAYOUTS = ("interleaved", "half")
 
 
 def split_name(name):
@@ -28,14 +25,19 @@ def split_name(name):
     return (m.group(1), int(m.group(2))) if m else (name, None)
 
 
-def forward_order(names):
-    """Stage names sorted as a forward pass runs them (unknown stages last, by name)."""
+def layer_stages(arch):
+    """The stages of one block of architecture `arch` (a manifest's "arch"; llama's when absent), in order."""
+    return archs.ARCHITECTURES.get(arch or "llama", archs.llama).STAGES
+
+
+def forward_order(names, stages=archs.llama.STAGES):
+    """Stage names sorted as a forward pass of blocks with these `stages` runs them (unknown stages last)."""
     def key(name):
         stage, layer = split_name(name)
         if stage == "inp_embd":
             return (0, 0, 0, name)
-        if layer is not None and stage in LAYER_STAGES:
-            return (1, layer, LAYER_STAGES.index(stage), name)
+        if layer is not None and stage in stages:
+            return (1, layer, stages.index(stage), name)
         if stage in ("result_norm", "result_output"):
             return (2, 0, ("result_norm", "result_output").index(stage), name)
         return (3, 0, 0, name)
@@ -50,6 +52,16 @@ def file_sha256(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def model_sha256(path):
+    """sha256 of a GGUF file, or of an HF directory's config.json and safetensors files, in name order."""
+    if not os.path.isdir(path):
+        return file_sha256(path)
+    import hashlib
+
+    files = sorted(p for p in Path(path).iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
+    return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
 
 
 def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
@@ -68,7 +80,7 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=directory.parent))
     tensors = []
-    for name in forward_order(arrays):
+    for name in forward_order(arrays, layer_stages(provenance.get("arch"))):
         stage, layer = split_name(name)
         a = np.asarray(arrays[name])
         axis = TOKEN_AXIS.get(stage, 0)
@@ -88,14 +100,6 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
     return directory
 
 
-def _permute_qk(a, to_layout):
-    """Reorder each head's dims between GGUF's interleaved pairs and HF's half-split pairs."""
-    hd = a.shape[-1]
-    half_from_interleaved = np.concatenate([np.arange(0, hd, 2), np.arange(1, hd, 2)])
-    order = half_from_interleaved if to_layout == "half" else np.argsort(half_from_interleaved)
-    return a[..., order]
-
-
 class Dump:
     """A dump read back: `manifest`, `names` in forward order, `d[name]` as float32, `positions(name)`."""
 
@@ -112,8 +116,9 @@ class Dump:
             raise RefllamaError(f"{path}: format is {self.manifest.get('format')!r}, expected {FORMAT!r}")
         self.layout = self.manifest.get("qk_layout", "interleaved")
         self.want_layout = layout or self.layout
+        self.rope_dim = self.manifest.get("rope_dim")  # None: every dim of a head rotates
         self.entries = {t["name"]: t for t in self.manifest.get("tensors", [])}
-        self.names = forward_order(self.entries)
+        self.names = forward_order(self.entries, layer_stages(self.manifest.get("arch")))
         self._cache = {}
 
     def __contains__(self, name):
@@ -131,7 +136,7 @@ class Dump:
             if list(a.shape) != e["shape"]:
                 raise RefllamaError(f"{self.dir / e['file']}: shape {list(a.shape)} differs from the manifest's {e['shape']}")
             if e["stage"] in QK_STAGES and self.want_layout != self.layout:
-                a = _permute_qk(a, self.want_layout)
+                a = permute_qk(a, self.want_layout, self.rope_dim)
             self._cache[name] = a
         return self._cache[name]
 
@@ -142,8 +147,8 @@ class Dump:
         return self.entries[name]["token_axis"]
 
 
-def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None):
-    """What a stored dump keeps, as (names, rows, dtypes) for write_dump.
+def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, stages=archs.llama.STAGES):
+    """What a stored dump of blocks with these `stages` keeps, as (names, rows, dtypes) for write_dump.
 
     layers: the blocks kept (None: all), plus each one's input `l_out-(N-1)` so every stage can be fed
     its own input; max_rows: token positions kept when the prompt is longer (the first 8 and the last
@@ -153,7 +158,7 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
     layers = range(n_layer) if layers is None else [n_layer + l if l < 0 else l for l in layers]
     names = ["inp_embd", "result_norm", "result_output"]
     for n in layers:
-        names += [f"{s}-{n}" for s in LAYER_STAGES]
+        names += [f"{s}-{n}" for s in stages]
         if n > 0:
             names.append(f"l_out-{n - 1}")
     all_rows = list(range(n_tokens))
@@ -163,7 +168,7 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
         stage, _ = split_name(name)
         if stage == "result_output" and logit_rows:
             rows[name] = all_rows[-logit_rows:]
-        elif stage not in ("Kcur", "Kcur_rope", "Vcur"):
+        elif stage not in ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur"):
             rows[name] = kept
     return sorted(set(names)), rows, {name: dtype for name in names} if dtype else {}
 
@@ -182,7 +187,7 @@ def add_tool_args(parser, producer):
     parser.add_argument("--float16", action="store_true", help="store stages as float16")
 
 
-def plan_from_args(args, n_layer, n_tokens):
+def plan_from_args(args, n_layer, n_tokens, stages=archs.llama.STAGES):
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     return storage_plan(n_layer, n_tokens, layers, args.max_rows, args.logit_rows,
-                        np.float16 if args.float16 else None)
+                        np.float16 if args.float16 else None, stages)

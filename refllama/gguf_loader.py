@@ -1,70 +1,21 @@
-"""GGUF loading: model config from metadata, every tensor checked by name and shape, then dequantized.
+"""GGUF loading: the header parsed, the config and weights read through the architecture's tables, every tensor
+checked by name and shape; float32, or left in its GGUF bytes for a backend that multiplies quantized.
 
-Weights keep GGUF's row layout [out, in] (numpy order); q/k rows keep GGUF's interleaved RoPE pairs.
+Weights keep GGUF's row layout [out, in] (numpy order), q/k rows in the RoPE pair layout llama.cpp uses for the
+architecture (which is how its converter wrote them).
 """
 
 import math
 import os
-from enum import IntEnum
 from typing import NamedTuple
 
 import numpy as np
 
-from .config import ModelConfig
+from . import arch as archs
+from .arch.common import read_weights
+from .config import Loaded
 from .errors import RefllamaError
-
-ARCHITECTURES = ("llama",)
-
-
-class GGMLType(IntEnum):
-    """ggml's ids of the tensor types refllama reads (ggml.h, `enum ggml_type`). gguf-py has them all, but
-    importing its package loads every module of it and, where installed, SentencePiece: 2 MB to 3.4 MB of
-    memory that the numba path, which calls no gguf-py function for the default model, would carry to the end.
-    gguf-py is imported where one of its functions is needed: dequantizing, Q4_K's scales, naming a type
-    refllama does not read. tests/test_gguf_loader.py checks this table against gguf-py's."""
-
-    F32 = 0
-    F16 = 1
-    Q4_0 = 2
-    Q4_1 = 3
-    Q5_0 = 6
-    Q5_1 = 7
-    Q8_0 = 8
-    Q2_K = 10
-    Q3_K = 11
-    Q4_K = 12
-    Q5_K = 13
-    Q6_K = 14
-    BF16 = 30
-
-
-SUPPORTED_TYPES = frozenset(GGMLType)
-BLOCK_SIZES = {  # type: (values per block, bytes per block)
-    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
-    GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24),
-    GGMLType.Q8_0: (32, 34), GGMLType.Q2_K: (256, 84), GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144),
-    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
-}
-
-
-def byte_shape(shape, qtype):  # numpy shape [..., K] of a supported type -> its bytes' shape [..., row bytes]
-    block, type_size = BLOCK_SIZES[qtype]
-    return (*shape[:-1], shape[-1] // block * type_size)
-
-
-def _type_and_sizes(raw_type):
-    """(type, (values per block, bytes per block)) for a raw type id: refllama's own for the types it reads,
-    else gguf-py's, so that the error names the type when a tensor of it is asked for; None if unknown."""
-    if raw_type in BLOCK_SIZES:
-        return GGMLType(raw_type), BLOCK_SIZES[raw_type]
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        qtype = GGMLQuantizationType(raw_type)
-    except ValueError:
-        return None
-    return qtype, GGML_QUANT_SIZES[qtype]
-
+from .ggml_types import SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
 
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 STRING, ARRAY = 8, 9
@@ -149,7 +100,7 @@ class GGUFFile:
             name, n_dims = c.string(), c.scalar(4)
             shape = tuple(c.scalar(10) for _ in range(n_dims))
             raw_type, offset = c.scalar(4), c.scalar(10)
-            known = _type_and_sizes(raw_type)
+            known = type_and_sizes(raw_type)
             if known is None:
                 raise RefllamaError(f"{self.path}: tensor '{name}' has unknown type {raw_type}")
             qtype, (block, type_size) = known
@@ -182,8 +133,8 @@ class GGUFFile:
         return data.reshape(rows, -1)
 
     def tensor(self, name, shape, keep_quantized=frozenset()):
-        """Tensor `name` with numpy shape `shape`, or a clear error: float32, or a QuantMatrix if it is a matrix
-        of a type in `keep_quantized`."""
+        """Tensor `name` with numpy shape `shape`, or a clear error: float32, or its GGUF bytes (QuantizedTensor) if
+        it is a matrix of a type in `keep_quantized`."""
         t = self.tensors.get(name)
         if t is None:
             raise RefllamaError(f"{self.path}: missing tensor '{name}'")
@@ -195,9 +146,7 @@ class GGUFFile:
         if t.tensor_type == GGMLType.F32:
             return self.raw(t).reshape(shape)
         if len(shape) == 2 and t.tensor_type in keep_quantized:
-            from .quant import QuantMatrix
-
-            return QuantMatrix(self.raw(t), t.tensor_type, shape)
+            return QuantizedTensor(self.raw(t), t.tensor_type, tuple(shape))
         if keep_quantized and t.tensor_type not in (GGMLType.F16, GGMLType.BF16):
             self.fallbacks.add(t.tensor_type.name)
         from gguf.quants import dequantize
@@ -205,70 +154,20 @@ class GGUFFile:
         return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
 
 
-def read_config(g):
-    """ModelConfig from GGUF metadata (`{arch}.*` keys, as llama.cpp reads them)."""
-    arch = g.get("general.architecture", required=True)
-    if arch not in ARCHITECTURES:
-        raise RefllamaError(f"{g.path}: unsupported general.architecture '{arch}' (supported: {', '.join(ARCHITECTURES)})")
+def load_gguf(path, keep_quantized=frozenset()):
+    """Loaded(config, weights, tokenizer, chat template, notices) for a GGUF file: the architecture module its
+    `general.architecture` names reads the config and the weights table; matrices of the `keep_quantized` types
+    stay in their GGUF bytes (QuantizedTensor), every other tensor is float32."""
+    from .tokenizer import from_gguf
 
-    def key(name, default=None, required=True):
-        return g.get(f"{arch}.{name}", default, required and default is None)
-
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", n_embd // n_head))
-    n_tokens = len(g.get("tokenizer.ggml.tokens", [])) or None
-    vocab = g.get(f"{arch}.vocab_size", n_tokens)
-    if vocab is None:
-        raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
-    scaling = g.get(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "linear"):
-        raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.type '{scaling}' (supported: none, linear)")
-    factor = float(g.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    return ModelConfig(
-        arch=arch,
-        n_layer=int(key("block_count")),
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=int(key("attention.head_count_kv", n_head)),
-        head_dim=head_dim,
-        n_ff=int(key("feed_forward_length")),
-        vocab_size=int(vocab),
-        n_ctx_train=int(key("context_length")),
-        rms_eps=float(key("attention.layer_norm_rms_epsilon")),
-        rope_base=float(key("rope.freq_base", 10000.0)),  # llama.cpp's default when absent
-        rope_dim=int(key("rope.dimension_count", head_dim)),
-        rope_scaling="linear" if scaling == "linear" and factor != 1.0 else "none",
-        rope_scale=factor if scaling == "linear" else 1.0,
-        rope_layout="interleaved",
-        tied_output="output.weight" not in g.tensors,
-    )
-
-
-def read_weights(g, cfg, keep_quantized=frozenset()):
-    """All weights, shapes checked against cfg (numpy order [out, in]): float32 numpy arrays, except matrices
-    of the `keep_quantized` types, which stay quantized (refllama.quant.QuantMatrix)."""
-    D, H, KVH, HD, F, V = cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.vocab_size
-    w = {
-        "token_embd": g.tensor("token_embd.weight", (V, D), keep_quantized),
-        "output_norm": g.tensor("output_norm.weight", (D,)),
-    }
-    w["output"] = w["token_embd"] if cfg.tied_output else g.tensor("output.weight", (V, D), keep_quantized)
-    if "rope_freqs.weight" in g.tensors:  # llama3-style per-frequency scaling, stored by the converter
-        w["rope_freqs"] = g.tensor("rope_freqs.weight", (cfg.rope_dim // 2,))
-    shapes = {
-        "attn_norm": (D,), "attn_q": (H * HD, D), "attn_k": (KVH * HD, D), "attn_v": (KVH * HD, D),
-        "attn_output": (D, H * HD), "ffn_norm": (D,), "ffn_gate": (F, D), "ffn_up": (F, D), "ffn_down": (D, F),
-    }
-    w["layers"] = [
-        {name: g.tensor(f"blk.{i}.{name}.weight", shape, keep_quantized) for name, shape in shapes.items()}
-        for i in range(cfg.n_layer)
-    ]
-    return w
-
-
-def load_gguf(path):
-    """(GGUFFile, ModelConfig, float32 weights) for a llama-architecture GGUF file."""
     g = GGUFFile(path)
-    cfg = read_config(g)
-    return g, cfg, read_weights(g, cfg)
+    arch = archs.for_gguf(g.get("general.architecture", required=True), g.path)
+    cfg = arch.config_from_gguf(g)
+    tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
+    # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
+    g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
+    weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, keep_quantized),
+                           lambda name: name in g.tensors)
+    notices = [f"no {{backend}} kernel for {', '.join(sorted(g.fallbacks))}: those tensors are dequantized to float32"] \
+        if g.fallbacks else []
+    return Loaded(cfg, weights, tokenizer, template, notices)

@@ -52,6 +52,9 @@ def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
     return out
 
 
+ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layout: llama.cpp's NORM and NEOX modes
+
+
 def causal_mask(start_pos, T, S, xp, window=None):  # -> [T, S] additive: 0 where visible, -inf elsewhere
     """Query i (position start_pos + i) sees keys j <= its position; with a sliding `window`, only the
     last `window` of them (j > position - window), as Mistral's attention does."""

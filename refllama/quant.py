@@ -15,13 +15,14 @@ A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code f
 import ctypes
 import re
 import sys
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
-from .gguf_loader import GGMLType as QT
-from .gguf_loader import byte_shape
+from .ggml_types import GGMLType as QT
+from .ggml_types import byte_shape
 
 QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K))
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
@@ -52,9 +53,24 @@ def _pack_nibbles(codes):  # [N, K] values 0..15 -> [N, K/2], per 32-group: byte
     return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).astype(np.uint8)
 
 
+class Q4Form(NamedTuple):
+    """4-bit codes, two per byte; w = scale * code + offset per group of 32."""
+
+    codes: np.ndarray  # [N, K/2] uint8
+    scale: np.ndarray  # [N, K/32] float16 bits (uint16) or float32
+    offset: np.ndarray  # [N, K/32], same dtype as scale
+
+
+class Q8Form(NamedTuple):
+    """8-bit codes; w = scale * code per group of `group`."""
+
+    codes: np.ndarray  # [N, K] int8
+    scale: np.ndarray  # [N, K/group] float16 bits (uint16) or float32
+    group: int
+
+
 def repack(raw, qtype, shape):
-    """The kernel form of a GGUF tensor's raw bytes [N, row bytes]: ('q4', packed, scale, offset) or
-    ('q8', codes, scale, group)."""
+    """The kernel form (Q4Form or Q8Form) of a GGUF tensor's raw bytes [N, row bytes]."""
     n, k = shape
     if qtype in (QT.Q4_0, QT.Q4_1):
         blocks = raw.reshape(n, k // 32, -1)
@@ -64,8 +80,8 @@ def repack(raw, qtype, shape):
                 offset = (-8 * F16_TABLE[d]).astype(np.float16)
             if not np.isfinite(offset).all():
                 d, offset = F16_TABLE[d], -8 * F16_TABLE[d]
-            return ("q4", np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset.view(d.dtype))
-        return ("q4", np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16_bits(blocks[..., 2:4]).reshape(n, -1))
+            return Q4Form(np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset.view(d.dtype))
+        return Q4Form(np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16_bits(blocks[..., 2:4]).reshape(n, -1))
     if qtype == QT.Q4_K:
         from gguf.quants import Q4_K
 
@@ -74,10 +90,10 @@ def repack(raw, qtype, shape):
         sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))  # [n_blocks, 8] each
         qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
         codes = (qs & 15).reshape(n, k)  # value order: each 64 = 32 low nibbles, then 32 high
-        return ("q4", _pack_nibbles(codes), (d * sc).reshape(n, -1), (-dmin * mn).reshape(n, -1))
+        return Q4Form(_pack_nibbles(codes), (d * sc).reshape(n, -1), (-dmin * mn).reshape(n, -1))
     if qtype == QT.Q8_0:
         blocks = raw.reshape(n, k // 32, 34)
-        return ("q8", np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k), _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
+        return Q8Form(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k), _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
     if qtype == QT.Q6_K:
         blocks = raw.reshape(n * k // 256, 210)
         ql, qh = blocks[:, :128], blocks[:, 128:192]
@@ -85,7 +101,7 @@ def repack(raw, qtype, shape):
         lo = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15  # [b, half, 2, 64]
         hi = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3  # [b, half, 4, 32]
         codes = (lo.reshape(-1, 2, 4, 32) | (hi << 4)).astype(np.int8) - np.int8(32)
-        return ("q8", codes.reshape(n, k), scale, 16)
+        return Q8Form(codes.reshape(n, k), scale, 16)
     raise ValueError(f"no kernel for {qtype.name}")
 
 
@@ -145,8 +161,8 @@ def matvec_q8(x, codes, scale, group, table):  # [K] f32, [N, K] i8, [N, K/group
 
 
 def dequant_row(codes, scale, extra, table, r, w):
-    """Row r of either form, dequantized into w [K] f32: ('q4', packed u8, scale, offset) or ('q8', codes i8,
-    scale, group); the codes' dtype tells which."""
+    """Row r of either form's fields, dequantized into w [K] f32: Q4Form (codes uint8, scale, offset) or Q8Form
+    (codes int8, scale, group); the codes' dtype tells which."""
 
 
 @njit(fastmath=True)
@@ -230,23 +246,22 @@ class QuantMatrix:
 
     @property
     def nbytes(self):
-        return sum(a.nbytes for a in self.form[1:] if isinstance(a, np.ndarray))
+        return sum(a.nbytes for a in self.form if isinstance(a, np.ndarray))
 
     def matmul(self, x):  # [T, K] -> [T, N]
         """Decode (T = 1): the Numba matvec on the packed codes. Prefill: the Numba matmul, which dequantizes
         4 rows at a time into a small scratch and multiplies them by all T tokens (matrix-matrix)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        kind, codes, scale, extra = self.form
         if len(x) > 1:
-            return matmul(x, codes, scale, extra, F16_TABLE)
-        return (matvec_q4 if kind == "q4" else matvec_q8)(x[0], codes, scale, extra, F16_TABLE)[None]
+            return matmul(x, *self.form, F16_TABLE)
+        return (matvec_q4 if isinstance(self.form, Q4Form) else matvec_q8)(x[0], *self.form, F16_TABLE)[None]
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):  # the kernel does not check
             raise IndexError(f"rows {rows.min()}..{rows.max()} asked of a {self.shape[0]}-row matrix")
         out = np.empty((len(rows), self.shape[1]), np.float32)
-        dequant_rows(*self.form[1:], F16_TABLE, rows, out)
+        dequant_rows(*self.form, F16_TABLE, rows, out)
         return out
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import refllama
 from refllama.api import Model, stream_text
-from refllama.model import forward
+from refllama.arch.llama import forward
 
 
 def small_context(model, n_ctx):

@@ -10,7 +10,8 @@ from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 from gguf import GGMLQuantizationType as QT
 
 import refllama
-from refllama.gguf_loader import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape, load_gguf
+from refllama.ggml_types import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape
+from refllama.gguf_loader import load_gguf
 
 
 def test_default_model_config_comes_from_metadata(model):
@@ -25,7 +26,7 @@ def test_default_model_config_comes_from_metadata(model):
 def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, qtype):
     tensors = tiny_tensors(qtype, seed=int(qtype))
     path = write_gguf(tmp_path / f"tiny-{qtype.name}.gguf", tiny_metadata(), tensors)
-    _, cfg, w = load_gguf(path)
+    cfg, w, *_ = load_gguf(path)
     raw, t = tensors["blk.1.attn_q.weight"]
     expected = gguf.quants.dequantize(raw, t) if t not in (QT.F32, QT.F16) else raw.astype(np.float32)
     np.testing.assert_array_equal(w["layers"][1]["attn_q"], expected)
@@ -43,7 +44,7 @@ def test_quantized_weights_round_trip_within_their_precision(tmp_path):
     tensors = tiny_tensors(QT.F32)
     original = rng.standard_normal((256, 256)).astype(np.float32)
     tensors["blk.0.ffn_up.weight"] = (gguf.quants.quantize(original, QT.Q8_0), QT.Q8_0)
-    _, _, w = load_gguf(write_gguf(tmp_path / "q8.gguf", tiny_metadata(), tensors))
+    w = load_gguf(write_gguf(tmp_path / "q8.gguf", tiny_metadata(), tensors)).weights
     # Q8_0: one f16 scale per 32 values, 127 steps each side: error <= scale / 2 = max|block| / 254
     assert np.abs(w["layers"][0]["ffn_up"] - original).max() <= np.abs(original).max() / 254 * 1.01
 
@@ -164,5 +165,5 @@ def test_linear_rope_scaling_and_tiny_dims_read_from_metadata(tmp_path):
     meta = tiny_metadata()
     meta["llama.rope.scaling.type"] = ("linear", gguf.GGUFValueType.STRING)
     meta["llama.rope.scaling.factor"] = (4.0, gguf.GGUFValueType.FLOAT32)
-    _, cfg, _ = load_gguf(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors()))
-    assert (cfg.rope_scaling, cfg.rope_scale, cfg.n_layer, cfg.n_head_kv) == ("linear", 4.0, TINY["n_layer"], TINY["n_head_kv"])
+    cfg = load_gguf(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors())).config
+    assert (cfg.rope_scale, cfg.n_layer, cfg.n_head_kv) == (4.0, TINY["n_layer"], TINY["n_head_kv"])

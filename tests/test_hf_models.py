@@ -15,7 +15,8 @@ from refllama.convert import convert
 from refllama.hf_loader import Checkpoint
 
 DATA = Path(__file__).parent / "data"
-FAMILIES = ["llama", "mistral", "qwen2", "phi3"]
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "phi3": "phi3"}  # tiny model -> refllama.arch
+N_CTX = 64  # Phi-3's original context: LongRoPE's short factors, which transformers takes for a 16-token sequence
 TOL = 1e-5  # of the logit range: both sides compute in float32 from the same stored weights (measured ~2e-7)
 
 
@@ -29,8 +30,8 @@ def rel_err(got, want):
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_logits_and_hidden_states_match_transformers(name):
-    m, r = refllama.load(DATA / f"tiny-{name}"), reference(name)
-    assert m.config.arch == name
+    m, r = refllama.load(DATA / f"tiny-{name}", n_ctx=N_CTX), reference(name)
+    assert m.config.arch == FAMILIES[name]
     with refllama.trace(m) as t:
         logits = m.logits(r["token_ids"].tolist())
     assert rel_err(logits, r["logits"]) < TOL
@@ -44,7 +45,7 @@ def without(m, **changes):
     """The same weights under a changed config, to show a family's difference matters."""
     from dataclasses import replace
 
-    return Model(m.path, replace(m.config, **changes), m.weights, m.tokenizer, m.chat_template, "numpy", np)
+    return Model(m.path, replace(m.config, **changes), m.weights, m.tokenizer, m.chat_template, "numpy", np, N_CTX)
 
 
 def test_each_family_difference_is_needed():
@@ -58,8 +59,8 @@ def test_each_family_difference_is_needed():
         for b in ("attn_q_bias", "attn_k_bias", "attn_v_bias"):
             lw.pop(b)
     assert rel_err(qwen.logits(ids["qwen2"]), reference("qwen2")["logits"]) > 1e-3
-    phi = refllama.load(DATA / "tiny-phi3")
-    assert phi.config.rope_attn_factor > 1.0 and "rope_freqs" in phi.weights
+    phi = refllama.load(DATA / "tiny-phi3", n_ctx=N_CTX)
+    assert phi.config.rope_attn_factor > 1.0 and "rope_factors_short" in phi.weights
     assert rel_err(without(phi, rope_attn_factor=1.0).logits(ids["phi3"]), reference("phi3")["logits"]) > 1e-3
     llama = refllama.load(DATA / "tiny-llama")
     assert llama.config.head_dim == 32 != llama.config.n_embd // llama.config.n_head and llama.config.tied_output
@@ -146,7 +147,7 @@ def test_unknown_architecture_and_rope_scaling_are_named(tmp_path):
 def test_shape_mismatch_names_the_tensor(tmp_path):
     d = copy_model("qwen2", tmp_path)
     edit_config(d, lambda c: c.update(intermediate_size=64))
-    expect_error(d, "model.layers.0.mlp.down_proj.weight", "[64, 128]", "[64, 64]")
+    expect_error(d, "model.layers.0.mlp.gate_proj.weight", "[128, 64]", "[64, 64]")
 
 
 def test_truncated_safetensors(tmp_path):

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from refllama.arch import permute_qk
 from refllama.cache import rope_tables
 from refllama.config import ModelConfig
 from refllama.layers import (attention_mix, attention_scores, attention_weights, causal_mask, rms_norm, rope_half,
@@ -13,7 +14,7 @@ rng = np.random.default_rng(0)
 
 def cfg(**kw):
     base = dict(arch="llama", n_layer=1, n_embd=64, n_head=4, n_head_kv=2, head_dim=16, n_ff=32, vocab_size=10,
-                n_ctx_train=32, rms_eps=1e-5, rope_base=10000.0, rope_dim=16)
+                n_ctx_train=32, rms_eps=1e-5, rope_base=10000.0, rope_dim=16, rope_layout="interleaved")
     return ModelConfig(**{**base, **kw})
 
 
@@ -59,7 +60,7 @@ def test_rope_keeps_norm_and_partial_rotation_passes_rest_through():
 
 
 def test_linear_rope_scaling_divides_positions():
-    cos4, _ = rope_tables(cfg(rope_scaling="linear", rope_scale=4.0), 9)
+    cos4, _ = rope_tables(cfg(rope_scale=4.0), 9)
     cos1, _ = rope_tables(cfg(), 9)
     np.testing.assert_allclose(cos4[8], cos1[2], atol=1e-6)
 
@@ -96,3 +97,15 @@ def test_swiglu_definition():
     gate, up = rng.standard_normal((2, 3, 5)).astype(np.float32)
     np.testing.assert_allclose(swiglu(gate, up), gate / (1 + np.exp(-gate)) * up, rtol=1e-5, atol=1e-7)
     assert np.isfinite(swiglu(np.array([-1e4, 1e4], np.float32), np.ones(2, np.float32))).all()
+
+
+@pytest.mark.parametrize("rope_dim", [16, 8])
+def test_permute_qk_maps_one_pair_layout_onto_the_other_with_partial_rotary(rope_dim):
+    """refllama.arch.permute_qk, the public helper: interleaved -> half and back, the unrotated dims untouched."""
+    cos, sin = rope_tables(cfg(rope_dim=rope_dim), 5)
+    x = rng.standard_normal((5, 3, 16)).astype(np.float32)
+    half = permute_qk(x, "half", rope_dim)
+    np.testing.assert_allclose(rope_half(half, cos, sin), permute_qk(rope_interleaved(x, cos, sin), "half", rope_dim),
+                               atol=1e-6)
+    np.testing.assert_array_equal(permute_qk(half, "interleaved", rope_dim), x)
+    np.testing.assert_array_equal(half[..., rope_dim:], x[..., rope_dim:])

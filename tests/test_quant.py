@@ -57,7 +57,7 @@ def test_q4_0_offset_that_overflows_float16_stays_exact():
     W = gguf.quants.dequantize(raw, QT.Q4_0)
     x = rng.standard_normal((1, 64)).astype(np.float32)
     q = QuantMatrix(raw, QT.Q4_0, (4, 64))
-    assert q.form[2].dtype == q.form[3].dtype == np.float32  # both float32, not a mix of float16 bits and float32
+    assert q.form.scale.dtype == q.form.offset.dtype == np.float32  # both float32, not a mix of float16 bits and float32
     np.testing.assert_allclose(x @ q.T, x @ W.T, rtol=1e-5, atol=1e-3)
 
 

@@ -36,7 +36,7 @@ def run_refllama(backend, threads, ids):
     import numpy as np
 
     import refllama
-    from refllama.model import forward
+    from refllama.arch.llama import forward
 
     refllama.set_threads(threads, backend)
     m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE)

@@ -9,7 +9,7 @@ import json
 import sys
 from collections import defaultdict
 
-from refllama.dump import LAYER_STAGES
+from refllama.arch.llama import STAGES as LAYER_STAGES
 
 ORDER = ["inp_embd", *LAYER_STAGES, "result_norm", "result_output"]
 

@@ -1,0 +1,37 @@
+"""Architectures, one module each: its weights table, its hyper-parameter reads, its RoPE pair layout as
+llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare and the harness read these.
+
+    llama  (also Mistral)   NORM pairs (2i, 2i+1)    the reference forward
+    qwen2                   NEOX pairs (i, i + R/2)  llama's forward, q/k/v biases
+    qwen3                   NEOX                     per-head q/k RMSNorm before RoPE: its own attention block
+    phi3                    NEOX                     llama's forward, fused qkv and gate/up split at load, LongRoPE
+"""
+
+from ..errors import RefllamaError
+from . import llama, phi3, qwen2, qwen3
+from .common import LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
+
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3)}
+HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
+
+__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS", "Weight", "for_gguf",
+           "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
+
+
+def get(name):
+    """The module of architecture `name` (a ModelConfig's `arch`)."""
+    return ARCHITECTURES[name]
+
+
+def for_gguf(name, path):
+    """The module for a GGUF file's `general.architecture`, or an error listing the supported ones."""
+    if name not in ARCHITECTURES:
+        raise RefllamaError(f"{path}: unsupported general.architecture {name!r} (supported: {', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[name]
+
+
+def for_hf(name, path):
+    """The module for an HF config's `architectures[0]`, or an error listing the supported ones."""
+    if name not in HF_ARCHITECTURES:
+        raise RefllamaError(f"{path}: unsupported architectures {name!r} (supported: {', '.join(HF_ARCHITECTURES)})")
+    return HF_ARCHITECTURES[name]

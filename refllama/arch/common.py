@@ -1,0 +1,230 @@
+"""What every architecture module shares: the weights-table row, shapes in the legend's letters, the q/k pair
+permutation, and the hyper-parameter reads common to GGUF metadata and HF config.json.
+"""
+
+import ast
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..errors import RefllamaError
+
+LAYOUTS = ("interleaved", "half")  # llama.cpp's rope modes NORM (pairs 2i, 2i+1) and NEOX (pairs i, i + R/2)
+QK_STAGES = ("Qcur", "Kcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope")  # last axis: a head's dims
+TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
+GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
+
+
+class Weight(NamedTuple):
+    """One row of an architecture's weights table."""
+
+    key: str  # refllama's name: llama.cpp's tensor name without `blk.N.` and `.weight`
+    shape: str  # numpy order, [out, in], in the legend's letters (D, H, KVH, HD, F, V, R)
+    gguf: str | None  # GGUF tensor name (a block's: after `blk.N.`); None: not stored in GGUF files
+    hf: str | None  # HF tensor name (a block's: after `model.layers.N.`); None: not stored in HF files
+    required: bool = True
+    hf_permute: str | None = None  # "H" or "KVH": HF's per-head q/k rows go to llama.cpp's NORM pairs at load
+    split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
+
+
+def dims(cfg):
+    return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
+            "V": cfg.vocab_size, "R": cfg.rope_dim}
+
+
+def size(expr, d):
+    """The value of a shape expression such as "H*HD + 2*KVH*HD" or "R/2" for the dims d."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Name):
+            return d[node.id]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult, ast.Div)):
+            a, b = ev(node.left), ev(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a * b if isinstance(node.op, ast.Mult) else a // b
+        raise ValueError(f"bad shape expression {expr!r}")
+    return ev(ast.parse(expr.strip(), mode="eval"))
+
+
+def shape_of(w, d):
+    return tuple(size(e, d) for e in w.shape.split(","))
+
+
+def pair_order(head_dim, rope_dim, to):  # -> [HD] indices: out[..., j] = x[..., order[j]]
+    """The reordering of a head's dims that takes q/k from one RoPE pair layout to the other ("half" or
+    "interleaved"); only the first rope_dim dims rotate, the rest stay where they are."""
+    to_half = np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2), np.arange(rope_dim, head_dim)])
+    return to_half if to == "half" else np.argsort(to_half)
+
+
+def permute_qk(a, to, rope_dim=None, axis=-1):
+    """q/k from one pair layout to the other: "half" (HF, llama.cpp's NEOX) <-> "interleaved" (llama.cpp's NORM).
+
+    `axis` holds a head's HD dims (the last axis of a [T, H, HD] stage, axis 1 of weight rows [H, HD, D]);
+    rope_dim (default HD) are the leading dims that rotate (partial rotary). The helper for anyone whose engine
+    keeps the other layout; refllama's loaders and dump reader use it too."""
+    hd = a.shape[axis]
+    return np.take(a, pair_order(hd, rope_dim or hd, to), axis=axis)
+
+
+def permute_rows(w, n_heads, rope_dim, to):  # [n*HD, ...] -> same, each head's rows reordered
+    return permute_qk(w.reshape(n_heads, -1, *w.shape[1:]), to, rope_dim, axis=1).reshape(w.shape)
+
+
+def gguf_config(g, rope_layout, **fields):
+    """ModelConfig from the `{arch}.*` metadata keys every family shares, as llama.cpp reads them; `fields`
+    are the family's own."""
+    arch = g.get("general.architecture", required=True)
+
+    def key(name, default=None):
+        return g.get(f"{arch}.{name}", default, required=default is None)
+
+    n_embd = int(key("embedding_length"))
+    n_head = int(key("attention.head_count"))
+    if n_head < 1:
+        raise RefllamaError(f"{g.path}: metadata field '{arch}.attention.head_count' must be at least 1, got {n_head}")
+    head_dim = int(key("attention.key_length", n_embd // n_head))
+    n_tokens = len(g.get("tokenizer.ggml.tokens", [])) or None
+    vocab = g.get(f"{arch}.vocab_size", n_tokens)
+    if vocab is None:
+        raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
+    scaling = g.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", "linear"):
+        raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.type '{scaling}' (supported: none, linear)")
+    factor = float(g.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    window = g.get(f"{arch}.attention.sliding_window", 0)
+    return ModelConfig(**{
+        "arch": arch, "n_layer": int(key("block_count")), "n_embd": n_embd, "n_head": n_head,
+        "n_head_kv": int(key("attention.head_count_kv", n_head)), "head_dim": head_dim,
+        "n_ff": int(key("feed_forward_length")), "vocab_size": int(vocab), "n_ctx_train": int(key("context_length")),
+        "rms_eps": float(key("attention.layer_norm_rms_epsilon")),
+        "rope_base": float(key("rope.freq_base", 10000.0)),  # llama.cpp's default when absent
+        "rope_dim": int(key("rope.dimension_count", head_dim)),
+        "rope_scale": factor if scaling == "linear" else 1.0,
+        "rope_attn_factor": float(g.get(f"{arch}.rope.scaling.attn_factor", 1.0)),
+        "rope_ctx_orig": int(g.get(f"{arch}.rope.scaling.original_context_length", 0)) or None,
+        "rope_layout": rope_layout, "tied_output": "output.weight" not in g.tensors,
+        "sliding_window": int(window) or None, **fields})
+
+
+def rope_parameters(c):
+    """(theta, scaling dict or {}) from transformers 5's `rope_parameters` or transformers 4's
+    top-level `rope_theta` + `rope_scaling`."""
+    params = c.get("rope_parameters")
+    if isinstance(params, dict):
+        if "rope_theta" not in params:
+            raise RefllamaError(f"{c.path}: missing field 'rope_parameters.rope_theta'")
+        return float(params["rope_theta"]), params
+    return float(c.need("rope_theta")), c.get("rope_scaling", {})
+
+
+def llama3_freq_factors(theta, rope_dim, s, path):
+    """Per-frequency divisors of Llama 3.1's RoPE scaling (transformers' _compute_llama3_parameters)."""
+    try:
+        factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
+        old_ctx = float(s["original_max_position_embeddings"])
+    except KeyError as e:
+        raise RefllamaError(f"{path}: rope scaling 'llama3' lacks field {e}") from None
+    inv_freq = theta ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+    scaled = np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return inv_freq / scaled
+
+
+def hf_config(c, arch, rope_layout, **fields):
+    """(ModelConfig, RoPE tensors {name: float32 array} computed from the config) from the config.json fields
+    every family shares; `fields` are the family's own. Unsupported options are refused by name."""
+    D, H = c.need("hidden_size", int), c.need("num_attention_heads", int)
+    if H < 1:
+        raise RefllamaError(f"{c.path}: field 'num_attention_heads' must be at least 1, got {H}")
+    # the only defaults taken are transformers' own documented ones, for fields older configs omit
+    HD = c.get("head_dim", D // H)
+    rope_dim = int(HD * c.get("partial_rotary_factor", 1.0))
+    theta, s = rope_parameters(c)
+    kind = s.get("rope_type", s.get("type", "default")) if s else "default"
+    n_ctx = c.need("max_position_embeddings", int)
+    rope, linear_scale, attn_factor, ctx_orig = {}, 1.0, 1.0, None
+    if kind == "linear":
+        linear_scale = float(s["factor"])
+    elif kind == "llama3":
+        rope["rope_freqs"] = llama3_freq_factors(theta, rope_dim, s, c.path)
+    elif kind in ("longrope", "su"):  # Phi-3: short factors up to the original context, long ones beyond
+        ctx_orig = int(s.get("original_max_position_embeddings") or c.need("original_max_position_embeddings", int))
+        rope["rope_factors_short"] = np.asarray(s["short_factor"], dtype=np.float64)
+        rope["rope_factors_long"] = np.asarray(s["long_factor"], dtype=np.float64)
+        scale = n_ctx / ctx_orig  # the attention factor as llama.cpp's converter and transformers compute it
+        attn_factor = s.get("attention_factor") or (
+            1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(ctx_orig)))
+    elif kind != "default":
+        raise RefllamaError(f"{c.path}: unsupported rope scaling type '{kind}' (supported: default, linear, llama3, longrope)")
+    for name, f in rope.items():
+        if len(f) != rope_dim // 2:
+            raise RefllamaError(f"{c.path}: rope scaling has {len(f)} factors for '{name}', expected {rope_dim // 2}")
+    if c.get("hidden_act", "silu") != "silu":
+        raise RefllamaError(f"{c.path}: unsupported hidden_act '{c.get('hidden_act')}' (supported: silu)")
+    cfg = ModelConfig(**{
+        "arch": arch, "n_layer": c.need("num_hidden_layers", int), "n_embd": D, "n_head": H,
+        "n_head_kv": c.get("num_key_value_heads", H), "head_dim": HD, "n_ff": c.need("intermediate_size", int),
+        "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx, "rms_eps": float(c.need("rms_norm_eps")),
+        "rope_base": theta, "rope_dim": rope_dim, "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor),
+        "rope_ctx_orig": ctx_orig, "rope_layout": rope_layout,
+        "tied_output": bool(c.get("tie_word_embeddings", False)), **fields})
+    return cfg, {k: v.astype(np.float32) for k, v in rope.items()}
+
+
+def refuse(c, option, value, family):
+    """An HF config option refllama does not implement, set: a one-line error naming it."""
+    if c.get(option, False):
+        raise RefllamaError(f"{c.path}: unsupported option '{option}': {value} ({family})")
+
+
+def freq_factors(w, cfg, n_ctx):  # -> [R/2] float32 or None
+    """RoPE frequency divisors for a context of n_ctx: llama3-style `rope_freqs`, or LongRoPE's long factors
+    when the context exceeds the original one and its short factors otherwise, as llama.cpp chooses them."""
+    if "rope_factors_short" in w:
+        return w["rope_factors_long"] if n_ctx > (cfg.rope_ctx_orig or cfg.n_ctx_train) else w["rope_factors_short"]
+    return w.get("rope_freqs")
+
+
+def read_weights(arch, cfg, side, fetch, has):
+    """refllama's weight dict from an architecture's tables: `side` "gguf" or "hf" picks the name column,
+    `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored.
+
+    Layout transforms, all of them: HF's per-head q/k rows (and biases) reordered to llama.cpp's NORM pairs where
+    the table says `hf_permute` (llama only: llama.cpp's converter does the same); fused tensors split by rows."""
+    d = dims(cfg)
+
+    def take(row, prefix, out):
+        name = getattr(row, side)
+        if name is None or (not row.required and not has(prefix + name)):
+            return
+        t = fetch(prefix + name, shape_of(row, d))
+        if side == "hf" and row.hf_permute:
+            t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
+        if row.split:
+            sizes = [size(e, d) for _, e in row.split]
+            parts = t.split(sizes) if hasattr(t, "split") else np.split(t, np.cumsum(sizes)[:-1])
+            out.update(zip((key for key, _ in row.split), parts))
+        else:
+            out[row.key] = t
+
+    w = {}
+    for row in arch.WEIGHTS:
+        if not (row.key == "output" and cfg.tied_output):
+            take(row, "", w)
+    if cfg.tied_output:
+        w["output"] = w["token_embd"]
+    w["layers"] = []
+    for i in range(cfg.n_layer):
+        lw = {}
+        for row in arch.LAYER_WEIGHTS:
+            take(row, (GGUF_LAYER if side == "gguf" else HF_LAYER).format(i=i), lw)
+        w["layers"].append(lw)
+    return w

@@ -1,0 +1,73 @@
+"""ggml's tensor types as refllama reads them: ids, block sizes, and the named form of a tensor kept quantized.
+
+A table of its own so that the GGUF loader and the Numba backend both import it and neither imports the other.
+"""
+
+from enum import IntEnum
+from typing import NamedTuple
+
+
+class GGMLType(IntEnum):
+    """ggml's ids of the tensor types refllama reads (ggml.h, `enum ggml_type`). gguf-py has them all, but
+    importing its package loads every module of it and, where installed, SentencePiece: 2 MB to 3.4 MB of
+    memory that the numba path, which calls no gguf-py function for the default model, would carry to the end.
+    gguf-py is imported where one of its functions is needed: dequantizing, Q4_K's scales, naming a type
+    refllama does not read. tests/test_gguf_loader.py checks this table against gguf-py's."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    BF16 = 30
+
+
+SUPPORTED_TYPES = frozenset(GGMLType)
+BLOCK_SIZES = {  # type: (values per block, bytes per block)
+    GGMLType.F32: (1, 4), GGMLType.F16: (1, 2), GGMLType.BF16: (1, 2),
+    GGMLType.Q4_0: (32, 18), GGMLType.Q4_1: (32, 20), GGMLType.Q5_0: (32, 22), GGMLType.Q5_1: (32, 24),
+    GGMLType.Q8_0: (32, 34), GGMLType.Q2_K: (256, 84), GGMLType.Q3_K: (256, 110), GGMLType.Q4_K: (256, 144),
+    GGMLType.Q5_K: (256, 176), GGMLType.Q6_K: (256, 210),
+}
+
+
+def byte_shape(shape, qtype):  # numpy shape [..., K] of a supported type -> its bytes' shape [..., row bytes]
+    block, type_size = BLOCK_SIZES[qtype]
+    return (*shape[:-1], shape[-1] // block * type_size)
+
+
+def type_and_sizes(raw_type):
+    """(type, (values per block, bytes per block)) for a raw type id: refllama's own for the types it reads,
+    else gguf-py's, so that the error names the type when a tensor of it is asked for; None if unknown."""
+    if raw_type in BLOCK_SIZES:
+        return GGMLType(raw_type), BLOCK_SIZES[raw_type]
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        qtype = GGMLQuantizationType(raw_type)
+    except ValueError:
+        return None
+    return qtype, GGML_QUANT_SIZES[qtype]
+
+
+class QuantizedTensor(NamedTuple):
+    """A matrix left in its GGUF bytes for a backend that multiplies by it quantized (refllama.quant)."""
+
+    raw: object  # [N, row bytes] uint8 (a memory map of the file)
+    qtype: GGMLType
+    shape: tuple  # numpy shape [N, K]
+
+    def split(self, sizes):
+        """Row blocks of `sizes` rows each (a fused matrix's parts); rows are whole blocks, so bytes split too."""
+        out, start = [], 0
+        for n in sizes:
+            out.append(QuantizedTensor(self.raw[start:start + n], self.qtype, (n, self.shape[1])))
+            start += n
+        return out
