@@ -24,6 +24,7 @@ from .arch.common import HF_LAYER, dims, permute_rows
 from .errors import RefllamaError
 from .gguf_loader import load_gguf
 
+
 def hf_tensors(cfg, w, dtype):
     """{HF name: array} from refllama's weights, through the architecture's tables in reverse."""
     arch, d = archs.get(cfg.arch), dims(cfg)

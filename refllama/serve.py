@@ -179,183 +179,231 @@ def chat_messages(body):
     return out
 
 
-def create_app(worker):
-    args = worker.args
+async def read_json(request):
+    """The request body as a JSON object, its size bounded by --max-body; 400 or 413 otherwise."""
+    limit = request.app.state.worker.args.max_body
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise APIError(413, f"request body over {limit} bytes")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise APIError(413, f"request body over {limit} bytes")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"malformed JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
 
-    async def read_json(request):
-        size = request.headers.get("content-length")
-        if size is not None and size.isdigit() and int(size) > args.max_body:
-            raise APIError(413, f"request body over {args.max_body} bytes")
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > args.max_body:
-                raise APIError(413, f"request body over {args.max_body} bytes")
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"malformed JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        return body
 
-    def authorize(request):
-        if args.api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {args.api_key}"
-        if not hmac.compare_digest(given.encode(), expected.encode()):
-            raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key",
-                           kind="authentication_error")
+def authorize(request):
+    """With --api-key, `Authorization: Bearer KEY` compared in constant time; 401 otherwise."""
+    key = request.app.state.worker.args.api_key
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        raise APIError(401, "invalid or missing API key (Authorization: Bearer ...)", code="invalid_api_key",
+                       kind="authentication_error")
 
-    def check_model(body):
-        name = field(body, "model", (str,))
-        if name is not None and name != worker.name:
-            raise APIError(404, f"model '{name}' does not exist; this server serves '{worker.name}'",
-                           param="model", code="model_not_found")
 
-    async def health(request):
+def check_model(body, worker):
+    name = field(body, "model", (str,))
+    if name is not None and name != worker.name:
+        raise APIError(404, f"model '{name}' does not exist; this server serves '{worker.name}'",
+                       param="model", code="model_not_found")
+
+
+async def health(request):
+    worker = request.app.state.worker
+    m = worker.model
+    return JSONResponse({"status": worker.status, "model": worker.name, "backend": worker.args.backend,
+                         "context_size": m.n_ctx if m else None, "queue_depth": max(worker.admitted - worker.busy, 0),
+                         "busy": worker.busy, "error": worker.load_error})
+
+
+async def models(request):
+    authorize(request)
+    name = request.app.state.worker.name
+    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                     "owned_by": "refllama"}]})
+
+
+async def completions(request):
+    return await generate(request, chat=False)
+
+
+async def chat_completions(request):
+    return await generate(request, chat=True)
+
+
+def prompt_ids(body, m, chat):
+    """The prompt's token ids: the chat template over `messages`, or `prompt` tokenized."""
+    if chat:
+        return m.chat_tokens(chat_messages(body))
+    prompt = field(body, "prompt", (str,))
+    if prompt is None:
+        raise APIError(400, "'prompt' must be a string", param="prompt")
+    return m.tokenize(prompt)
+
+
+def fit_max_tokens(body, opts, ids, m, chat):
+    """max_tokens within the room the prompt leaves: a 400 if asked for more, the room if not given."""
+    room = m.n_ctx - len(ids)
+    if room < 1:
+        raise APIError(400, f"prompt of {len(ids)} tokens does not fit the context size {m.n_ctx}",
+                       param="messages" if chat else "prompt", code="context_length_exceeded")
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        opts["max_tokens"] = min(opts["max_tokens"], room)
+    elif opts["max_tokens"] > room:
+        raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({opts['max_tokens']}) exceeds "
+                       f"the context size {m.n_ctx}", param="max_tokens", code="context_length_exceeded")
+
+
+async def generate(request, chat):
+    """A completion or chat completion: validated, admitted to the queue, run on the generation thread, answered
+    whole or streamed."""
+    worker = request.app.state.worker
+    authorize(request)
+    body = await read_json(request)
+    check_model(body, worker)
+    worker.admit()
+    admitted = True
+    try:
         m = worker.model
-        return JSONResponse({"status": worker.status, "model": worker.name, "backend": args.backend,
-                             "context_size": m.n_ctx if m else None, "queue_depth": max(worker.admitted - worker.busy, 0),
-                             "busy": worker.busy, "error": worker.load_error})
+        opts = sampling(body, m)
+        stream = field(body, "stream", (bool,), False)
+        include_usage = stream and bool((field(body, "stream_options", (dict,), {}) or {}).get("include_usage"))
+        ids = prompt_ids(body, m, chat)
+        if not ids:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        fit_max_tokens(body, opts, ids, m, chat)
+        reply = Reply(worker.name, chat, include_usage, len(ids))
+        if stream:
+            admitted = False  # the stream releases its place when it ends
+            return StreamingResponse(stream_events(worker, m, ids, opts, reply), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        text, finish, n = await worker.run(lambda: complete(m, ids, opts))
+        return JSONResponse(reply.whole(text, finish, n))
+    except RefllamaError as e:
+        raise APIError(400, str(e)) from None
+    finally:
+        if admitted:
+            worker.release()
 
-    async def models(request):
-        authorize(request)
-        return JSONResponse({"object": "list", "data": [{"id": worker.name, "object": "model", "created": 0,
-                                                         "owned_by": "refllama"}]})
 
-    async def completions(request):
-        return await generate(request, chat=False)
+class Reply:
+    """The OpenAI response bodies of one request: whole, or as stream chunks."""
 
-    async def chat_completions(request):
-        return await generate(request, chat=True)
+    def __init__(self, model, chat, include_usage, n_prompt):
+        self.model, self.chat, self.include_usage, self.n_prompt = model, chat, include_usage, n_prompt
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
 
-    async def generate(request, chat):
-        authorize(request)
-        body = await read_json(request)
-        check_model(body)
-        worker.admit()
-        admitted = True
+    def usage(self, n):
+        return {"prompt_tokens": self.n_prompt, "completion_tokens": n, "total_tokens": self.n_prompt + n}
+
+    def whole(self, text, finish, n):
+        message = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text, "logprobs": None}
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion", "created": self.created,
+                "model": self.model, "choices": [{"index": 0, **message, "finish_reason": finish}],
+                "usage": self.usage(n)}
+
+    def event(self, choices, usage=None):
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    def chunk(self, delta, finish=None):
+        choice = {"delta": delta} if self.chat else {"text": delta.get("content", ""), "logprobs": None}
+        return self.event([{"index": 0, **choice, "finish_reason": finish}])
+
+
+def complete(m, ids, opts):
+    """(text, finish_reason, completion tokens) of a whole generation; runs on the generation thread."""
+    from .api import stream_text
+
+    gen, count = m.generate(ids, **opts), [0]
+    text = "".join(stream_text(m, counted(gen, count), opts["stop"]))
+    return text, gen.finish_reason or "stop", count[0]
+
+
+async def stream_events(worker, m, ids, opts, reply):
+    """Server-sent events of a generation run on the generation thread; a client that goes away cancels it at the
+    next token."""
+    from .api import stream_text
+
+    loop = asyncio.get_running_loop()
+    pieces, cancel, count = asyncio.Queue(), threading.Event(), [0]
+    done = object()
+
+    def produce():
+        gen = m.generate(ids, **opts)
         try:
-            m = worker.model
-            opts = sampling(body, m)
-            stream = field(body, "stream", (bool,), False)
-            include_usage = stream and bool((field(body, "stream_options", (dict,), {}) or {}).get("include_usage"))
-            if chat:
-                ids = m.chat_tokens(chat_messages(body))
-            else:
-                prompt = field(body, "prompt", (str,))
-                if prompt is None:
-                    raise APIError(400, "'prompt' must be a string", param="prompt")
-                ids = m.tokenize(prompt)
-            if not ids:
-                raise APIError(400, "the prompt is empty", param="prompt")
-            room = m.n_ctx - len(ids)
-            if room < 1:
-                raise APIError(400, f"prompt of {len(ids)} tokens does not fit the context size {m.n_ctx}",
-                               param="messages" if chat else "prompt", code="context_length_exceeded")
-            if "max_tokens" in body or "max_completion_tokens" in body:
-                if opts["max_tokens"] > room:
-                    raise APIError(400, f"prompt ({len(ids)} tokens) + max_tokens ({opts['max_tokens']}) exceeds "
-                                   f"the context size {m.n_ctx}", param="max_tokens", code="context_length_exceeded")
-            else:
-                opts["max_tokens"] = min(opts["max_tokens"], room)
-            ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-            if stream:
-                admitted = False  # the stream releases its place when it ends
-                return StreamingResponse(stream_events(request, m, ids, opts, chat, ident, include_usage),
-                                         media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-            text, finish, n = await worker.run(lambda: complete(m, ids, opts))
-            message = {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-            return JSONResponse({"id": ident, "object": "chat.completion" if chat else "text_completion",
-                                 "created": int(time.time()), "model": worker.name,
-                                 "choices": [{"index": 0, **message, "finish_reason": finish,
-                                              **({} if chat else {"logprobs": None})}],
-                                 "usage": usage(len(ids), n)})
-        except RefllamaError as e:
-            raise APIError(400, str(e)) from None
+            for piece in stream_text(m, counted(gen, count, cancel), opts["stop"]):
+                loop.call_soon_threadsafe(pieces.put_nowait, piece)
         finally:
-            if admitted:
-                worker.release()
+            reason = "cancelled" if cancel.is_set() else (gen.finish_reason or "stop")
+            loop.call_soon_threadsafe(pieces.put_nowait, (done, reason))
 
-    def complete(m, ids, opts):
-        from .api import stream_text
+    job = worker.run(produce)
+    job.add_done_callback(lambda _: worker.release())  # not awaited: a cancelled stream cannot await
+    try:
+        if reply.chat:
+            yield reply.chunk({"role": "assistant", "content": ""})
+        while True:
+            item = await pieces.get()
+            if isinstance(item, tuple) and item[0] is done:
+                yield reply.chunk({}, item[1])
+                if reply.include_usage:
+                    yield reply.event([], reply.usage(count[0]))
+                yield "data: [DONE]\n\n"
+                break
+            yield reply.chunk({"content": item})
+    finally:  # the client went away (or we finished): stop generating at the next token
+        cancel.set()
 
-        gen, count = m.generate(ids, **opts), [0]
-        text = "".join(stream_text(m, counted(gen, count), opts["stop"]))
-        return text, gen.finish_reason or "stop", count[0]
 
-    async def stream_events(request, m, ids, opts, chat, ident, include_usage):
-        from .api import stream_text
+def counted(gen, count, cancel=None):
+    """The tokens of gen, counted in count[0]; stops after the token during which `cancel` was set."""
+    for token in gen:
+        count[0] += 1
+        yield token
+        if cancel is not None and cancel.is_set():
+            log.info("client disconnected: generation cancelled after %d tokens", count[0])
+            return
 
-        loop = asyncio.get_running_loop()
-        pieces, cancel, count = asyncio.Queue(), threading.Event(), [0]
-        done = object()
 
-        def produce():
-            gen = m.generate(ids, **opts)
-            try:
-                for piece in stream_text(m, counted(gen, count, cancel), opts["stop"]):
-                    loop.call_soon_threadsafe(pieces.put_nowait, piece)
-            finally:
-                reason = "cancelled" if cancel.is_set() else (gen.finish_reason or "stop")
-                loop.call_soon_threadsafe(pieces.put_nowait, (done, reason))
+async def on_error(request, exc):
+    return exc.response()
 
-        def chunk(delta, finish=None):
-            choice = {"index": 0, "delta": delta} if chat else {"index": 0, "text": delta.get("content", ""), "logprobs": None}
-            body = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion", "created": int(time.time()),
-                    "model": worker.name, "choices": [{**choice, "finish_reason": finish}]}
-            if include_usage:
-                body["usage"] = None
-            return f"data: {json.dumps(body)}\n\n"
 
-        job = worker.run(produce)
-        job.add_done_callback(lambda _: worker.release())  # not awaited: a cancelled stream cannot await
-        try:
-            if chat:
-                yield chunk({"role": "assistant", "content": ""})
-            while True:
-                item = await pieces.get()
-                if isinstance(item, tuple) and item[0] is done:
-                    yield chunk({}, item[1])
-                    if include_usage:
-                        yield "data: " + json.dumps({"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                                                     "created": int(time.time()), "model": worker.name, "choices": [],
-                                                     "usage": usage(len(ids), count[0])}) + "\n\n"
-                    yield "data: [DONE]\n\n"
-                    break
-                yield chunk({"content": item})
-        finally:  # the client went away (or we finished): stop generating at the next token
-            cancel.set()
+async def on_unexpected(request, exc):
+    log.exception("unexpected error")
+    return APIError(500, "internal error", kind="server_error").response()
 
-    def counted(gen, count, cancel=None):
-        for token in gen:
-            count[0] += 1
-            yield token
-            if cancel is not None and cancel.is_set():
-                log.info("client disconnected: generation cancelled after %d tokens", count[0])
-                return
 
-    def usage(prompt, completion):
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    app.state.worker.executor.submit(app.state.worker.load)  # /health answers "loading" meanwhile
+    yield
 
-    async def on_error(request, exc):
-        return exc.response()
 
-    async def on_unexpected(request, exc):
-        log.exception("unexpected error")
-        return APIError(500, "internal error", kind="server_error").response()
+ROUTES = [Route("/health", health), Route("/v1/models", models),
+          Route("/v1/completions", completions, methods=["POST"]),
+          Route("/v1/chat/completions", chat_completions, methods=["POST"])]
 
-    routes = [Route("/health", health), Route("/v1/models", models),
-              Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        worker.executor.submit(worker.load)  # /health answers "loading" meanwhile
-        yield
 
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={APIError: on_error, Exception: on_unexpected})
+def create_app(worker):
+    """The Starlette app serving `worker`'s model; the handlers find the worker on `app.state`."""
+    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={APIError: on_error, Exception: on_unexpected})
+    app.state.worker = worker
+    return app
 
 
 def parse_args(argv):
@@ -369,7 +417,8 @@ def parse_args(argv):
     p.add_argument("--callback-url", help="POST {worker_id, model, backend, url, context_size} here once ready")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait behind the running one")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size; 0 = the model's (default 4096)")
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (BLAS, or Numba kernels with --backend numba; default: idle cores)")
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="CPU threads (BLAS, or Numba kernels with --backend numba; default: idle cores)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
     return p.parse_args(argv)
 

@@ -6,8 +6,8 @@ import sys
 import gguf
 import numpy as np
 import pytest
-from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 from gguf import GGMLQuantizationType as QT
+from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 
 import refllama
 from refllama.ggml_types import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape

@@ -6,8 +6,17 @@ import pytest
 from refllama.arch import permute_qk
 from refllama.cache import rope_tables
 from refllama.config import ModelConfig
-from refllama.layers import (attention_mix, attention_scores, attention_weights, causal_mask, rms_norm, rope_half,
-                             rope_interleaved, softmax, swiglu)
+from refllama.layers import (
+    attention_mix,
+    attention_scores,
+    attention_weights,
+    causal_mask,
+    rms_norm,
+    rope_half,
+    rope_interleaved,
+    softmax,
+    swiglu,
+)
 
 rng = np.random.default_rng(0)
 

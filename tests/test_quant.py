@@ -96,9 +96,9 @@ def _resident_kb(pattern):  # resident KB of this process's read-only mappings o
 def test_released_loader_pages_leave_kernels_and_hashing_working():
     import hashlib
 
-    from refllama.quant import release_loader_pages
-
     from numba import njit
+
+    from refllama.quant import release_loader_pages
 
     raw = random_blocks(QT.Q4_1, (8, 256))
     x = rng.standard_normal((1, 256)).astype(np.float32)

@@ -216,7 +216,6 @@ def test_ready_callback_reaches_the_pool_manager(secured):
 
 def test_generation_thread_runs_numba_with_the_threads_asked_for():
     import numba
-
     from starlette.testclient import TestClient
 
     from refllama.serve import Worker, create_app, parse_args

@@ -61,8 +61,8 @@ SPM = json.loads((DATA / "tokenizer_spm_llamacpp.json").read_text(encoding="utf-
 @pytest.fixture(scope="module")
 def spm_tokenizer(tmp_path_factory):
     """refllama's tokenizer for the tiny SentencePiece vocabulary that tools/make_spm_tokenizer_table.py made."""
-    from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
     from gguf import GGUFValueType as VT
+    from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
 
     from refllama.gguf_loader import GGUFFile
     from refllama.tokenizer import from_gguf

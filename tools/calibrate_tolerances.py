@@ -18,8 +18,8 @@ import dump_llamacpp  # noqa: E402
 from make_checkpoint_refs import LONG  # noqa: E402
 
 import refllama  # noqa: E402
-from refllama.compare import DEFAULT_TABLE, compare, read_tolerances  # noqa: E402
 from refllama.arch.llama import STAGES as LAYER_STAGES  # noqa: E402
+from refllama.compare import DEFAULT_TABLE, compare, read_tolerances  # noqa: E402
 
 PROMPTS = [
     "Write a haiku about the sea.",

@@ -21,8 +21,10 @@ import sys
 import llama_cpp
 import numpy as np
 
+from refllama import arch as archs
 from refllama.api import default_model_path
 from refllama.dump import add_tool_args, file_sha256, plan_from_args, write_dump
+from refllama.gguf_loader import GGUFFile
 
 _GGML = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
 _GGML.ggml_op_desc.restype = ctypes.c_char_p
@@ -42,9 +44,12 @@ class GGMLTensor(ctypes.Structure):
 
 
 # (llama.cpp node name prefix, op) -> refllama stage
+# (a later node of one name, e.g. the bias ADD after the MUL_MAT, replaces the earlier)
 STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_embd",
             ("attn_norm", "MUL"): "attn_norm", ("Qcur", "MUL_MAT"): "Qcur", ("Kcur", "MUL_MAT"): "Kcur",
-            ("Vcur", "MUL_MAT"): "Vcur", ("Qcur", "ROPE"): "Qcur_rope", ("Kcur", "ROPE"): "Kcur_rope",
+            ("Vcur", "MUL_MAT"): "Vcur", ("Qcur", "ADD"): "Qcur", ("Kcur", "ADD"): "Kcur", ("Vcur", "ADD"): "Vcur",
+            ("wqkv", "MUL_MAT"): "wqkv", ("Qcur_normed", "MUL"): "Qcur_normed", ("Kcur_normed", "MUL"): "Kcur_normed",
+            ("Qcur", "ROPE"): "Qcur_rope", ("Kcur", "ROPE"): "Kcur_rope",
             ("kq", "MUL_MAT"): "kq", ("kq_soft_max", "SOFT_MAX"): "kq_soft_max", ("kqv_out", "CONT"): "kqv_out",
             ("attn_out", "MUL_MAT"): "attn_out", ("ffn_inp", "ADD"): "ffn_inp", ("ffn_norm", "MUL"): "ffn_norm",
             ("ffn_gate", "MUL_MAT"): "ffn_gate", ("ffn_up", "MUL_MAT"): "ffn_up", ("ffn_swiglu", "SWIGLU"): "ffn_swiglu",
@@ -62,8 +67,33 @@ def to_numpy(t):
     return np.lib.stride_tricks.as_strided(np.frombuffer(buf, dtype=dtype), shape, strides).astype(np.float32)
 
 
-def capture(model_path, ids, n_threads):
-    """Stages of one prefill of `ids` and llama.cpp's context, via cb_eval."""
+def arch_of(model_path):
+    """The refllama.arch module of a GGUF file."""
+    return archs.for_gguf(GGUFFile(model_path).get("general.architecture", required=True), model_path)
+
+
+def unfuse(stages, arch, n_head, n_head_kv):
+    """Stages under refllama's names where llama.cpp's graph for `arch` computes them fused or scaled: a fused
+    node split by columns as the weights are split by rows (arch.LLAMACPP_FUSED), q/k/v shaped per head, and kq
+    back to unscaled q.k (arch.LLAMACPP_Q_SCALED)."""
+    heads = {"Qcur": n_head, "Kcur": n_head_kv, "Vcur": n_head_kv}
+    for name in list(stages):
+        stage, _, layer = name.rpartition("-")
+        parts = getattr(arch, "LLAMACPP_FUSED", {}).get(stage)
+        if parts:
+            a = stages.pop(name)  # [T, sum of the parts' widths]
+            shares = [heads.get(p, 1) for p in parts]  # q, k, v by head count; gate and up in halves
+            cuts = np.cumsum(shares)[:-1] * (a.shape[1] // sum(shares))
+            for part, x in zip(parts, np.split(a, cuts, axis=1)):
+                stages[f"{part}-{layer}"] = x.reshape(len(x), heads[part], -1) if part in heads else x
+        elif stage == "kq" and getattr(arch, "LLAMACPP_Q_SCALED", False):
+            stages[name] = stages[name] * np.sqrt(stages[f"Qcur_rope-{layer}"].shape[-1])
+    return stages
+
+
+def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None):
+    """Stages of one prefill of `ids` and llama.cpp's context, via cb_eval; the KV cache is f16 (llama.cpp's
+    default) or F32."""
     T, stages = len(ids), {}
     mp = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
@@ -83,7 +113,7 @@ def capture(model_path, ids, n_threads):
         a = to_numpy(t)  # [ne3, ne2, ne1, ne0]
         if stage in ("kq", "kq_soft_max"):
             a = a[0, :, :, :T]  # [H, T, S_pad] -> [H, T, S]
-        elif stage in ("Qcur_rope", "Kcur_rope"):
+        elif stage in ("Qcur_rope", "Kcur_rope", "Qcur_normed", "Kcur_normed"):
             a = a[0]  # [T, n_heads, HD]
         elif stage in heads:
             a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
@@ -93,7 +123,9 @@ def capture(model_path, ids, n_threads):
         return True
 
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = max(256, T + 64)
+    cp.n_ctx = n_ctx or max(256, T + 64)
+    if kv_f32:
+        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
     cp.n_batch = cp.n_ubatch = max(T, 1)
     cp.n_threads = cp.n_threads_batch = n_threads
     cp.flash_attn_type = 0  # disabled: the unfused path exposes kq and kq_soft_max
@@ -107,7 +139,7 @@ def capture(model_path, ids, n_threads):
     if llama_cpp.llama_decode(ctx, batch) != 0:
         sys.exit("llama_decode failed")
     llama_cpp.llama_batch_free(batch)
-    return stages, model, ctx, cb
+    return unfuse(stages, arch_of(model_path), heads["Qcur"], heads["Kcur"]), model, ctx, cb
 
 
 def greedy(model_path, ids, n, n_threads):
@@ -133,14 +165,16 @@ def main(argv=None):
     ids = vocab.tokenize(args.prompt.encode("utf-8"), add_bos=True, special=args.special)
     stages, *_ = capture(model_path, ids, args.threads)
     n_layer = 1 + max(int(n.rsplit("-", 1)[1]) for n in stages if n.startswith("l_out-"))
-    names, rows, dtypes = plan_from_args(args, n_layer, len(ids))
+    arch = arch_of(model_path)
+    names, rows, dtypes = plan_from_args(args, n_layer, len(ids), arch.STAGES)
     missing = [n for n in names if n not in stages]
     if missing:
         sys.exit(f"llama.cpp's graph had no node for: {', '.join(missing[:8])}")
     provenance = {
         "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off)",
         "model": os.path.basename(model_path), "model_sha256": file_sha256(model_path),
-        "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "qk_layout": "interleaved",
+        "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "arch": arch.NAME,
+        "qk_layout": arch.ROPE_LAYOUT,
         "greedy": greedy(model_path, ids, args.greedy, args.threads),
     }
     write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes)

@@ -5,8 +5,17 @@ Each stage is handed to `tap` under llama.cpp's graph name (a no-op unless a tra
 llama.cpp gives two tensors one name, refllama adds a suffix (`Qcur_rope`, `Kcur_rope`).
 """
 
-from ..layers import (ROPE, attention_mix, attention_scores, attention_weights, causal_mask, embedding, linear,
-                      rms_norm, swiglu)
+from ..layers import (
+    ROPE,
+    attention_mix,
+    attention_scores,
+    attention_weights,
+    causal_mask,
+    embedding,
+    linear,
+    rms_norm,
+    swiglu,
+)
 from ..trace import tap
 from ..xp import array_module
 from .common import Weight, gguf_config, hf_config

@@ -39,3 +39,9 @@ def config_from_hf(c):
     """transformers' Phi-3 attention applies `sliding_window` when the config sets one."""
     window = c.get("sliding_window")
     return hf_config(c, NAME, ROPE_LAYOUT, sliding_window=int(window) if window else None)
+
+
+# How llama.cpp's phi3 graph differs from these stages, for tools/dump_llamacpp.py: its fused nodes, split by rows
+# as the weights are, and its q scaled by 1/sqrt(HD) before kq (so its kq is refllama's divided by sqrt(HD)).
+LLAMACPP_FUSED = {"wqkv": ("Qcur", "Kcur", "Vcur"), "ffn_up": ("ffn_gate", "ffn_up")}
+LLAMACPP_Q_SCALED = True

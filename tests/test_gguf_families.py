@@ -1,0 +1,123 @@
+"""GGUF families made by llama.cpp's own converter (tools/make_tiny_gguf.py): tiny random Llama, Qwen2, Qwen3 and
+Phi-3 models, F32 and Q8_0, checked against transformers (the HF weights they were converted from) and llama.cpp
+(its logits on both files, every stage of every layer on the F32 file, F32 KV cache)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import refllama
+from refllama.compare import metrics
+from refllama.dump import Dump
+
+DATA = Path(__file__).parent / "data"
+FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}  # llama.cpp's pair layouts
+N_CTX = 64  # Phi-3's original context: its short factors, which llama.cpp and transformers both take here
+F32_TOL = 1e-5  # of the reference's range: llama.cpp on F32 weights and an F32 cache computes in float32
+
+
+def ref(family):
+    return np.load(DATA / f"gguf-{family}" / "reference.npz")
+
+
+def load(family, qtype="f32", backend="numpy"):
+    return refllama.load(DATA / f"gguf-{family}" / f"{family}-{qtype}.gguf", backend=backend, n_ctx=N_CTX)
+
+
+def rel_err(got, want):
+    return float(np.abs(got - want).max() / (want.max() - want.min()))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_runs_as_its_architecture_with_llamacpps_pair_layout(family):
+    cfg = load(family).config
+    assert (cfg.arch, cfg.rope_layout) == (family, FAMILIES[family])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_ids_equal_llamacpps(family):
+    text = json.loads((DATA / f"gguf-{family}" / "reference.json").read_text())["text"]
+    assert load(family).tokenize(text) == ref(family)["token_ids"].tolist()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f32_logits_and_hidden_states_match_transformers(family):
+    m, r = load(family), ref(family)
+    with refllama.trace(m) as t:
+        logits = m.logits(r["token_ids"].tolist())
+    assert rel_err(logits, r["hf_logits"]) < F32_TOL
+    ours = [t["inp_embd"]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
+    for i, (a, b) in enumerate(zip(ours, r["hf_hidden_states"])):
+        assert rel_err(a, b) < F32_TOL, f"hidden state {i}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f32_every_stage_of_every_layer_matches_llamacpp(family, tmp_path):
+    """refllama's dump against llama.cpp's, q/k in the same layout (no permutation), at float32 agreement."""
+    m, r = load(family), ref(family)
+    theirs = Dump(DATA / f"gguf-{family}" / "llamacpp-f32")
+    assert theirs.layout == m.config.rope_layout
+    ours = Dump(m.dump(r["token_ids"].tolist(), tmp_path / "ours"))
+    assert set(theirs.names) <= set(ours.names) and len(theirs.names) == 3 + 17 * m.config.n_layer + (
+        2 * m.config.n_layer if family == "qwen3" else 0)
+    for name in theirs.names:
+        err = metrics(ours[name], theirs[name])["max_rel"]
+        assert err <= F32_TOL, f"{name}: max_rel {err:.2e}"
+    assert rel_err(m.logits(r["token_ids"].tolist()), r["llamacpp_logits_f32"]) < F32_TOL
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_q8_0_logits_match_llamacpp(family, backend):
+    """On Q8_0 weights llama.cpp rounds the activations to Q8_0 too before its integer dot products; refllama keeps
+    them float32 (both backends), so the two differ by that rounding, here at most 1.3e-2 of the logit range."""
+    m, r = load(family, "q8_0", backend), ref(family)
+    logits = m.logits(r["token_ids"].tolist())
+    assert rel_err(logits, r["llamacpp_logits_q8_0"]) < 3e-2
+    assert (logits.argmax(-1) == r["llamacpp_logits_q8_0"].argmax(-1)).mean() >= 0.9
+
+
+def patched(family, tmp_path, old, new):
+    """The F32 file with one header string changed (same length), as a corrupt or foreign file would have it."""
+    data = (DATA / f"gguf-{family}" / f"{family}-f32.gguf").read_bytes()
+    assert len(old) == len(new) and data.count(old) >= 1
+    path = tmp_path / "patched.gguf"
+    path.write_bytes(data.replace(old, new))
+    return path
+
+
+def error_of(path):
+    r = subprocess.run([sys.executable, "-m", "refllama.run", "-m", str(path), "-p", "hi", "-n", "1"],
+                       capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("refllama: error:"), r.stderr
+    return lines[0]
+
+
+def test_unknown_architecture_lists_the_supported_ones(tmp_path):
+    data = (DATA / "gguf-qwen2" / "qwen2-f32.gguf").read_bytes()
+    at = data.index(b"general.architecture") + len(b"general.architecture") + 4 + 8  # value type, string length
+    assert data[at:at + 5] == b"qwen2"
+    path = tmp_path / "other.gguf"
+    path.write_bytes(data[:at] + b"qwen9" + data[at + 5:])
+    line = error_of(path)
+    assert "unsupported general.architecture 'qwen9'" in line and "llama, qwen2, qwen3, phi3" in line
+
+
+@pytest.mark.parametrize("family, old, new", [
+    ("qwen3", b"blk.1.attn_k_norm.weight", b"blk.1.attn_k_xorm.weight"),
+    ("phi3", b"blk.0.attn_qkv.weight", b"blk.0.attn_qkx.weight"),
+    ("qwen2", b"blk.0.attn_v.bias", b"blk.0.attn_v.bia_"),
+])
+def test_a_missing_family_tensor_is_named(family, old, new, tmp_path):
+    assert f"missing tensor '{old.decode()}'" in error_of(patched(family, tmp_path, old, new))
+
+
+def test_a_missing_metadata_key_is_named(tmp_path):
+    old = b"phi3.attention.layer_norm_rms_epsilon"
+    line = error_of(patched("phi3", tmp_path, old, old[:-1] + b"X"))
+    assert f"missing metadata field '{old.decode()}'" in line

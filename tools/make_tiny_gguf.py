@@ -1,0 +1,142 @@
+"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3}/: tiny random models made by transformers, converted to GGUF by
+llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references beside them:
+  - transformers' logits and hidden states (float32, eager attention, from the HF weights);
+  - llama.cpp's token ids for a text, its logits on both files, and a dump of every stage of every layer on the
+    F32 file (llama-cpp-python, F32 KV cache, flash attention off: on F32 weights llama.cpp computes in float32).
+
+The vocabulary is a tiny byte-level BPE trained here with `tokenizers` (320 tokens, Qwen2's pre-tokenizer). The
+converter recognises a pre-tokenizer by hashing a real tokenizer's output, which a tiny one cannot reproduce, so
+`get_vocab_base_pre` alone is answered ("qwen2"); everything else, tensors and metadata, is the converter's own.
+Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary.
+
+    python tools/make_tiny_gguf.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
+Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
+"""
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dump_llamacpp  # noqa: E402
+
+from refllama.dump import storage_plan, write_dump  # noqa: E402
+from refllama.tokenizer import _QWEN2  # noqa: E402
+
+OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
+V = 320
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=128, vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-5,
+              bos_token_id=None, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
+FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter), tied output; qwen2 biases;
+    # qwen3 q/k norms and head_dim != D/H; phi3 fused qkv and gate_up, LongRoPE with an attention factor
+    "llama": (LlamaConfig, dict(COMMON, tie_word_embeddings=True, rope_theta=10000.0)),
+    "qwen2": (Qwen2Config, dict(COMMON, rope_theta=1000000.0)),
+    "qwen3": (Qwen3Config, dict(COMMON, head_dim=32, rope_theta=1000000.0)),
+    "phi3": (Phi3Config, dict(COMMON, num_key_value_heads=4, original_max_position_embeddings=64, rope_theta=10000.0,
+                              rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
+                                            "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]})),
+}
+CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
+          "Hello world! It's a small model, isn't it? Ça va très bien. ") * 4
+TEXT = "The quick brown fox said: Paris is the capital, 2024! It's small."
+CONVERT = """import sys
+sys.path[:0] = [{src!r}]
+sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--outfile", {out!r}]
+import convert_hf_to_gguf
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"  # a tiny vocabulary has no known hash
+convert_hf_to_gguf.main()
+"""
+
+
+def tiny_tokenizer():
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=V, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([CORPUS], trainer)
+    assert tok.get_vocab_size() == V, tok.get_vocab_size()
+    return tok
+
+
+def save_hf(name, d, tok):
+    config_class, kw = FAMILIES[name]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config_class(**kw), attn_implementation="eager").eval()
+    with torch.no_grad():  # random norms and biases (the init's are 1 and 0), so the checks see them
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif n.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+    model.save_pretrained(d)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer" if name == "phi3" else "PreTrainedTokenizerFast",
+        "eos_token": "<|endoftext|>", "add_bos_token": False,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
+    return model
+
+
+def llamacpp_logits(path, ids):
+    """llama.cpp's logits at every position of one batch of `ids`, F32 KV cache."""
+    stages, *_ = dump_llamacpp.capture(str(path), ids, 2)
+    return stages["result_output"]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--llama-cpp", required=True, help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist")
+    args = p.parse_args()
+    import llama_cpp
+
+    tok = tiny_tokenizer()
+    for name in FAMILIES:
+        out = OUT / f"gguf-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            hf_dir = Path(tmp) / name
+            model = save_hf(name, hf_dir, tok)
+            for outtype in ("f32", "q8_0"):
+                script = CONVERT.format(src=args.llama_cpp, model=str(hf_dir), outtype=outtype,
+                                        out=str(out / f"{name}-{outtype}.gguf"))
+                subprocess.run([sys.executable, "-c", script], check=True, cwd=args.llama_cpp)
+        f32, q8 = out / f"{name}-f32.gguf", out / f"{name}-q8_0.gguf"
+        vocab = llama_cpp.Llama(str(f32), vocab_only=True, verbose=False)
+        ids = vocab.tokenize(TEXT.encode(), add_bos=True, special=False)
+        with torch.no_grad():
+            r = model(torch.tensor([ids]), output_hidden_states=True)
+        stages, *_ = dump_llamacpp.capture(str(f32), ids, 2)
+        np.savez(out / "reference.npz", token_ids=np.asarray(ids), hf_logits=r.logits[0].numpy(),
+                 hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
+                 llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=llamacpp_logits(q8, ids))
+        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids),
+                                           stages=dump_llamacpp.arch_of(str(f32)).STAGES)
+        write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
+            "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, F32 KV)",
+            "model": f32.name, "model_sha256": dump_llamacpp.file_sha256(f32), "prompt": TEXT, "token_ids": ids,
+            "arch": name, "qk_layout": dump_llamacpp.arch_of(str(f32)).ROPE_LAYOUT}, rows, dtypes)
+        (out / "reference.json").write_text(json.dumps({
+            "text": TEXT, "tool": "tools/make_tiny_gguf.py", "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",
+            "transformers": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager attention",
+            "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, F32 KV cache, flash attention off"}, indent=1) + "\n")
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
