@@ -46,5 +46,6 @@ def test_matvec_1536x576(benchmark, kind):
         w = rng.standard_normal((1536, 576)).astype(np.float32)
     else:
         qt = QT.Q4_1 if kind.startswith("Q4_1") else QT.Q8_0
-        w = QuantMatrix(rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((1536, 576), qt), dtype=np.uint8), qt, (1536, 576))
+        raw = rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((1536, 576), qt), dtype=np.uint8)
+        w = QuantMatrix(raw, qt, (1536, 576))
     benchmark(lambda: x @ w.T)

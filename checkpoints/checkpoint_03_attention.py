@@ -9,8 +9,8 @@ def kv(case, which, layer):  # [S, KVH, HD] as stored -> [KVH, S, HD] as the cac
 
 
 def test_scores(case, layer, mode):  # q rows at the stored positions, every key
-    case.stage(f"kq-{layer}", mode, lambda: attention_scores(case.ref[f"Qcur_rope-{layer}"], kv(case, "Kcur_rope", layer)),
-               fed_by=f"Qcur_rope-{layer}")
+    q = f"Qcur_rope-{layer}"
+    case.stage(f"kq-{layer}", mode, lambda: attention_scores(case.ref[q], kv(case, "Kcur_rope", layer)), fed_by=q)
 
 
 def test_softmax(case, layer, mode):
@@ -22,10 +22,10 @@ def test_softmax(case, layer, mode):
 
 
 def test_weighted_values(case, layer, mode):
-    case.stage(f"kqv_out-{layer}", mode, lambda: attention_mix(case.ref[f"kq_soft_max-{layer}"], kv(case, "Vcur", layer)),
-               fed_by=f"kq_soft_max-{layer}")
+    p = f"kq_soft_max-{layer}"
+    case.stage(f"kqv_out-{layer}", mode, lambda: attention_mix(case.ref[p], kv(case, "Vcur", layer)), fed_by=p)
 
 
 def test_output_projection(case, layer, mode):
-    case.stage(f"attn_out-{layer}", mode, lambda: linear(case.ref[f"kqv_out-{layer}"], case.w["layers"][layer]["attn_output"]),
-               fed_by=f"kqv_out-{layer}")
+    x, w = f"kqv_out-{layer}", case.w["layers"][layer]["attn_output"]
+    case.stage(f"attn_out-{layer}", mode, lambda: linear(case.ref[x], w, case.bias(layer, "attn_output")), fed_by=x)

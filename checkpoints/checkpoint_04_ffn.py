@@ -15,7 +15,9 @@ def test_attention_residual(case, layer, mode):
 @pytest.mark.parametrize("which, weight", [("ffn_gate", "ffn_gate"), ("ffn_up", "ffn_up")])
 def test_gate_and_up(case, layer, mode, which, weight):
     name = f"{which}-{layer}"
-    got = linear(case.ref[f"ffn_norm-{layer}"], case.w["layers"][layer][weight]) if mode == "isolated" else case.ours(name)
+    h = case.ref[f"ffn_norm-{layer}"]
+    w, b = case.w["layers"][layer][weight], case.bias(layer, weight)
+    got = linear(h, w, b) if mode == "isolated" else case.ours(name)
     case.check(name, mode, got)
 
 
@@ -27,5 +29,7 @@ def test_swiglu(case, layer, mode):
 
 def test_down(case, layer, mode):
     name = f"ffn_out-{layer}"
-    got = linear(case.ref[f"ffn_swiglu-{layer}"], case.w["layers"][layer]["ffn_down"]) if mode == "isolated" else case.ours(name)
+    h = case.ref[f"ffn_swiglu-{layer}"]
+    got = linear(h, case.w["layers"][layer]["ffn_down"], case.bias(layer, "ffn_down")) if mode == "isolated" \
+        else case.ours(name)
     case.check(name, mode, got)

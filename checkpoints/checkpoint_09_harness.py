@@ -20,8 +20,8 @@ REF = harness.HERE / "ref"
 
 
 def dump_short(model, tmp_path, name="dump"):
-    ids = harness.reference("hf", "short").manifest["token_ids"]
-    return model.dump(ids, tmp_path / name, layers=harness.stored_layers())
+    ids = harness.smollm2_reference("hf", "short").manifest["token_ids"]
+    return model.dump(ids, tmp_path / name, layers=[0, 1, 15, 29])  # the blocks the references keep
 
 
 def wrong_kv_head_scores(q, k):  # query head h reads kv head h % KVH instead of h // (H / KVH)
@@ -73,7 +73,7 @@ def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
 
 def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
     """What another engine writes: plain np.save files and a manifest, q/k in the half-split layout."""
-    ids = harness.reference("llamacpp", "short").manifest["token_ids"]
+    ids = harness.smollm2_reference("llamacpp", "short").manifest["token_ids"]
     with refllama.trace(model) as t:
         model.logits(ids)
     d = tmp_path / "engine-dump"
@@ -86,7 +86,8 @@ def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
         np.save(d / f"{name}.npy", a.astype(np.float32))
         stage, layer = name.rsplit("-", 1)
         tensors.append({"name": name, "stage": stage, "layer": int(layer), "file": f"{name}.npy",
-                        "shape": list(a.shape), "dtype": "float32", "token_axis": 0, "positions": list(range(len(ids)))})
+                        "shape": list(a.shape), "dtype": "float32", "token_axis": 0,
+                        "positions": list(range(len(ids)))})
     (d / "manifest.json").write_text(json.dumps({
         "format": "refllama-dump/1", "producer": "hand-written test engine", "model": "SmolLM2-135M-Instruct.Q4_1.gguf",
         "model_sha256": "", "token_ids": ids, "qk_layout": "half", "tensors": tensors}))

@@ -1,9 +1,10 @@
-"""Parametrization of the checkpoint suite: reference x prompt x model (`case`), stored layer, mode.
+"""Parametrization of the checkpoint suite: reference x model (`case_id`), each reference's stored layers, mode.
 
-Models: "gguf-numpy", "gguf-numba" (quantized weights, Numba kernels) and "gguf-cupy" (skipped with a reason
-when CuPy or a GPU is missing) load SmolLM2's GGUF file; "hf-numpy" is the same model exported by
+Models for SmolLM2's references: "gguf-numpy", "gguf-numba" (quantized weights, Numba kernels) and "gguf-cupy"
+(skipped with a reason when CuPy or a GPU is missing) load its GGUF file; "hf-numpy" is the same model exported by
 `refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
-transformers references.
+transformers references. Each tiny family's references check "f32-numpy", its F32 GGUF. A test module that sets
+`NEEDS = "stage"` runs only on the models whose blocks have that stage.
 """
 
 import harness
@@ -13,18 +14,32 @@ import refllama
 from refllama.convert import convert
 from refllama.xp import BACKENDS
 
-CASES = ([(r, p, f"gguf-{b}") for b in BACKENDS for r, p in harness.REFS]
-         + [(r, p, "hf-numpy") for r, p in harness.REFS if r == "hf"])
+CASES = ([(i, f"gguf-{b}") for b in BACKENDS for i, r in enumerate(harness.REFS) if r.model == "smollm2"]
+         + [(i, "hf-numpy") for i, r in enumerate(harness.REFS) if r.model == "smollm2" and r.source == "hf"]
+         + [(i, "f32-numpy") for i, r in enumerate(harness.REFS) if r.model != "smollm2"])
+
+
+def case_name(case_id):
+    r = harness.REFS[case_id[0]]
+    model = "" if r.model == "smollm2" else f"{r.model}-"
+    return f"{harness.KINDS[r.source]}-{model}{r.prompt}-{case_id[1]}"
 
 
 def pytest_generate_tests(metafunc):
-    if "case_id" in metafunc.fixturenames:
+    names = metafunc.fixturenames
+    if "case_id" in names:
         backends = metafunc.config.getoption("backend") or BACKENDS  # pytest checkpoints/ --backend numba
-        cases = [c for c in CASES if c[2].split("-")[1] in backends]
-        metafunc.parametrize("case_id", cases, ids=[f"{harness.KINDS[r]}-{p}-{m}" for r, p, m in cases])
-    if "layer" in metafunc.fixturenames:
-        metafunc.parametrize("layer", harness.stored_layers(), ids=lambda n: f"layer{n}")
-    if "mode" in metafunc.fixturenames:
+        cases = [c for c in CASES if c[1].split("-")[1] in backends]
+        needs = getattr(metafunc.module, "NEEDS", None)
+        if needs:
+            cases = [c for c in cases if any(e["stage"] == needs for e in harness.reference(
+                harness.REFS[c[0]].path).entries.values())]
+        if "layer" in names:
+            pairs = [(c, n) for c in cases for n in harness.stored_layers(harness.REFS[c[0]])]
+            metafunc.parametrize("case_id, layer", pairs, ids=[f"{case_name(c)}-layer{n}" for c, n in pairs])
+        else:
+            metafunc.parametrize("case_id", cases, ids=[case_name(c) for c in cases])
+    if "mode" in names:
         metafunc.parametrize("mode", harness.MODES)
 
 
@@ -48,9 +63,13 @@ def cupy_model(model):
 
 
 @pytest.fixture
-def case(request, model, case_id):
-    ref, prompt, which = case_id
-    models = {"gguf-numpy": lambda: model, "gguf-numba": lambda: request.getfixturevalue("numba_model"),
+def case(request, case_id):
+    i, which = case_id
+    ref = harness.REFS[i]
+    if ref.model != "smollm2":
+        return harness.Case(harness.family_model(ref.model), ref)
+    models = {"gguf-numpy": lambda: request.getfixturevalue("model"),
+              "gguf-numba": lambda: request.getfixturevalue("numba_model"),
               "gguf-cupy": lambda: request.getfixturevalue("cupy_model"),
               "hf-numpy": lambda: request.getfixturevalue("exported_model")}
-    return harness.Case(models[which](), ref, prompt)
+    return harness.Case(models[which](), ref)

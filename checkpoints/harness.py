@@ -1,5 +1,10 @@
 """The checkpoint harness: stored reference dumps, refllama's own trace of the same prompt, and one check.
 
+References: SmolLM2 (the default model) by llama.cpp and transformers over four prompts, in checkpoints/ref/; and
+for each tiny family made by llama.cpp's converter (tools/make_tiny_gguf.py), llama.cpp on its F32 file (F32 KV
+cache: float32 throughout) and transformers on the HF weights it came from, every stage of every layer, in
+tests/data/gguf-FAMILY/.
+
 Every stage is checked twice:
   isolated    refllama's layer function fed the reference's own input for that stage, so an error
               cannot hide upstream: a failure names the stage that is wrong;
@@ -11,30 +16,58 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 import refllama
+from refllama import arch as archs
 from refllama.compare import metrics, read_tolerances
 from refllama.dump import Dump
 from refllama.xp import to_numpy
 
 HERE = Path(__file__).resolve().parent
+DATA = HERE.parent / "tests" / "data"
 TOLERANCES = read_tolerances(HERE / "README.md")
-KINDS = {"llamacpp": "llama.cpp", "hf": "transformers"}
-REFS = sorted((p.parent.parent.name, p.parent.name) for p in (HERE / "ref").glob("*/*/manifest.json"))
+KINDS = {"llamacpp": "llama.cpp", "hf": "transformers", "llamacpp-f32": "llama.cpp F32"}
+EXACT_KINDS = ("transformers", "llama.cpp F32")  # float32 throughout, as refllama: the same best tokens
+FAMILIES = ("llama", "qwen2", "qwen3", "phi3")
+FAMILY_N_CTX = 64  # Phi-3's original context, as its references were made (tools/make_tiny_gguf.py)
 MODES = ("isolated", "end_to_end")
 
 
+class Ref(NamedTuple):
+    model: str  # "smollm2" or a tiny family
+    source: str  # a KINDS key
+    prompt: str
+    path: Path
+
+
+REFS = ([Ref("smollm2", p.parent.parent.name, p.parent.name, p.parent)
+         for p in sorted((HERE / "ref").glob("*/*/manifest.json"))]
+        + [Ref(f, s, "text", DATA / f"gguf-{f}" / s) for f in FAMILIES for s in ("llamacpp-f32", "hf")])
+
+
 @lru_cache(maxsize=None)
-def reference(ref, prompt):
-    """A stored reference dump, q/k in refllama's interleaved layout."""
-    return Dump(HERE / "ref" / ref / prompt, layout="interleaved")
+def reference(path):
+    """A stored reference dump, q/k in the pair layout refllama uses for its architecture."""
+    d = Dump(path)
+    want = archs.get(d.manifest.get("arch", "llama")).ROPE_LAYOUT
+    return d if d.layout == want else Dump(path, layout=want)
 
 
-def stored_layers():
-    return sorted({e["layer"] for e in reference(*REFS[0]).entries.values() if e["layer"] is not None
+def smollm2_reference(source, prompt):
+    return reference(HERE / "ref" / source / prompt)
+
+
+def stored_layers(ref):
+    return sorted({e["layer"] for e in reference(ref.path).entries.values() if e["layer"] is not None
                    and e["stage"] == "attn_norm"})
+
+
+@lru_cache(maxsize=None)
+def family_model(family):
+    return refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=FAMILY_N_CTX)
 
 
 @lru_cache(maxsize=None)
@@ -45,18 +78,26 @@ def our_trace(model, token_ids, names):
 
 
 class Case:
-    """One reference dump (a reference x a prompt) and refllama's trace of the same token ids."""
+    """One reference dump (a model's reference x a prompt) and refllama's trace of the same token ids."""
 
-    def __init__(self, model, ref, prompt):
-        self.model, self.ref_dir, self.prompt = model, ref, prompt
-        self.kind = KINDS[ref]
-        self.dump = reference(ref, prompt)
+    def __init__(self, model, ref):
+        self.model, self.prompt = model, ref.prompt
+        self.kind = KINDS[ref.source]
+        self.exact = self.kind in EXACT_KINDS
+        self.dump = reference(ref.path)
         self.ref = self.dump if model.xp is np else OnDevice(self.dump, model.xp)  # inputs where the weights live
         self.ids = self.ref.manifest["token_ids"]
         self.w, self.cfg = model.weights, model.config
 
     def __repr__(self):
-        return f"{self.kind}/{self.prompt}/{self.model.backend}"
+        return f"{self.kind}/{self.prompt}/{self.cfg.arch}/{self.model.backend}"
+
+    def has(self, stage):
+        """Whether this model's blocks have `stage` (Qwen3's Qcur_normed, say)."""
+        return stage in self.model.arch.STAGES
+
+    def bias(self, layer, weight):
+        return self.w["layers"][layer].get(f"{weight}_bias")
 
     def rows(self, name):
         """The token positions the reference stored for `name`."""
@@ -75,13 +116,13 @@ class Case:
         if positions is not None:
             stored = self.rows(name)
             want = np.take(want, [stored.index(p) for p in positions], axis=self.dump.token_axis(name))
-        assert got.shape == want.shape, f"{name} ({self.kind}, {self.prompt}, {mode}): shape {got.shape} != {want.shape}"
+        assert got.shape == want.shape, f"{name} ({self!r}, {mode}): shape {got.shape} != {want.shape}"
         m = metrics(got, want)
         if os.environ.get("REFLLAMA_CHECKPOINT_LOG"):  # measured errors, for tools/tolerance_report.py
             with open(os.environ["REFLLAMA_CHECKPOINT_LOG"], "a", encoding="utf-8") as f:
                 f.write(json.dumps({"name": name, "stage": stage, "kind": self.kind, "prompt": self.prompt,
                                     "mode": mode, **m}) + "\n")
-        rel, nmse = TOLERANCES[self.kind][stage]
+        rel, nmse = TOLERANCES[self.kind][stage if stage in TOLERANCES[self.kind] else STAGE_ROW[stage]]
         assert m["max_rel"] <= rel and m["nmse"] <= nmse, (
             f"{name} departs from {self.kind} ({self.prompt} prompt, {mode}): max_rel {m['max_rel']:.2e} "
             f"(tolerance {rel:.0e}), nmse {m['nmse']:.2e} (tolerance {nmse:.0e})")
@@ -107,6 +148,9 @@ class OnDevice:
 
     def __getattr__(self, attr):
         return getattr(self.dump, attr)
+
+
+STAGE_ROW = {"Qcur_normed": "Qcur", "Kcur_normed": "Kcur"}  # stages that share another's tolerance row
 
 
 def block_input(layer):

@@ -54,7 +54,8 @@ def load(path=None, backend="numpy", n_ctx=None):
     (config.json + safetensors), or None for the installed SmolLM2."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
-        raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); use GGUF or safetensors")
+        raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
+                            "use GGUF or safetensors")
     xp = backend_module(backend)
     loaded = load_hf(path) if os.path.isdir(path) else load_gguf(path, _quantized_types(backend))
     if backend == "numba":
@@ -63,7 +64,8 @@ def load(path=None, backend="numpy", n_ctx=None):
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
     cfg, tokenizer = loaded.config, loaded.tokenizer
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
-        raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is {cfg.vocab_size}")
+        raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
+                            f"{cfg.vocab_size}")
     return Model(path, cfg, _place(loaded.weights, xp), tokenizer, loaded.chat_template, backend, xp, n_ctx)
 
 

@@ -40,9 +40,8 @@ class Cache:
 
     def check_room(self, n_tokens):
         if self.n_past + n_tokens > self.n_ctx:
-            raise RefllamaError(
-                f"context full: {self.n_past} cached + {n_tokens} new tokens > context size {self.n_ctx} (raise -c/--ctx-size)"
-            )
+            raise RefllamaError(f"context full: {self.n_past} cached + {n_tokens} new tokens > context size "
+                                f"{self.n_ctx} (raise -c/--ctx-size)")
 
     def store(self, layer, start_pos, k, v):  # k, v: [T, KVH, HD]; returns cached [KVH, S, HD] views
         end = start_pos + k.shape[0]

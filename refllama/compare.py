@@ -17,13 +17,13 @@ from .dump import Dump, split_name
 from .errors import RefllamaError
 
 DEFAULT_TABLE = Path(__file__).resolve().parent.parent / "checkpoints" / "README.md"
-REFERENCE_KINDS = ("llama.cpp", "transformers")
+REFERENCE_KINDS = ("llama.cpp", "transformers", "llama.cpp F32")  # the last: F32 weights and KV cache
 
 
 def read_tolerances(path):
     """{kind: {stage: (max_rel, nmse)}} from the markdown table whose header starts '| stage |'.
 
-    Columns: stage, then max-rel and NMSE for each reference kind in REFERENCE_KINDS order, then why.
+    Columns: stage, then max_rel and NMSE for each reference kind in REFERENCE_KINDS order, then why.
     """
     table = {kind: {} for kind in REFERENCE_KINDS}
     try:
@@ -32,11 +32,12 @@ def read_tolerances(path):
         raise RefllamaError(f"{path}: cannot read tolerance table ({e})") from None
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        m = re.fullmatch(r"`([A-Za-z_]+)`", cells[0]) if len(cells) >= 5 else None
+        n = 2 * len(REFERENCE_KINDS)
+        m = re.fullmatch(r"`([A-Za-z_]+)`", cells[0]) if len(cells) > n else None
         if not m:
             continue
         try:
-            numbers = [float(c) for c in cells[1:5]]
+            numbers = [float(c) for c in cells[1:n + 1]]
         except ValueError:
             raise RefllamaError(f"{path}: tolerance row for '{m.group(1)}' has a non-number: {line.strip()}") from None
         for i, kind in enumerate(REFERENCE_KINDS):
@@ -48,7 +49,9 @@ def read_tolerances(path):
 
 def reference_kind(dump):
     producer = str(dump.manifest.get("producer", "")).lower()
-    return "transformers" if "transformers" in producer else "llama.cpp"
+    if "transformers" in producer:
+        return "transformers"
+    return "llama.cpp F32" if "f32 weights and kv cache" in producer else "llama.cpp"
 
 
 def metrics(a, b):
@@ -131,7 +134,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refllama.compare", description=__doc__.splitlines()[0])
     p.add_argument("dir_a", help="dump to check")
     p.add_argument("dir_b", help="reference dump")
-    p.add_argument("--tol-table", default=str(DEFAULT_TABLE), help="markdown tolerance table (default: checkpoints/README.md)")
+    p.add_argument("--tol-table", default=str(DEFAULT_TABLE),
+                   help="markdown tolerance table (default: checkpoints/README.md)")
     p.add_argument("--reference", choices=REFERENCE_KINDS, help="tolerance column (default: from DIR_B's producer)")
     p.add_argument("--plot", help="write a layer x stage heatmap of the error to this PNG")
     p.add_argument("--all", action="store_true", help="print every stage, not only the failing ones and a summary")

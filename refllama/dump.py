@@ -134,7 +134,8 @@ class Dump:
             except (OSError, ValueError) as err:
                 raise RefllamaError(f"{self.dir / e['file']}: cannot read stage '{name}' ({err})") from None
             if list(a.shape) != e["shape"]:
-                raise RefllamaError(f"{self.dir / e['file']}: shape {list(a.shape)} differs from the manifest's {e['shape']}")
+                raise RefllamaError(f"{self.dir / e['file']}: shape {list(a.shape)} differs from the manifest's "
+                                    f"{e['shape']}")
             if e["stage"] in QK_STAGES and self.want_layout != self.layout:
                 a = permute_qk(a, self.want_layout, self.rope_dim)
             self._cache[name] = a
@@ -155,7 +156,7 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
     ones; K and V keep every position, since attention reads all of them); logit_rows: the last
     positions whose logits are kept; dtype: storage type for every stage (float32 unless given).
     """
-    layers = range(n_layer) if layers is None else [n_layer + l if l < 0 else l for l in layers]
+    layers = range(n_layer) if layers is None else [n_layer + n if n < 0 else n for n in layers]
     names = ["inp_embd", "result_norm", "result_output"]
     for n in layers:
         names += [f"{s}-{n}" for s in stages]
@@ -175,11 +176,13 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
 
 def add_tool_args(parser, producer):
     """The command-line options shared by the reference dump tools: model, prompt, output, storage_plan's."""
-    parser.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
+    parser.add_argument("-m", "--model", default=None,
+                        help="GGUF file or HF directory (default: the installed SmolLM2)")
     parser.add_argument("-p", "--prompt", required=True)
     parser.add_argument("--special", action="store_true", help="parse special tokens in the prompt (chat prompts)")
     parser.add_argument("-o", "--out", required=True, help="dump directory to create")
-    parser.add_argument("--greedy", type=int, default=0, help=f"also record {producer}'s greedy continuation of N tokens")
+    parser.add_argument("--greedy", type=int, default=0,
+                        help=f"also record {producer}'s greedy continuation of N tokens")
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--layers", help="comma-separated blocks to keep, negative from the end (default: all)")
     parser.add_argument("--max-rows", type=int, help="token positions kept per stage for longer prompts")

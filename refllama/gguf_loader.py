@@ -17,7 +17,8 @@ from .config import Loaded
 from .errors import RefllamaError
 from .ggml_types import SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
 
-_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+            12: "<f8"}
 STRING, ARRAY = 8, 9
 
 
@@ -110,7 +111,8 @@ class GGUFFile:
         self.tensors = {n: TensorInfo(n, t, sh, nb, start + off) for n, t, sh, nb, off in infos}
         for t in self.tensors.values():
             if t.data_offset + t.n_bytes > size:
-                raise RefllamaError(f"{self.path}: truncated GGUF file: tensor '{t.name}' ends past the end of the file")
+                raise RefllamaError(f"{self.path}: truncated GGUF file: tensor '{t.name}' ends past the end of the "
+                                    "file")
 
     def get(self, key, default=None, required=False):
         if key not in self.fields:
@@ -168,6 +170,6 @@ def load_gguf(path, keep_quantized=frozenset()):
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, keep_quantized),
                            lambda name: name in g.tensors)
-    notices = [f"no {{backend}} kernel for {', '.join(sorted(g.fallbacks))}: those tensors are dequantized to float32"] \
-        if g.fallbacks else []
+    types = ", ".join(sorted(g.fallbacks))
+    notices = [f"no {{backend}} kernel for {types}: those tensors are dequantized to float32"] if types else []
     return Loaded(cfg, weights, tokenizer, template, notices)

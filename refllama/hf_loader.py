@@ -81,7 +81,8 @@ class SafeTensors:
         begin, end = e["data_offsets"]
         raw = self.buf[self.base + begin:self.base + end].view(_DTYPES[e["dtype"]])
         if raw.size != math.prod(e["shape"]):
-            raise RefllamaError(f"{self.path}: tensor '{name}' holds {raw.size} values, its shape {e['shape']} needs more")
+            raise RefllamaError(f"{self.path}: tensor '{name}' holds {raw.size} values, its shape {e['shape']} "
+                                "needs more")
         if e["dtype"] == "BF16":  # bfloat16 is the top half of a float32
             return (raw.astype(np.uint32) << 16).view(np.float32).reshape(e["shape"])
         return raw.astype(np.float32).reshape(e["shape"])

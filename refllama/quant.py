@@ -81,7 +81,8 @@ def repack(raw, qtype, shape):
             if not np.isfinite(offset).all():
                 d, offset = F16_TABLE[d], -8 * F16_TABLE[d]
             return Q4Form(np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset.view(d.dtype))
-        return Q4Form(np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, _f16_bits(blocks[..., 2:4]).reshape(n, -1))
+        m = _f16_bits(blocks[..., 2:4]).reshape(n, -1)
+        return Q4Form(np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, m)
     if qtype == QT.Q4_K:
         from gguf.quants import Q4_K
 
@@ -93,7 +94,8 @@ def repack(raw, qtype, shape):
         return Q4Form(_pack_nibbles(codes), (d * sc).reshape(n, -1), (-dmin * mn).reshape(n, -1))
     if qtype == QT.Q8_0:
         blocks = raw.reshape(n, k // 32, 34)
-        return Q8Form(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k), _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
+        codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
+        return Q8Form(codes, _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
     if qtype == QT.Q6_K:
         blocks = raw.reshape(n * k // 256, 210)
         ql, qh = blocks[:, :128], blocks[:, 128:192]

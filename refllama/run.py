@@ -13,7 +13,7 @@ from .xp import BACKENDS
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m refllama.run", description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", help="GGUF file (default: the installed SmolLM2-135M-Instruct)")
+    p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2-135M-Instruct)")
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from this file")
     p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
@@ -29,9 +29,11 @@ def parse_args(argv):
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
     p.add_argument("-t", "--threads", type=int, default=None,
-                   help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores (default, see README)")
+                   help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
+                        "(default, see README)")
     p.add_argument("--dump-dir", help="write every stage of the prompt's forward pass here (checkpoints/FORMAT.md)")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in tokens; 0 = the model's (default 4096)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="context size in tokens; 0 = the model's (default 4096)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.file is not None:
         p.error("give either -p/--prompt or -f/--file, not both")
@@ -68,7 +70,8 @@ def run(args, prompt):
     m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size or None)
     t_load = time.perf_counter() - t0
     if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        messages = system + [{"role": "user", "content": prompt}]
         ids = m.chat_tokens(messages)
     else:
         ids = m.tokenize(prompt)
@@ -96,7 +99,8 @@ def run(args, prompt):
     sys.stdout.write("\n")
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
-    print(f"\nload: {t_load:.2f} s ({m.backend}, threads={threads}) | prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
+    print(f"\nload: {t_load:.2f} s ({m.backend}, threads={threads}) | "
+          f"prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
           f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)
 
 

@@ -152,7 +152,8 @@ def sampling(body, m):
         max_tokens=max_tokens, stop=stop,
         temperature=float(field(body, "temperature", num, 1.0, lambda v: 0 <= v <= 2, "a number from 0 to 2")),
         top_p=float(field(body, "top_p", num, 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")),
-        top_k=field(body, "top_k", (int,), 0), min_p=float(field(body, "min_p", num, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]")),
+        top_k=field(body, "top_k", (int,), 0),
+        min_p=float(field(body, "min_p", num, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]")),
         repeat_penalty=float(field(body, "repeat_penalty", num, 1.0, lambda v: v > 0, "a positive number")),
         frequency_penalty=float(field(body, "frequency_penalty", num, 0.0, lambda v: -2 <= v <= 2, "from -2 to 2")),
         presence_penalty=float(field(body, "presence_penalty", num, 0.0, lambda v: -2 <= v <= 2, "from -2 to 2")),
@@ -170,7 +171,8 @@ def chat_messages(body):
             raise APIError(400, f"messages[{i}] must be an object with a string 'role'", param="messages")
         content = msg.get("content")
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
                 raise APIError(400, f"messages[{i}].content: only text parts are supported", param="messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):

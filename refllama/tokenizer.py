@@ -81,7 +81,7 @@ def from_gguf(g):
     # control and user-defined tokens are matched whole in the text, as llama.cpp does
     tok.add_tokens([AddedToken(tokens[i], special=(t == CONTROL), normalized=False)
                     for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
-    eog = {g.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")}
+    eog = {g.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")}
     eog |= {i for i, t in enumerate(types) if t == CONTROL and tokens[i] in _EOG_TEXTS}
     return Tokenizer(
         tok,

@@ -32,7 +32,8 @@ def test_every_supported_type_loads_as_gguf_dequantizes_it(tmp_path, qtype):
     np.testing.assert_array_equal(w["layers"][1]["attn_q"], expected)
     assert w["layers"][1]["attn_q"].dtype == np.float32 and w["layers"][1]["attn_q"].shape == (256, 256)
     raw_emb, t_emb = tensors["token_embd.weight"]
-    expected_emb = gguf.quants.dequantize(raw_emb, t_emb) if t_emb not in (QT.F32, QT.F16) else raw_emb.astype(np.float32)
+    quantized = t_emb not in (QT.F32, QT.F16)
+    expected_emb = gguf.quants.dequantize(raw_emb, t_emb) if quantized else raw_emb.astype(np.float32)
     np.testing.assert_array_equal(w["token_embd"], expected_emb)
     m = refllama.load(path)  # and the whole pipeline runs on it
     out = m.logits(m.tokenize("the the"))
@@ -84,13 +85,15 @@ def test_truncated_header(tiny_gguf):
 def test_missing_tensor(tmp_path):
     tensors = tiny_tensors()
     del tensors["blk.1.ffn_gate.weight"]
-    _expect_error(write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors), "m.gguf", "missing tensor 'blk.1.ffn_gate.weight'")
+    path = write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors)
+    _expect_error(path, "m.gguf", "missing tensor 'blk.1.ffn_gate.weight'")
 
 
 def test_wrong_tensor_shape(tmp_path):
     tensors = tiny_tensors()
     tensors["blk.0.attn_k.weight"] = (np.zeros((64, 256), np.float32), QT.F32)
-    _expect_error(write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors), "'blk.0.attn_k.weight'", "[64, 256]", "[128, 256]")
+    path = write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors)
+    _expect_error(path, "'blk.0.attn_k.weight'", "[64, 256]", "[128, 256]")
 
 
 @pytest.mark.parametrize("qtype", list(GGMLType), ids=lambda t: t.name)
@@ -112,7 +115,8 @@ def test_unsupported_tensor_type(tmp_path):
     tensors = tiny_tensors()
     shape = (256, 256)
     tensors["blk.0.attn_q.weight"] = (np.zeros(gguf.quant_shape_to_byte_shape(shape, QT.IQ4_NL), np.uint8), QT.IQ4_NL)
-    _expect_error(write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors), "'blk.0.attn_q.weight'", "unsupported type IQ4_NL")
+    path = write_gguf(tmp_path / "m.gguf", tiny_metadata(), tensors)
+    _expect_error(path, "'blk.0.attn_q.weight'", "unsupported type IQ4_NL")
 
 
 @pytest.mark.parametrize("field", ["llama.block_count", "llama.embedding_length", "llama.attention.head_count",

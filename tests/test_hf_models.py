@@ -15,7 +15,7 @@ from refllama.convert import convert
 from refllama.hf_loader import Checkpoint
 
 DATA = Path(__file__).parent / "data"
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "phi3": "phi3"}  # tiny model -> refllama.arch
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}  # -> arch
 N_CTX = 64  # Phi-3's original context: LongRoPE's short factors, which transformers takes for a 16-token sequence
 TOL = 1e-5  # of the logit range: both sides compute in float32 from the same stored weights (measured ~2e-7)
 
@@ -59,6 +59,11 @@ def test_each_family_difference_is_needed():
         for b in ("attn_q_bias", "attn_k_bias", "attn_v_bias"):
             lw.pop(b)
     assert rel_err(qwen.logits(ids["qwen2"]), reference("qwen2")["logits"]) > 1e-3
+    qwen3 = refllama.load(DATA / "tiny-qwen3")
+    assert qwen3.config.head_dim == 32 != qwen3.config.n_embd // qwen3.config.n_head
+    for lw in qwen3.weights["layers"]:
+        lw["attn_q_norm"], lw["attn_k_norm"] = np.ones_like(lw["attn_q_norm"]), np.ones_like(lw["attn_k_norm"])
+    assert rel_err(qwen3.logits(ids["qwen3"]), reference("qwen3")["logits"]) > 1e-3
     phi = refllama.load(DATA / "tiny-phi3", n_ctx=N_CTX)
     assert phi.config.rope_attn_factor > 1.0 and "rope_factors_short" in phi.weights
     assert rel_err(without(phi, rope_attn_factor=1.0).logits(ids["phi3"]), reference("phi3")["logits"]) > 1e-3

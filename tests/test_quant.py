@@ -57,7 +57,7 @@ def test_q4_0_offset_that_overflows_float16_stays_exact():
     W = gguf.quants.dequantize(raw, QT.Q4_0)
     x = rng.standard_normal((1, 64)).astype(np.float32)
     q = QuantMatrix(raw, QT.Q4_0, (4, 64))
-    assert q.form.scale.dtype == q.form.offset.dtype == np.float32  # both float32, not a mix of float16 bits and float32
+    assert q.form.scale.dtype == q.form.offset.dtype == np.float32  # not a mix of float16 bits and float32
     np.testing.assert_allclose(x @ q.T, x @ W.T, rtol=1e-5, atol=1e-3)
 
 
@@ -68,7 +68,8 @@ def test_numba_backend_keeps_smollm2_quantized(model):
     assert isinstance(m.weights["token_embd"], QuantMatrix) and m.weights["token_embd"].qtype == QT.Q8_0
     ids = model.tokenize("The history of the printing press begins")
     np.testing.assert_allclose(m.logits(ids), model.logits(ids), atol=1e-3 * np.ptp(model.logits(ids)))
-    assert list(m.generate(ids, max_tokens=20, temperature=0)) == list(model.generate(ids, max_tokens=20, temperature=0))
+    greedy = dict(max_tokens=20, temperature=0)
+    assert list(m.generate(ids, **greedy)) == list(model.generate(ids, **greedy))
 
 
 def test_unsupported_types_fall_back_with_one_notice(tmp_path):

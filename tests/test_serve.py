@@ -27,8 +27,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"server-{self.port}.log"
-        self.proc = subprocess.Popen([sys.executable, "-m", "refllama.serve", "--port", str(self.port), "-t", "1", *args],
-                                     stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        cmd = [sys.executable, "-m", "refllama.serve", "--port", str(self.port), "-t", "1", *args]
+        self.proc = subprocess.Popen(cmd, stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
         deadline = time.time() + 90
         while time.time() < deadline:
             try:

@@ -16,10 +16,15 @@ def test_table_is_made_from_the_default_model(model):
     assert len({c["text"] for c in TABLE["cases"]}) >= 30
 
 
+def case_id(c):
+    return f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}"
+
+
 @pytest.mark.parametrize("case", TABLE["cases"],
-                         ids=lambda c: f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}")
+                         ids=case_id)
 def test_ids_equal_llamacpp(model, case):
-    assert model.tokenize(case["text"], add_special=case["add_special"], parse_special=case["parse_special"]) == case["ids"]
+    got = model.tokenize(case["text"], add_special=case["add_special"], parse_special=case["parse_special"])
+    assert got == case["ids"]
 
 
 def test_special_tokens_only_parsed_when_asked(model):
@@ -79,10 +84,11 @@ def spm_tokenizer(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", SPM["cases"],
-                         ids=lambda c: f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}")
+                         ids=case_id)
 def test_sentencepiece_ids_equal_llamacpp(spm_tokenizer, case):
     assert spm_tokenizer.encode(case["text"], case["add_special"], case["parse_special"]) == case["ids"]
 
 
 def test_sentencepiece_decodes_back(spm_tokenizer):
-    assert spm_tokenizer.decode(spm_tokenizer.encode("hello world, café 日本", add_special=False)) == "hello world, café 日本"
+    text = "hello world, café 日本"
+    assert spm_tokenizer.decode(spm_tokenizer.encode(text, add_special=False)) == text

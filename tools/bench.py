@@ -109,8 +109,9 @@ def child(engine, threads, ids, repeat):
     load, generate = runs[engine]()
     times = [generate() for _ in range(repeat)]  # the best of `repeat`: the least disturbed by other work
     prefill, decode = min(t[0] for t in times), min(t[1] for t in times)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": N_PROMPT / prefill,
-                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": peak_mb}))
 
 
 def prompt_ids():
@@ -129,7 +130,8 @@ def installed(engine):
         return True
     import importlib.util
 
-    return importlib.util.find_spec(module) is not None and (engine != "transformers" or importlib.util.find_spec("torch"))
+    found = importlib.util.find_spec(module) is not None
+    return found and (engine != "transformers" or importlib.util.find_spec("torch"))
 
 
 def main():
@@ -163,7 +165,8 @@ def main():
     print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) |")
     print("| --- | --- | --- | --- | --- |")
     for e, r in rows.items():
-        print(f"| {e} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['peak_rss_mb']:.0f} |")
+        print(f"| {e} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
+              f"| {r['peak_rss_mb']:.0f} |")
 
     def ratio(a, b, key):
         if a in rows and b in rows:
@@ -174,7 +177,8 @@ def main():
     ratio("numpy", "transformers", "decode_tok_s")
     if "numba" in rows:
         kv_mb = (N_PROMPT + N_DECODE) * 30 * 2 * 3 * 64 * 4 / 2**20
-        print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {rows['numba']['peak_rss_mb'] / (2 * gguf_mb + kv_mb):.3f}x")
+        ratio_mem = rows["numba"]["peak_rss_mb"] / (2 * gguf_mb + kv_mb)
+        print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {ratio_mem:.3f}x")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 transformers (torch CPU, float32) loads the same GGUF file and dequantizes it itself; forward hooks on
 its modules give the stages, named as llama.cpp names them:
-  embed_tokens -> inp_embd; input_layernorm -> attn_norm; q/k/v_proj -> Qcur/Kcur/Vcur; o_proj input and
+  embed_tokens -> inp_embd; input_layernorm -> attn_norm; q/k/v_proj (Phi-3: qkv_proj, split) -> Qcur/Kcur/Vcur;
+  q_norm/k_norm (Qwen3) -> Qcur_normed/Kcur_normed; o_proj input and
   output -> kqv_out, attn_out; post_attention_layernorm input and output -> ffn_inp, ffn_norm; gate/up_proj
-  -> ffn_gate/ffn_up; down_proj input and output -> ffn_swiglu, ffn_out; decoder layer -> l_out;
+  (Phi-3: gate_up_proj, split) -> ffn_gate/ffn_up; down_proj input and output -> ffn_swiglu, ffn_out;
+  decoder layer -> l_out;
   norm -> result_norm; lm_head -> result_output.
 Inside attention a registered attention function records the query and key after RoPE (Qcur_rope,
 Kcur_rope) and the softmax weights of transformers' own eager attention (kq_soft_max); kq, the unscaled
@@ -31,7 +33,11 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 
 import refllama
 from refllama.api import default_model_path
-from refllama.dump import add_tool_args, file_sha256, plan_from_args, write_dump
+from refllama.dump import add_tool_args, model_sha256, plan_from_args, write_dump
+
+# transformers keeps HF's q/k pair layout (its GGUF loader undoes llama.cpp's permutation): "half" for every family
+PRODUCER = {"producer": f"transformers {transformers.__version__} (torch {torch.__version__}, CPU, float32, eager)",
+            "qk_layout": "half"}
 
 
 def capture(hf, ids):
@@ -63,20 +69,39 @@ def capture(hf, ids):
     def in_hook(name):
         return lambda mod, inp: keep(name, inp[0])
 
+    def split_hook(names, sizes):  # a fused projection's output, split as refllama splits its weight
+        def hook(mod, inp, out):
+            for name, part in zip(names, torch.split(out, sizes, dim=-1)):
+                keep(name[0], part, name[1])
+        return hook
+
     m = hf.model
+    HD = hf.config.hidden_size // H if getattr(hf.config, "head_dim", None) is None else hf.config.head_dim
     hooks.append(m.embed_tokens.register_forward_hook(out_hook("inp_embd")))
     for i, layer in enumerate(m.layers):
         a, f = layer.self_attn, layer.mlp
+        if hasattr(a, "qkv_proj"):  # Phi-3: q, k, v fused
+            hooks.append(a.qkv_proj.register_forward_hook(split_hook(
+                [(f"Qcur-{i}", H), (f"Kcur-{i}", KVH), (f"Vcur-{i}", KVH)], [H * HD, KVH * HD, KVH * HD])))
+        else:
+            hooks += [a.q_proj.register_forward_hook(out_hook(f"Qcur-{i}", H)),
+                      a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
+                      a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH))]
+        if hasattr(a, "q_norm"):  # Qwen3: per-head norms of q and k
+            hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}")),
+                      a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}"))]
+        if hasattr(f, "gate_up_proj"):  # Phi-3: gate and up fused, gate first
+            F = hf.config.intermediate_size
+            hooks.append(f.gate_up_proj.register_forward_hook(split_hook([(f"ffn_gate-{i}", None),
+                                                                          (f"ffn_up-{i}", None)], [F, F])))
+        else:
+            hooks += [f.gate_proj.register_forward_hook(out_hook(f"ffn_gate-{i}")),
+                      f.up_proj.register_forward_hook(out_hook(f"ffn_up-{i}"))]
         hooks += [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}")),
-                  a.q_proj.register_forward_hook(out_hook(f"Qcur-{i}", H)),
-                  a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
-                  a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH)),
                   a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
                   a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
                   layer.post_attention_layernorm.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
                   layer.post_attention_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
-                  f.gate_proj.register_forward_hook(out_hook(f"ffn_gate-{i}")),
-                  f.up_proj.register_forward_hook(out_hook(f"ffn_up-{i}")),
                   f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}")),
                   f.down_proj.register_forward_hook(out_hook(f"ffn_out-{i}")),
                   layer.register_forward_hook(out_hook(f"l_out-{i}"))]
@@ -104,16 +129,17 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     model_path = args.model or default_model_path()
-    ids = refllama.load(model_path).tokenize(args.prompt, parse_special=args.special)
+    m = refllama.load(model_path)
+    ids = m.tokenize(args.prompt, parse_special=args.special)
     d, f = os.path.split(os.path.abspath(model_path))
-    hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, attn_implementation="eager").eval()
+    load_args = dict(dtype=torch.float32, attn_implementation="eager")
+    hf = (AutoModelForCausalLM.from_pretrained(model_path, **load_args) if os.path.isdir(model_path)
+          else AutoModelForCausalLM.from_pretrained(d, gguf_file=f, **load_args)).eval()
     stages = capture(hf, ids)
-    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids))
-    provenance = {
-        "producer": f"transformers {transformers.__version__} (torch {torch.__version__}, CPU, float32, eager attention)",
-        "model": f, "model_sha256": file_sha256(model_path), "prompt": args.prompt, "parse_special": args.special,
-        "token_ids": ids, "qk_layout": "half", "greedy": greedy(hf, ids, args.greedy),
-    }
+    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), m.arch.STAGES)
+    provenance = {**PRODUCER, "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
+                  "parse_special": args.special, "token_ids": ids, "arch": m.config.arch,
+                  "greedy": greedy(hf, ids, args.greedy)}
     write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes)
     print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
 

@@ -52,7 +52,8 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("Qcur", "ROPE"): "Qcur_rope", ("Kcur", "ROPE"): "Kcur_rope",
             ("kq", "MUL_MAT"): "kq", ("kq_soft_max", "SOFT_MAX"): "kq_soft_max", ("kqv_out", "CONT"): "kqv_out",
             ("attn_out", "MUL_MAT"): "attn_out", ("ffn_inp", "ADD"): "ffn_inp", ("ffn_norm", "MUL"): "ffn_norm",
-            ("ffn_gate", "MUL_MAT"): "ffn_gate", ("ffn_up", "MUL_MAT"): "ffn_up", ("ffn_swiglu", "SWIGLU"): "ffn_swiglu",
+            ("ffn_gate", "MUL_MAT"): "ffn_gate", ("ffn_up", "MUL_MAT"): "ffn_up",
+            ("ffn_swiglu", "SWIGLU"): "ffn_swiglu",
             ("ffn_out", "MUL_MAT"): "ffn_out", ("l_out", "ADD"): "l_out", ("result_norm", "MUL"): "result_norm",
             ("result_output", "MUL_MAT"): "result_output"}
 DTYPES = {"f32": np.float32, "f16": np.float16}

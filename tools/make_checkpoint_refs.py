@@ -32,7 +32,8 @@ LONG = (
 PROMPTS = {
     "short": ("The capital of France is", False),
     "chat": ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-             "<|im_start|>user\nGive me two tips for learning a new language.<|im_end|>\n<|im_start|>assistant\n", True),
+             "<|im_start|>user\nGive me two tips for learning a new language.<|im_end|>\n"
+             "<|im_start|>assistant\n", True),
     "long": (LONG, False),
     "unicode": ("Übersetze: «Ça va très bien» — 東京は日本の首都です。Emoji: 🤖🚀. Answer:", False),
 }

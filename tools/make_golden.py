@@ -32,7 +32,8 @@ TOP = 32
 PROMPTS = {
     "plain": ("The history of the printing press begins", False),
     "chat": ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
-             "<|im_start|>user\nWhat are three good habits for writing clean code?<|im_end|>\n<|im_start|>assistant\n", True),
+             "<|im_start|>user\nWhat are three good habits for writing clean code?<|im_end|>\n"
+             "<|im_start|>assistant\n", True),
     "unicode": ("Translate to English: «Ça va très bien, merci» — and 東京 means", False),
 }
 
@@ -81,7 +82,8 @@ def main():
         "model_sha256": hashlib.sha256(Path(model_path).read_bytes()).hexdigest(),
         "transformers": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, "
                         "AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)",
-        "llamacpp": f"llama-cpp-python {llama_cpp.__version__}, n_threads=2, flash_attn=False, greedy = argmax of scores",
+        "llamacpp": f"llama-cpp-python {llama_cpp.__version__}, n_threads=2, flash_attn=False, "
+                    "greedy = argmax of scores",
         "tool": "tools/make_golden.py",
     }
     out = Path(__file__).resolve().parent.parent / "tests" / "data"

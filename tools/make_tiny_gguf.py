@@ -28,13 +28,16 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dump_hf  # noqa: E402
 import dump_llamacpp  # noqa: E402
 
-from refllama.dump import storage_plan, write_dump  # noqa: E402
+from refllama.arch import get  # noqa: E402
+from refllama.dump import file_sha256, storage_plan, write_dump  # noqa: E402
 from refllama.tokenizer import _QWEN2  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
 V = 320
+N_CTX = 64  # llama.cpp's context: Phi-3's original one, so both references take its short RoPE factors
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-5,
@@ -45,7 +48,8 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
     "qwen2": (Qwen2Config, dict(COMMON, rope_theta=1000000.0)),
     "qwen3": (Qwen3Config, dict(COMMON, head_dim=32, rope_theta=1000000.0)),
     "phi3": (Phi3Config, dict(COMMON, num_key_value_heads=4, original_max_position_embeddings=64, rope_theta=10000.0,
-                              rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
+                              rope_scaling={"type": "longrope",
+                                            "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
                                             "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]})),
 }
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
@@ -66,7 +70,8 @@ def tiny_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=V, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=V, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([CORPUS], trainer)
     assert tok.get_vocab_size() == V, tok.get_vocab_size()
     return tok
@@ -92,12 +97,6 @@ def save_hf(name, d, tok):
     return model
 
 
-def llamacpp_logits(path, ids):
-    """llama.cpp's logits at every position of one batch of `ids`, F32 KV cache."""
-    stages, *_ = dump_llamacpp.capture(str(path), ids, 2)
-    return stages["result_output"]
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--llama-cpp", required=True, help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist")
@@ -121,20 +120,26 @@ def main():
         ids = vocab.tokenize(TEXT.encode(), add_bos=True, special=False)
         with torch.no_grad():
             r = model(torch.tensor([ids]), output_hidden_states=True)
-        stages, *_ = dump_llamacpp.capture(str(f32), ids, 2)
+        stages, *_ = dump_llamacpp.capture(str(f32), ids, 2, kv_f32=True, n_ctx=N_CTX)
         np.savez(out / "reference.npz", token_ids=np.asarray(ids), hf_logits=r.logits[0].numpy(),
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
-                 llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=llamacpp_logits(q8, ids))
-        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids),
-                                           stages=dump_llamacpp.arch_of(str(f32)).STAGES)
+                 llamacpp_logits_f32=stages["result_output"],
+                 llamacpp_logits_q8_0=dump_llamacpp.capture(str(q8), ids, 2, kv_f32=True, n_ctx=N_CTX)[0][
+                     "result_output"])
+        arch = get(name)
+        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), stages=arch.STAGES)
+        common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids, "arch": name}
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
-            "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, F32 KV)",
-            "model": f32.name, "model_sha256": dump_llamacpp.file_sha256(f32), "prompt": TEXT, "token_ids": ids,
-            "arch": name, "qk_layout": dump_llamacpp.arch_of(str(f32)).ROPE_LAYOUT}, rows, dtypes)
+            "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
+                        "F32 weights and KV cache)", "qk_layout": arch.ROPE_LAYOUT, **common})
+        theirs = dump_hf.capture(model, ids)
+        write_dump(out / "hf", {n: theirs[n] for n in names}, {**dump_hf.PRODUCER, **common})
         (out / "reference.json").write_text(json.dumps({
-            "text": TEXT, "tool": "tools/make_tiny_gguf.py", "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",
-            "transformers": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager attention",
-            "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, F32 KV cache, flash attention off"}, indent=1) + "\n")
+            "text": TEXT, "tool": "tools/make_tiny_gguf.py",
+            "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",
+            "transformers": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager",
+            "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, F32 KV cache, flash attention off"},
+            indent=1) + "\n")
         print(f"wrote {out}")
 
 

@@ -1,22 +1,24 @@
-"""Write tests/data/tiny-{llama,mistral,qwen2,phi3}/: tiny random models saved by transformers, with
+"""Write tests/data/tiny-{llama,mistral,qwen2,qwen3,phi3}/: tiny random models saved by transformers, with
 transformers' logits and hidden states for a fixed token sequence (reference.npz) beside each.
 
 Each exercises what its family changes from Llama: llama (Llama 3.1 RoPE scaling, tied embeddings, head_dim
 set apart from hidden/heads, float32), mistral (sliding window shorter than the sequence, bfloat16),
-qwen2 (q/k/v biases, float16), phi3 (fused qkv and gate_up projections, LongRoPE short factors).
+qwen2 (q/k/v biases, float16), qwen3 (q/k norms, head_dim apart from hidden/heads, bfloat16), phi3 (fused qkv
+and gate_up projections, LongRoPE short factors).
 References are computed in float32 (from the stored weights) with eager attention.
 
-    python tools/make_tiny_models.py       # seconds; needs torch==2.13.0 and transformers (README)
+    python tools/make_tiny_models.py [NAME ...]   # seconds; needs torch==2.13.0 and transformers (README)
 """
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 T = 16
 MODELS = {
@@ -32,6 +34,10 @@ MODELS = {
     "qwen2": (Qwen2Config, torch.float16, dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
         vocab_size=120, max_position_embeddings=128, rope_theta=1000000.0, tie_word_embeddings=False)),
+    "qwen3": (Qwen3Config, torch.bfloat16, dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        intermediate_size=96, vocab_size=120, max_position_embeddings=128, rope_theta=1000000.0,
+        tie_word_embeddings=True)),
     "phi3": (Phi3Config, torch.float32, dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
         vocab_size=110, max_position_embeddings=256, original_max_position_embeddings=64, rope_theta=10000.0,
@@ -41,9 +47,10 @@ MODELS = {
 }
 
 
-def main():
+def main(names=None):
     out = Path(__file__).resolve().parent.parent / "tests" / "data"
-    for name, (config_class, dtype, kw) in MODELS.items():
+    for name in names or MODELS:
+        config_class, dtype, kw = MODELS[name]
         torch.manual_seed(0)
         config = config_class(**kw)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype).eval()
@@ -65,9 +72,10 @@ def main():
         (d / "reference.json").write_text(json.dumps({
             "producer": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager attention",
             "tool": "tools/make_tiny_models.py", "stored_dtype": str(dtype),
-            "hidden_states": "index 0: embeddings; i: output of block i-1; last: after the final norm"}, indent=1) + "\n")
+            "hidden_states": "index 0: embeddings; i: output of block i-1; last: after the final norm"},
+            indent=1) + "\n")
         print(f"wrote {d}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

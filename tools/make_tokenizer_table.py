@@ -19,7 +19,8 @@ STRINGS = [
     " Hello world", "Hello  world   with    runs", "trailing spaces   ", "line one\nline two\r\nline three",
     "1234567890", "3.14159 and 2,718 and 1e-10", "year 2024, $19.99, 100%", "I'm you're we've they'll she'd it's",
     "DON'T SHOUT, I'M HERE", "café naïve résumé Ångström", "Zürich straße", "日本語のテキスト", "中文分词测试",
-    "한국어 문장", "emoji 🤖🚀 and 👨‍👩‍👧 family", "🙂", "Привет, мир!", "مرحبا بالعالم", "<|im_start|>user\nhi<|im_end|>",
+    "한국어 문장", "emoji 🤖🚀 and 👨‍👩‍👧 family", "🙂", "Привет, мир!", "مرحبا بالعالم",
+    "<|im_start|>user\nhi<|im_end|>",
     "text <|im_end|> more", "<|endoftext|>", "<repo_name>code<file_sep>", "def f(x):\n    return x ** 2\n",
     "<html><body class=\"x\">&amp;</body></html>", "a\u00a0b\u2009c\u200bd", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math 𝑥²", "!!!???...;;;",
     "The quick brown fox jumps over the lazy dog.",
@@ -36,7 +37,8 @@ def main():
                 ids = llm.tokenize(s.encode("utf-8"), add_bos=add_special, special=parse_special)
                 cases.append({"text": s, "add_special": add_special, "parse_special": parse_special, "ids": ids})
     out = {
-        "producer": f"llama-cpp-python {llama_cpp.__version__}, Llama(vocab_only=True).tokenize(text, add_bos=add_special, special=parse_special)",
+        "producer": f"llama-cpp-python {llama_cpp.__version__}, "
+                    "Llama(vocab_only=True).tokenize(text, add_bos=add_special, special=parse_special)",
         "model": Path(model).name,
         "model_sha256": hashlib.sha256(Path(model).read_bytes()).hexdigest(),
         "cases": cases,

@@ -26,7 +26,8 @@ def get(name):
 def for_gguf(name, path):
     """The module for a GGUF file's `general.architecture`, or an error listing the supported ones."""
     if name not in ARCHITECTURES:
-        raise RefllamaError(f"{path}: unsupported general.architecture {name!r} (supported: {', '.join(ARCHITECTURES)})")
+        raise RefllamaError(f"{path}: unsupported general.architecture {name!r} "
+                            f"(supported: {', '.join(ARCHITECTURES)})")
     return ARCHITECTURES[name]
 
 

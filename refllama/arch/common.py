@@ -163,7 +163,8 @@ def hf_config(c, arch, rope_layout, **fields):
         attn_factor = s.get("attention_factor") or (
             1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(ctx_orig)))
     elif kind != "default":
-        raise RefllamaError(f"{c.path}: unsupported rope scaling type '{kind}' (supported: default, linear, llama3, longrope)")
+        raise RefllamaError(f"{c.path}: unsupported rope scaling type '{kind}' "
+                            "(supported: default, linear, llama3, longrope)")
     for name, f in rope.items():
         if len(f) != rope_dim // 2:
             raise RefllamaError(f"{c.path}: rope scaling has {len(f)} factors for '{name}', expected {rope_dim // 2}")
