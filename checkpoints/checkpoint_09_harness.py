@@ -14,7 +14,7 @@ import pytest
 
 import refllama.arch.llama
 from refllama.compare import compare
-from refllama.layers import rms_norm, rope_half
+from refllama.layers import rms_norm, rope_half, rope_interleaved
 
 REF = harness.HERE / "ref"
 
@@ -53,6 +53,21 @@ def test_broken_stage_is_named_as_first_divergence(model, tmp_path, monkeypatch,
         ours = dump_short(model, tmp_path)
     _, first, _ = compare(ours, REF / "hf" / "short", harness.TOLERANCES)
     assert first is not None and first["name"] == expected, first
+
+
+def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, monkeypatch):
+    """Qwen2 pairs (i, i + R/2) (llama.cpp's NEOX): rotating (2i, 2i+1) instead is named at Qcur_rope-0, against
+    llama.cpp's own float32 dump (the tight column)."""
+    m = harness.family_model("qwen2")
+    ref = harness.DATA / "gguf-qwen2" / "llamacpp-f32"
+    ids = harness.reference(ref).manifest["token_ids"]
+    _, first, kind = compare(m.dump(ids, tmp_path / "clean"), ref, harness.TOLERANCES)
+    assert first is None and kind == "llama.cpp F32"
+    with monkeypatch.context() as mp:
+        mp.setitem(refllama.arch.llama.ROPE, "half", rope_interleaved)
+        broken = m.dump(ids, tmp_path / "broken")
+    _, first, _ = compare(broken, ref, harness.TOLERANCES)
+    assert first is not None and first["name"] == "Qcur_rope-0", first
 
 
 def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):

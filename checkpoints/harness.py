@@ -32,7 +32,7 @@ TOLERANCES = read_tolerances(HERE / "README.md")
 KINDS = {"llamacpp": "llama.cpp", "hf": "transformers", "llamacpp-f32": "llama.cpp F32"}
 EXACT_KINDS = ("transformers", "llama.cpp F32")  # float32 throughout, as refllama: the same best tokens
 FAMILIES = ("llama", "qwen2", "qwen3", "phi3")
-FAMILY_N_CTX = 64  # Phi-3's original context, as its references were made (tools/make_tiny_gguf.py)
+FAMILY_N_CTX = 256  # Phi-3's original context, as its references were made (tools/make_tiny_gguf.py)
 MODES = ("isolated", "end_to_end")
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import arch as archs
-from .arch import LAYOUTS, QK_STAGES, TOKEN_AXIS, permute_qk
+from .arch import KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, permute_qk
 from .errors import RefllamaError
 
 FORMAT = "refllama-dump/1"
@@ -169,7 +169,7 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
         stage, _ = split_name(name)
         if stage == "result_output" and logit_rows:
             rows[name] = all_rows[-logit_rows:]
-        elif stage not in ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur"):
+        elif stage not in KV_STAGES:
             rows[name] = kept
     return sorted(set(names)), rows, {name: dtype for name in names} if dtype else {}
 

@@ -16,6 +16,7 @@ Needs llama-cpp-python (README: "Regenerating the references").
 import argparse
 import ctypes
 import os
+import re
 import sys
 
 import llama_cpp
@@ -56,6 +57,9 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("ffn_swiglu", "SWIGLU"): "ffn_swiglu",
             ("ffn_out", "MUL_MAT"): "ffn_out", ("l_out", "ADD"): "l_out", ("result_norm", "MUL"): "result_norm",
             ("result_output", "MUL_MAT"): "result_output"}
+# the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
+# and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
+UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
 DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
@@ -103,12 +107,21 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None):
     heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
              "Vcur": llama_cpp.llama_model_n_head_kv(model)}
 
+    attn_out = {}  # node address -> layer, to find the unnamed residual that adds it
+
     @llama_cpp.ggml_backend_sched_eval_callback
     def cb(ptr, ask, _):
         t = ctypes.cast(ptr, ctypes.POINTER(GGMLTensor)).contents
-        name = t.name.decode()
+        name, op = t.name.decode(), _GGML.ggml_op_desc(ptr).decode()
         prefix, _, layer = name.rpartition("-") if "-" in name and name[-1].isdigit() else (name, "", "")
-        stage = STAGE_OF.get((prefix, _GGML.ggml_op_desc(ptr).decode()))
+        stage = STAGE_OF.get((prefix, op))
+        if stage is None and op == "MUL_MAT" and t.src[0]:  # a product left unnamed: known by its weight
+            weight = re.fullmatch(UNNAMED, ctypes.cast(t.src[0], ctypes.POINTER(GGMLTensor)).contents.name.decode())
+            stage, layer = ("attn_out", weight.group(1)) if weight else (None, "")
+        if stage is None and op == "ADD" and (t.src[0] in attn_out or t.src[1] in attn_out):
+            stage, layer = "ffn_inp", attn_out.get(t.src[0], attn_out.get(t.src[1]))  # unnamed outside llama's graph
+        if stage == "attn_out" or (op == "GET_ROWS" and t.src[0] in attn_out):  # the last block's rows picked
+            attn_out[ptr] = layer if stage else attn_out[t.src[0]]
         if ask or stage is None:
             return stage is not None  # ask: observe only the nodes we store
         a = to_numpy(t)  # [ne3, ne2, ne1, ne0]
@@ -143,12 +156,13 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None):
     return unfuse(stages, arch_of(model_path), heads["Qcur"], heads["Kcur"]), model, ctx, cb
 
 
-def greedy(model_path, ids, n, n_threads):
-    """llama.cpp's own greedy continuation (argmax of its logits), n tokens."""
+def greedy(model_path, ids, n, n_threads, kv_f32=False, n_ctx=None):
+    """llama.cpp's own greedy continuation (argmax of its logits), n tokens; f16 (its default) or F32 KV cache."""
     if n <= 0:
         return []
-    llm = llama_cpp.Llama(model_path, n_ctx=len(ids) + n + 8, n_threads=n_threads, flash_attn=False,
-                          logits_all=True, verbose=False)
+    kv = dict(type_k=0, type_v=0) if kv_f32 else {}  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx or len(ids) + n + 8, n_threads=n_threads, flash_attn=False,
+                          logits_all=True, verbose=False, **kv)
     llm.eval(ids)
     out = []
     for _ in range(n):

@@ -37,8 +37,11 @@ from refllama.tokenizer import _QWEN2  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
 V = 320
-N_CTX = 64  # llama.cpp's context: Phi-3's original one, so both references take its short RoPE factors
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+N_CTX = 256  # llama.cpp's context (it pads smaller ones to 256): Phi-3's original, so its short factors are taken
+GREEDY = 16  # greedy tokens each reference records
+N_CTX_LONG = 512  # beyond Phi-3's original context: llama.cpp takes its long factors
+# the last three: llama.cpp's vocabulary loader looks them up in a Phi-3 model's vocabulary
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>", "<s>", "</s>"]
 COMMON = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=V, max_position_embeddings=256, rms_norm_eps=1e-5,
               bos_token_id=None, eos_token_id=0, pad_token_id=0, tie_word_embeddings=False)
@@ -47,7 +50,8 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
     "llama": (LlamaConfig, dict(COMMON, tie_word_embeddings=True, rope_theta=10000.0)),
     "qwen2": (Qwen2Config, dict(COMMON, rope_theta=1000000.0)),
     "qwen3": (Qwen3Config, dict(COMMON, head_dim=32, rope_theta=1000000.0)),
-    "phi3": (Phi3Config, dict(COMMON, num_key_value_heads=4, original_max_position_embeddings=64, rope_theta=10000.0,
+    "phi3": (Phi3Config, dict(COMMON, num_key_value_heads=4, max_position_embeddings=1024,
+                              original_max_position_embeddings=N_CTX, rope_theta=10000.0,
                               rope_scaling={"type": "longrope",
                                             "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
                                             "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]})),
@@ -121,19 +125,23 @@ def main():
         with torch.no_grad():
             r = model(torch.tensor([ids]), output_hidden_states=True)
         stages, *_ = dump_llamacpp.capture(str(f32), ids, 2, kv_f32=True, n_ctx=N_CTX)
+        def logits(path, n_ctx=N_CTX):
+            return dump_llamacpp.capture(str(path), ids, 2, kv_f32=True, n_ctx=n_ctx)[0]["result_output"]
+
+        long = {"llamacpp_logits_f32_long": logits(f32, N_CTX_LONG)} if name == "phi3" else {}
         np.savez(out / "reference.npz", token_ids=np.asarray(ids), hf_logits=r.logits[0].numpy(),
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
-                 llamacpp_logits_f32=stages["result_output"],
-                 llamacpp_logits_q8_0=dump_llamacpp.capture(str(q8), ids, 2, kv_f32=True, n_ctx=N_CTX)[0][
-                     "result_output"])
+                 llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8), **long)
         arch = get(name)
         names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), stages=arch.STAGES)
         common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids, "arch": name}
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
-                        "F32 weights and KV cache)", "qk_layout": arch.ROPE_LAYOUT, **common})
+                        "F32 weights and KV cache)", "qk_layout": arch.ROPE_LAYOUT,
+            "greedy": dump_llamacpp.greedy(str(f32), ids, GREEDY, 2, kv_f32=True, n_ctx=N_CTX), **common})
         theirs = dump_hf.capture(model, ids)
-        write_dump(out / "hf", {n: theirs[n] for n in names}, {**dump_hf.PRODUCER, **common})
+        write_dump(out / "hf", {n: theirs[n] for n in names},
+                   {**dump_hf.PRODUCER, "greedy": dump_hf.greedy(model, ids, GREEDY), **common})
         (out / "reference.json").write_text(json.dumps({
             "text": TEXT, "tool": "tools/make_tiny_gguf.py",
             "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",

@@ -9,12 +9,12 @@ llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare an
 
 from ..errors import RefllamaError
 from . import llama, phi3, qwen2, qwen3
-from .common import LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
+from .common import KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
-__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS", "Weight", "for_gguf",
+__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS", "Weight", "for_gguf",
            "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
 
 
