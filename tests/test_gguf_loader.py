@@ -171,3 +171,16 @@ def test_linear_rope_scaling_and_tiny_dims_read_from_metadata(tmp_path):
     meta["llama.rope.scaling.factor"] = (4.0, gguf.GGUFValueType.FLOAT32)
     cfg = load_gguf(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors())).config
     assert (cfg.rope_scale, cfg.n_layer, cfg.n_head_kv) == (4.0, TINY["n_layer"], TINY["n_head_kv"])
+
+
+def test_a_sliding_window_in_llama_metadata_is_applied(tmp_path):
+    """`llama` files converted from Mistral may carry `llama.attention.sliding_window`: the mask then keeps only the
+    last `window` keys of each query."""
+    meta = tiny_metadata()
+    meta["llama.attention.sliding_window"] = (3, gguf.GGUFValueType.UINT32)
+    windowed = refllama.load(write_gguf(tmp_path / "w.gguf", meta, tiny_tensors()))
+    full = refllama.load(write_gguf(tmp_path / "f.gguf", tiny_metadata(), tiny_tensors()))
+    assert (windowed.config.sliding_window, full.config.sliding_window) == (3, None)
+    ids = [1, 2, 3, 4, 5, 6]
+    np.testing.assert_array_equal(windowed.logits(ids)[:3], full.logits(ids)[:3])  # within the window: the same
+    assert not np.allclose(windowed.logits(ids)[3:], full.logits(ids)[3:])

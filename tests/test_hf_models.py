@@ -227,3 +227,22 @@ def test_cli_runs_the_exported_directory(exported):
     a = subprocess.run(run + args, capture_output=True, text=True)
     b = subprocess.run(run + ["-m", str(exported)] + args, capture_output=True, text=True)
     assert a.returncode == b.returncode == 0 and a.stdout == b.stdout, b.stderr
+
+
+@pytest.mark.parametrize("name, option", [("qwen2", "use_sliding_window"), ("qwen3", "use_sliding_window"),
+                                          ("qwen3", "attention_bias")])
+def test_an_option_refllama_does_not_implement_is_refused_by_name(tmp_path, name, option):
+    d = copy_model(name, tmp_path)
+    edit_config(d, lambda c: c.update({option: True}))
+    expect_error(d, "config.json", f"unsupported option '{option}'")
+
+
+def test_a_missing_family_tensor_is_named(tmp_path):
+    """Qwen3's k norm renamed in the safetensors header (same length), as a foreign checkpoint would name it."""
+    d = copy_model("qwen3", tmp_path)
+    f = d / "model.safetensors"
+    name = b"model.layers.1.self_attn.k_norm.weight"
+    data = f.read_bytes()
+    assert data.count(name) == 1
+    f.write_bytes(data.replace(name, name.replace(b"k_norm", b"k_xorm")))
+    expect_error(d, "missing tensor 'model.layers.1.self_attn.k_norm.weight'")
