@@ -25,11 +25,12 @@ import numpy as np
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dump_hf  # noqa: E402
 import dump_llamacpp  # noqa: E402
+from make_tiny_models import random_model  # noqa: E402
 
 from refllama.arch import get  # noqa: E402
 from refllama.dump import file_sha256, storage_plan, write_dump  # noqa: E402
@@ -83,14 +84,7 @@ def tiny_tokenizer():
 
 def save_hf(name, d, tok):
     config_class, kw = FAMILIES[name]
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_class(**kw), attn_implementation="eager").eval()
-    with torch.no_grad():  # random norms and biases (the init's are 1 and 0), so the checks see them
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif n.endswith("bias"):
-                p.copy_(0.5 * torch.randn_like(p))
+    model = random_model(config_class(**kw))
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({

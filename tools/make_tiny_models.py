@@ -47,19 +47,26 @@ MODELS = {
 }
 
 
+def random_model(config, dtype=torch.float32):
+    """A model of `config` with seeded random weights, norms and biases too (the init's are 1 and 0), so the
+    checks see them."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif n.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+    return model
+
+
 def main(names=None):
     out = Path(__file__).resolve().parent.parent / "tests" / "data"
     for name in names or MODELS:
         config_class, dtype, kw = MODELS[name]
-        torch.manual_seed(0)
         config = config_class(**kw)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype).eval()
-        with torch.no_grad():  # random norms and biases (the init's are 1 and 0), so the checks see them
-            for n, p in model.named_parameters():
-                if "norm" in n:
-                    p.copy_(1 + 0.2 * torch.randn_like(p))
-                elif n.endswith("bias"):
-                    p.copy_(0.5 * torch.randn_like(p))
+        model = random_model(config, dtype)
         d = out / f"tiny-{name}"
         shutil.rmtree(d, ignore_errors=True)
         model.save_pretrained(d)
