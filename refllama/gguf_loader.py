@@ -16,6 +16,7 @@ from .arch.common import read_weights
 from .config import Loaded
 from .errors import RefllamaError
 from .ggml_types import SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
+from .xp import Placement
 
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
             12: "<f8"}
@@ -156,10 +157,11 @@ class GGUFFile:
         return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
 
 
-def load_gguf(path, keep_quantized=frozenset()):
+def load_gguf(path, placement=None):
     """Loaded(config, weights, tokenizer, chat template, notices) for a GGUF file: the architecture module its
-    `general.architecture` names reads the config and the weights table; matrices of the `keep_quantized` types
-    stay in their GGUF bytes (QuantizedTensor), every other tensor is float32."""
+    `general.architecture` names reads the config and the weights table. Each tensor goes to `placement`
+    (refllama.xp.Placement; default: NumPy) as it is read: float32, or for matrices of its `keep` types their
+    GGUF bytes (QuantizedTensor)."""
     from .tokenizer import from_gguf
 
     g = GGUFFile(path)
@@ -168,8 +170,10 @@ def load_gguf(path, keep_quantized=frozenset()):
     tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
     # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
-    weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, keep_quantized),
-                           lambda name: name in g.tensors)
+    placement = placement or Placement()
+    placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2})
+    weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, placement.keep),
+                           lambda name: name in g.tensors, placement)
     types = ", ".join(sorted(g.fallbacks))
     notices = [f"no {{backend}} kernel for {types}: those tensors are dequantized to float32"] if types else []
     return Loaded(cfg, weights, tokenizer, template, notices)

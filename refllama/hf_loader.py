@@ -16,6 +16,7 @@ from . import arch as archs
 from .arch.common import read_weights
 from .config import Loaded
 from .errors import RefllamaError
+from .xp import Placement
 
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -140,8 +141,9 @@ def eos_ids(c, directory):
     return [i for i in flat if isinstance(i, int)]
 
 
-def load_hf(directory):
-    """Loaded(config, weights, tokenizer, chat template, notices) for an HF model directory."""
+def load_hf(directory, placement=None):
+    """Loaded(config, weights, tokenizer, chat template, notices) for an HF model directory; each tensor goes to
+    `placement` (refllama.xp.Placement; default: NumPy) as it is read."""
     from .tokenizer import from_hf_dir
 
     d = Path(directory)
@@ -152,7 +154,7 @@ def load_hf(directory):
     arch = archs.for_hf(names[0], c.path)
     cfg, rope = arch.config_from_hf(c)
     ck = Checkpoint(d)
-    weights = read_weights(arch, cfg, "hf", ck.tensor, lambda name: name in ck)
+    weights = read_weights(arch, cfg, "hf", ck.tensor, lambda name: name in ck, placement or Placement())
     weights.update(rope)
     tokenizer, template = from_hf_dir(d, eos_ids(c, d))
     return Loaded(cfg, weights, tokenizer, template, [])

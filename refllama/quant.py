@@ -22,7 +22,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from .ggml_types import GGMLType as QT
-from .ggml_types import byte_shape
+from .ggml_types import QuantizedTensor, byte_shape
 
 QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K))
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
@@ -275,6 +275,20 @@ class _Transposed:
 
     def __rmatmul__(self, x):
         return self.w.matmul(x)
+
+
+class NumbaPlacement:
+    """Weights for the numba backend: matrices of the QUANTIZED types kept in their GGUF bytes and repacked for the
+    kernels as they are read (each memory map dropped once repacked), the rest float32 NumPy."""
+
+    keep = QUANTIZED
+
+    def prepare(self, qtypes):
+        """Warm up the kernels of the file's quantized matrix types, before the weights are read."""
+        warm_up(QUANTIZED & set(qtypes))
+
+    def __call__(self, a):
+        return QuantMatrix(a.raw, a.qtype, a.shape) if isinstance(a, QuantizedTensor) else a
 
 
 def warm_up(qtypes):

@@ -35,6 +35,23 @@ def backend_module(name):
     raise RefllamaError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
 
 
+class Placement:
+    """Where weights go as a loader reads them: NumPy arrays as they are, or uploaded once to the GPU (CuPy).
+    `keep` are the GGUF types left quantized (none here); `prepare` sees the file's matrix types before any weight
+    is read."""
+
+    keep = frozenset()
+
+    def __init__(self, xp=np):
+        self.xp = xp
+
+    def prepare(self, qtypes):
+        pass
+
+    def __call__(self, a):
+        return a if self.xp is np else self.xp.asarray(a)
+
+
 def array_module(x):
     """numpy or cupy, whichever owns x."""
     if type(x).__module__.startswith("cupy"):

@@ -195,9 +195,10 @@ def freq_factors(w, cfg, n_ctx):  # -> [R/2] float32 or None
     return w.get("rope_freqs")
 
 
-def read_weights(arch, cfg, side, fetch, has):
+def read_weights(arch, cfg, side, fetch, has, place):
     """refllama's weight dict from an architecture's tables: `side` "gguf" or "hf" picks the name column,
-    `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored.
+    `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored,
+    `place(tensor)` puts each final tensor where the backend computes (refllama.xp.Placement).
 
     Layout transforms, all of them: HF's per-head q/k rows (and biases) reordered to llama.cpp's NORM pairs where
     the table says `hf_permute` (llama only: llama.cpp's converter does the same); fused tensors split by rows."""
@@ -213,9 +214,9 @@ def read_weights(arch, cfg, side, fetch, has):
         if row.split:
             sizes = [size(e, d) for _, e in row.split]
             parts = t.split(sizes) if hasattr(t, "split") else np.split(t, np.cumsum(sizes)[:-1])
-            out.update(zip((key for key, _ in row.split), parts))
+            out.update(zip((key for key, _ in row.split), map(place, parts)))
         else:
-            out[row.key] = t
+            out[row.key] = place(t)
 
     w = {}
     for row in arch.WEIGHTS:
