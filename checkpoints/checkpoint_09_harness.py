@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import refllama.arch.llama
-from refllama.compare import compare
+from refllama.compare import compare, read_tolerances
 from refllama.layers import rms_norm, rope_half, rope_interleaved
 
 REF = harness.HERE / "ref"
@@ -109,3 +109,8 @@ def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
     rows, first, kind = compare(d, REF / "llamacpp" / "short", harness.TOLERANCES)
     assert kind == "llama.cpp" and [r["name"] for r in rows] == ["attn_norm-0", "Qcur_rope-0", "l_out-0", "l_out-1"]
     assert first["name"] == "l_out-1"
+
+
+def test_the_tolerance_table_in_the_package_equals_the_readme_table():
+    """compare and the suite use refllama.tolerances (it ships in the wheel); the README explains each row."""
+    assert read_tolerances(harness.HERE / "README.md") == harness.TOLERANCES

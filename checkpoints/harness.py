@@ -22,13 +22,13 @@ import numpy as np
 
 import refllama
 from refllama import arch as archs
-from refllama.compare import metrics, read_tolerances
+from refllama.compare import metrics
 from refllama.dump import Dump
+from refllama.tolerances import TOLERANCES
 from refllama.xp import to_numpy
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "tests" / "data"
-TOLERANCES = read_tolerances(HERE / "README.md")
 KINDS = {"llamacpp": "llama.cpp", "hf": "transformers", "llamacpp-f32": "llama.cpp F32"}
 EXACT_KINDS = ("transformers", "llama.cpp F32")  # float32 throughout, as refllama: the same best tokens
 FAMILIES = ("llama", "qwen2", "qwen3", "phi3")

@@ -1,6 +1,6 @@
 """Compare two checkpoint dumps stage by stage and name the first stage, in forward order, past tolerance.
 
-    python -m refllama.compare DIR_A DIR_B [--tol-table checkpoints/README.md] [--plot errors.png]
+    python -m refllama.compare DIR_A DIR_B [--tol-table TABLE.md] [--plot errors.png]
 
 DIR_B is the reference. Per stage and layer: max abs error, max abs error relative to the reference's
 range, NMSE, cosine. Exit code 1 when a stage is past tolerance, 2 on bad input.
@@ -15,9 +15,7 @@ import numpy as np
 
 from .dump import Dump, split_name
 from .errors import RefllamaError
-
-DEFAULT_TABLE = Path(__file__).resolve().parent.parent / "checkpoints" / "README.md"
-REFERENCE_KINDS = ("llama.cpp", "transformers", "llama.cpp F32")  # the last: F32 weights and KV cache
+from .tolerances import REFERENCE_KINDS, TOLERANCES
 
 
 def read_tolerances(path):
@@ -134,14 +132,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m refllama.compare", description=__doc__.splitlines()[0])
     p.add_argument("dir_a", help="dump to check")
     p.add_argument("dir_b", help="reference dump")
-    p.add_argument("--tol-table", default=str(DEFAULT_TABLE),
-                   help="markdown tolerance table (default: checkpoints/README.md)")
+    p.add_argument("--tol-table", help="a markdown tolerance table like checkpoints/README.md's (default: the "
+                   "table in refllama.tolerances, which that one equals)")
     p.add_argument("--reference", choices=REFERENCE_KINDS, help="tolerance column (default: from DIR_B's producer)")
     p.add_argument("--plot", help="write a layer x stage heatmap of the error to this PNG")
     p.add_argument("--all", action="store_true", help="print every stage, not only the failing ones and a summary")
     args = p.parse_args(argv)
     try:
-        rows, first, kind = compare(args.dir_a, args.dir_b, read_tolerances(args.tol_table), args.reference)
+        table = read_tolerances(args.tol_table) if args.tol_table else TOLERANCES
+        rows, first, kind = compare(args.dir_a, args.dir_b, table, args.reference)
         if args.plot:
             plot(rows, args.plot)
     except RefllamaError as e:

@@ -4,6 +4,7 @@ The model calls `tap(name, layer, x)` at each stage; it returns x untouched and 
 when nothing records. `with trace(m) as t: m.logits(ids)` collects NumPy copies, `t["attn_norm-0"]`.
 """
 
+from collections.abc import Mapping
 from contextlib import contextmanager
 
 from .xp import to_numpy
@@ -22,8 +23,9 @@ def stage_name(name, layer):
     return name if layer is None else f"{name}-{layer}"
 
 
-class Trace:
+class Trace(Mapping):
     """The stages of the forward passes run while it was active, in order; a stage seen twice keeps the last.
+    A read-only mapping: `t["attn_norm-0"]`, `t.keys()`, `t.items()`, `t.get(name)`, `dict(t)`.
 
     `names`, if given, limits what is kept (a long prompt's every stage is hundreds of MB).
     """
@@ -41,9 +43,6 @@ class Trace:
 
     def __getitem__(self, key):
         return self.arrays[key]
-
-    def __contains__(self, key):
-        return key in self.arrays
 
     def __iter__(self):
         return iter(self.arrays)

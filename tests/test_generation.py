@@ -91,3 +91,13 @@ def test_empty_prompt_and_bad_max_tokens_are_refused(model):
         model.logits([])
     with pytest.raises(refllama.RefllamaError, match="max_tokens"):
         model.generate([1], max_tokens=0)
+
+
+def test_a_trace_is_a_mapping_of_stage_names_to_arrays(model):
+    with refllama.trace(model) as t:
+        model.logits(model.tokenize("Hi"))
+    d = dict(t)
+    assert list(d) == list(t.keys()) and len(d) == len(t) == 3 + 17 * model.config.n_layer
+    assert list(t)[:2] == ["inp_embd", "attn_norm-0"] and "result_output" in t and "ffn_act-0" not in t
+    assert t.get("ffn_act-0") is None and t.get("l_out-0") is t["l_out-0"]
+    assert all(a is t[k] for k, a in t.items())

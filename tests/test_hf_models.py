@@ -246,3 +246,11 @@ def test_a_missing_family_tensor_is_named(tmp_path):
     assert data.count(name) == 1
     f.write_bytes(data.replace(name, name.replace(b"k_norm", b"k_xorm")))
     expect_error(d, "missing tensor 'model.layers.1.self_attn.k_norm.weight'")
+
+
+def test_an_hf_directory_dumps_with_its_architecture_and_pair_layout(tmp_path):
+    m = refllama.load(DATA / "tiny-qwen3")
+    ids = reference("qwen3")["token_ids"].tolist()
+    manifest = json.loads((m.dump(ids, tmp_path / "d") / "manifest.json").read_text())
+    assert (manifest["arch"], manifest["qk_layout"], len(manifest["model_sha256"])) == ("qwen3", "half", 64)
+    assert len(manifest["tensors"]) == 3 + 19 * m.config.n_layer  # Qwen3's 17 + Qcur_normed, Kcur_normed
