@@ -114,3 +114,25 @@ def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
 def test_the_tolerance_table_in_the_package_equals_the_readme_table():
     """compare and the suite use refllama.tolerances (it ships in the wheel); the README explains each row."""
     assert read_tolerances(harness.HERE / "README.md") == harness.TOLERANCES
+
+
+def test_compare_reports_coverage_and_names_a_misspelt_stage(model, tmp_path):
+    """The summary says which layers were compared and what only one side holds; a stage name no architecture has
+    is reported with the closest known name, not dropped silently. Entries may leave out stage, layer, file,
+    token_axis and positions: they default from the name and the array."""
+    ids = harness.smollm2_reference("llamacpp", "short").manifest["token_ids"]
+    with refllama.trace(model) as t:
+        model.logits(ids)
+    d = tmp_path / "mine"
+    d.mkdir()
+    for name in ("attn_norm-0", "l_out-0", "l_out-1", "ffn_act-0"):
+        np.save(d / f"{name}.npy", t[name if name != "ffn_act-0" else "ffn_swiglu-0"])
+    (d / "manifest.json").write_text(json.dumps({
+        "format": "refllama-dump/1", "producer": "test", "model_sha256": "", "token_ids": ids, "qk_layout": "half",
+        "tensors": [{"name": n} for n in ("attn_norm-0", "l_out-0", "l_out-1", "ffn_act-0")]}))
+    r = subprocess.run([sys.executable, "-m", "refllama.compare", str(d), str(REF / "llamacpp" / "short")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "compared: 3 stages in 2 layers (0-1)" in r.stdout
+    assert "only in the reference: 70" in r.stdout and "only in the dump checked: 1 (ffn_act-0)" in r.stdout
+    assert "unknown stage 'ffn_act-0' (did you mean 'ffn_gate'?)" in r.stdout

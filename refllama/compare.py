@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .dump import Dump, split_name
+from .dump import Dump, known_stages, split_name
 from .errors import RefllamaError
 from .tolerances import REFERENCE_KINDS, TOLERANCES
 
@@ -97,6 +97,38 @@ def compare(dir_a, dir_b, tolerances, kind=None):
     return rows, first, kind
 
 
+def coverage(dir_a, dir_b):
+    """Lines for the summary: layers and stages compared, names in one dump only, names no architecture knows
+    (with the closest known one, so a misspelling is seen)."""
+    import difflib
+
+    da, db = Dump(dir_a), Dump(dir_b)
+    both = [n for n in db.names if n in da]
+    layers = sorted({split_name(n)[1] for n in both} - {None})
+    lines = [f"compared: {len(both)} stages in {len(layers)} layers ({_spans(layers)})"]
+    for who, d, other in (("only in the dump checked", da, db), ("only in the reference", db, da)):
+        alone = [n for n in d.names if n not in other]
+        if alone:
+            lines.append(f"{who}: {len(alone)} ({', '.join(alone[:6])}{', ...' if len(alone) > 6 else ''})")
+    known = known_stages(db.manifest.get("arch") or da.manifest.get("arch"))
+    for n in dict.fromkeys([*da.names, *db.names]):
+        stage = split_name(n)[0]
+        if stage not in known:
+            close = difflib.get_close_matches(stage, known, n=1)
+            lines.append(f"unknown stage '{n}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return lines
+
+
+def _spans(layers):  # [0, 1, 2, 5] -> "0-2, 5"
+    spans, start = [], None
+    for i, n in enumerate(layers):
+        start = n if start is None else start
+        if i + 1 == len(layers) or layers[i + 1] != n + 1:
+            spans.append(f"{start}-{n}" if n > start else f"{n}")
+            start = None
+    return ", ".join(spans) or "none"
+
+
 def plot(rows, path):
     """Layer x stage heatmap of log10(max_rel), the picture to look at first."""
     try:
@@ -141,6 +173,7 @@ def main(argv=None):
     try:
         table = read_tolerances(args.tol_table) if args.tol_table else TOLERANCES
         rows, first, kind = compare(args.dir_a, args.dir_b, table, args.reference)
+        summary = coverage(args.dir_a, args.dir_b)
         if args.plot:
             plot(rows, args.plot)
     except RefllamaError as e:
@@ -152,6 +185,7 @@ def main(argv=None):
             tol = f"{r['tol'][0]:.0e}, {r['tol'][1]:.0e}" if r["tol"] else "none"
             print(f"{r['name']:<18} {r['max_abs']:10.3e} {r['max_rel']:10.3e} {r['nmse']:10.3e} {r['cosine']:10.6f}"
                   f"  {tol}{'' if r['ok'] else '  FAIL'}")
+    print("\n".join(summary))
     if first is None:
         print(f"all {len(rows)} stages within tolerance")
         return 0

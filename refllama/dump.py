@@ -100,6 +100,20 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
     return directory
 
 
+def _entry(t, path):
+    """A manifest's tensor entry with its defaults: stage and layer from the name, file NAME.npy, the stage's
+    token axis (positions default to every one stored, see Dump.positions)."""
+    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+        raise RefllamaError(f"{path}: every entry of 'tensors' needs a string 'name'")
+    stage, layer = split_name(t["name"])
+    return {"stage": stage, "layer": layer, "file": t["name"] + ".npy", "token_axis": TOKEN_AXIS.get(stage, 0), **t}
+
+
+def known_stages(arch):
+    """Every stage name a dump of architecture `arch` can hold, without the layer suffix."""
+    return ("inp_embd", *layer_stages(arch), "result_norm", "result_output")
+
+
 class Dump:
     """A dump read back: `manifest`, `names` in forward order, `d[name]` as float32, `positions(name)`."""
 
@@ -117,7 +131,10 @@ class Dump:
         self.layout = self.manifest.get("qk_layout", "interleaved")
         self.want_layout = layout or self.layout
         self.rope_dim = self.manifest.get("rope_dim")  # None: every dim of a head rotates
-        self.entries = {t["name"]: t for t in self.manifest.get("tensors", [])}
+        tensors = self.manifest.get("tensors", [])
+        if not isinstance(tensors, list):
+            raise RefllamaError(f"{path}: 'tensors' must be a list of entries")
+        self.entries = {e["name"]: e for e in (_entry(t, path) for t in tensors)}
         self.names = forward_order(self.entries, layer_stages(self.manifest.get("arch")))
         self._cache = {}
 
@@ -133,7 +150,7 @@ class Dump:
                 a = np.load(self.dir / e["file"], allow_pickle=False).astype(np.float32)
             except (OSError, ValueError) as err:
                 raise RefllamaError(f"{self.dir / e['file']}: cannot read stage '{name}' ({err})") from None
-            if list(a.shape) != e["shape"]:
+            if "shape" in e and list(a.shape) != list(e["shape"]):
                 raise RefllamaError(f"{self.dir / e['file']}: shape {list(a.shape)} differs from the manifest's "
                                     f"{e['shape']}")
             if e["stage"] in QK_STAGES and self.want_layout != self.layout:
@@ -142,7 +159,9 @@ class Dump:
         return self._cache[name]
 
     def positions(self, name):
-        return self.entries[name]["positions"]
+        """The token positions stored for `name`: the manifest's, or 0..n-1 along its token axis."""
+        e = self.entries[name]
+        return e["positions"] if "positions" in e else list(range(self[name].shape[e["token_axis"]]))
 
     def token_axis(self, name):
         return self.entries[name]["token_axis"]
