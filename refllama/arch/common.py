@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import RefllamaError
+from ..ggml_types import QuantizedTensor
 
 LAYOUTS = ("interleaved", "half")  # llama.cpp's rope modes NORM (pairs 2i, 2i+1) and NEOX (pairs i, i + R/2)
 QK_STAGES = ("Qcur", "Kcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope")  # last axis: a head's dims
@@ -181,10 +182,10 @@ def hf_config(c, arch, rope_layout, **fields):
     return cfg, {k: v.astype(np.float32) for k, v in rope.items()}
 
 
-def refuse(c, option, value, family):
-    """An HF config option refllama does not implement, set: a one-line error naming it."""
+def refuse(c, option, family):
+    """An HF config option refllama does not implement, set true: a one-line error naming it."""
     if c.get(option, False):
-        raise RefllamaError(f"{c.path}: unsupported option '{option}': {value} ({family})")
+        raise RefllamaError(f"{c.path}: unsupported option '{option}': true ({family})")
 
 
 def freq_factors(w, cfg, n_ctx):  # -> [R/2] float32 or None
@@ -213,7 +214,7 @@ def read_weights(arch, cfg, side, fetch, has, place):
             t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
         if row.split:
             sizes = [size(e, d) for _, e in row.split]
-            parts = t.split(sizes) if hasattr(t, "split") else np.split(t, np.cumsum(sizes)[:-1])
+            parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])
             out.update(zip((key for key, _ in row.split), map(place, parts)))
         else:
             out[row.key] = place(t)

@@ -32,5 +32,5 @@ def config_from_gguf(g):
 
 
 def config_from_hf(c):
-    refuse(c, "use_sliding_window", "true", "Qwen2")
+    refuse(c, "use_sliding_window", "Qwen2")
     return hf_config(c, NAME, ROPE_LAYOUT)

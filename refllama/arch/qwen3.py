@@ -35,8 +35,8 @@ def config_from_gguf(g):
 
 
 def config_from_hf(c):
-    refuse(c, "use_sliding_window", "true", "Qwen3")
-    refuse(c, "attention_bias", "true", "Qwen3")
+    refuse(c, "use_sliding_window", "Qwen3")
+    refuse(c, "attention_bias", "Qwen3")
     return hf_config(c, NAME, ROPE_LAYOUT)
 
 
