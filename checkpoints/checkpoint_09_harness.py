@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import refllama.arch.llama
-from refllama.compare import compare, read_tolerances
+from refllama.compare import compare
 from refllama.layers import rms_norm, rope_half, rope_interleaved
 
 REF = harness.HERE / "ref"
@@ -39,10 +39,10 @@ BREAKS = {
 
 def test_unbroken_dump_is_within_tolerance_of_both_references(model, tmp_path):
     ours = dump_short(model, tmp_path)
-    for ref in ("hf", "llamacpp"):
-        rows, first, _ = compare(ours, REF / ref / "short", harness.TOLERANCES)
-        assert first is None, f"{ref}: {first}"
-        assert len(rows) == 73
+    for ref, column in (("hf", "float32"), ("llamacpp", "llama.cpp")):
+        rep = compare(ours, REF / ref / "short", model)
+        assert rep.first is None, f"{ref}: {rep.first}"
+        assert len(rep.rows) == 73 and rep.column.name == column
 
 
 @pytest.mark.parametrize("breakage", list(BREAKS))
@@ -51,8 +51,9 @@ def test_broken_stage_is_named_as_first_divergence(model, tmp_path, monkeypatch,
     with monkeypatch.context() as mp:
         apply(mp)
         ours = dump_short(model, tmp_path)
-    _, first, _ = compare(ours, REF / "hf" / "short", harness.TOLERANCES)
-    assert first is not None and first["name"] == expected, first
+    for rerun in (model, None):  # each side's stages re-run on its own inputs, and end to end only
+        first = compare(ours, REF / "hf" / "short", rerun).first
+        assert first is not None and first["name"] == expected, first
 
 
 def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, monkeypatch):
@@ -61,13 +62,13 @@ def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, mo
     m = harness.family_model("qwen2")
     ref = harness.DATA / "gguf-qwen2" / "llamacpp-f32"
     ids = harness.reference(ref).manifest["token_ids"]
-    _, first, kind = compare(m.dump(ids, tmp_path / "clean"), ref, harness.TOLERANCES)
-    assert first is None and kind == "llama.cpp F32"
+    rep = compare(m.dump(ids, tmp_path / "clean"), ref, m)
+    assert rep.first is None and rep.column.name == "float32", rep.first
     with monkeypatch.context() as mp:
         mp.setitem(refllama.arch.llama.ROPE, "half", rope_interleaved)
         broken = m.dump(ids, tmp_path / "broken")
-    _, first, _ = compare(broken, ref, harness.TOLERANCES)
-    assert first is not None and first["name"] == "Qcur_rope-0", first
+    first = compare(broken, ref, m).first
+    assert first is not None and first["name"] == "Qcur_rope-0" and first["adds"] == ["MINE"], first
 
 
 def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
@@ -106,14 +107,26 @@ def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
     (d / "manifest.json").write_text(json.dumps({
         "format": "refllama-dump/1", "producer": "hand-written test engine", "model": "SmolLM2-135M-Instruct.Q4_1.gguf",
         "model_sha256": "", "token_ids": ids, "qk_layout": "half", "tensors": tensors}))
-    rows, first, kind = compare(d, REF / "llamacpp" / "short", harness.TOLERANCES)
-    assert kind == "llama.cpp" and [r["name"] for r in rows] == ["attn_norm-0", "Qcur_rope-0", "l_out-0", "l_out-1"]
-    assert first["name"] == "l_out-1"
+    rep = compare(d, REF / "llamacpp" / "short")
+    assert rep.column.name == "llama.cpp"
+    assert [r["name"] for r in rep.rows] == ["attn_norm-0", "Qcur_rope-0", "l_out-0", "l_out-1"]
+    assert rep.first["name"] == "l_out-1"
+
+
+def readme_tolerances(path):
+    """{column: {stage: (max_rel, nmse)}} from the markdown table whose rows start '| `stage` |'."""
+    table = {kind: {} for kind in harness.REFERENCE_KINDS}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0].startswith("`") and len(cells) > 2 * len(table):
+            for i, kind in enumerate(table):
+                table[kind][cells[0].strip("`")] = (float(cells[1 + 2 * i]), float(cells[2 + 2 * i]))
+    return table
 
 
 def test_the_tolerance_table_in_the_package_equals_the_readme_table():
     """compare and the suite use refllama.tolerances (it ships in the wheel); the README explains each row."""
-    assert read_tolerances(harness.HERE / "README.md") == harness.TOLERANCES
+    assert readme_tolerances(harness.HERE / "README.md") == harness.TOLERANCES
 
 
 def test_compare_reports_coverage_and_names_a_misspelt_stage(model, tmp_path):
@@ -134,5 +147,5 @@ def test_compare_reports_coverage_and_names_a_misspelt_stage(model, tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "compared: 3 stages in 2 layers (0-1)" in r.stdout
-    assert "only in the reference: 70" in r.stdout and "only in the dump checked: 1 (ffn_act-0)" in r.stdout
+    assert "only in REF: 70" in r.stdout and "only in MINE: 1 (ffn_act-0)" in r.stdout
     assert "unknown stage 'ffn_act-0' (did you mean 'ffn_gate'?)" in r.stdout

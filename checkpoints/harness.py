@@ -24,13 +24,13 @@ import refllama
 from refllama import arch as archs
 from refllama.compare import metrics
 from refllama.dump import Dump
-from refllama.tolerances import TOLERANCES
+from refllama.tolerances import band
 from refllama.xp import to_numpy
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "tests" / "data"
-KINDS = {"llamacpp": "llama.cpp", "hf": "transformers", "llamacpp-f32": "llama.cpp F32"}
-EXACT_KINDS = ("transformers", "llama.cpp F32")  # float32 throughout, as refllama: the same best tokens
+KINDS = {"llamacpp": "llama.cpp", "hf": "float32", "llamacpp-f32": "llama.cpp F32"}  # reference -> column
+EXACT_KINDS = ("float32", "llama.cpp F32")  # float32 throughout, as refllama: the same best tokens
 FAMILIES = ("llama", "qwen2", "qwen3", "phi3")
 FAMILY_N_CTX = 256  # Phi-3's original context, as its references were made (tools/make_tiny_gguf.py)
 MODES = ("isolated", "end_to_end")
@@ -82,7 +82,7 @@ class Case:
 
     def __init__(self, model, ref):
         self.model, self.prompt = model, ref.prompt
-        self.kind = KINDS[ref.source]
+        self.source, self.kind = ref.source, KINDS[ref.source]
         self.exact = self.kind in EXACT_KINDS
         self.dump = reference(ref.path)
         self.ref = self.dump if model.xp is np else OnDevice(self.dump, model.xp)  # inputs where the weights live
@@ -90,7 +90,7 @@ class Case:
         self.w, self.cfg = model.weights, model.config
 
     def __repr__(self):
-        return f"{self.kind}/{self.prompt}/{self.cfg.arch}/{self.model.backend}"
+        return f"{self.source}/{self.prompt}/{self.cfg.arch}/{self.model.backend}"
 
     def has(self, stage):
         """Whether this model's blocks have `stage` (Qwen3's Qcur_normed, say)."""
@@ -122,7 +122,7 @@ class Case:
             with open(os.environ["REFLLAMA_CHECKPOINT_LOG"], "a", encoding="utf-8") as f:
                 f.write(json.dumps({"name": name, "stage": stage, "kind": self.kind, "prompt": self.prompt,
                                     "mode": mode, **m}) + "\n")
-        rel, nmse = TOLERANCES[self.kind][stage if stage in TOLERANCES[self.kind] else STAGE_ROW[stage]]
+        rel, nmse = band(self.kind, stage)
         assert m["max_rel"] <= rel and m["nmse"] <= nmse, (
             f"{name} departs from {self.kind} ({self.prompt} prompt, {mode}): max_rel {m['max_rel']:.2e} "
             f"(tolerance {rel:.0e}), nmse {m['nmse']:.2e} (tolerance {nmse:.0e})")
@@ -148,9 +148,6 @@ class OnDevice:
 
     def __getattr__(self, attr):
         return getattr(self.dump, attr)
-
-
-STAGE_ROW = {"Qcur_normed": "Qcur", "Kcur_normed": "Kcur"}  # stages that share another's tolerance row
 
 
 def block_input(layer):

@@ -119,16 +119,25 @@ class Model:
         return self._tokenizer().decode(ids)
 
     def _prefill(self, ids, last_only):
+        self.cache.reset()
+        return self.forward(ids, 0, last_only)
+
+    def forward(self, ids, start_pos=0, last_only=False):  # [T] -> [T or 1, V] on the backend
+        """Run `ids` at positions start_pos.. after the start_pos positions already cached (a prefill is
+        start_pos 0, a decode step one token at the next position)."""
         ids = [int(i) for i in ids]
         if not ids:
             raise RefllamaError("empty prompt: at least one token is needed")
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
             raise RefllamaError(f"token id {bad[0]} is out of range for a vocabulary of {self.config.vocab_size}")
-        if len(ids) > self.n_ctx:
-            raise RefllamaError(f"prompt of {len(ids)} tokens does not fit the context size {self.n_ctx}")
-        self.cache.reset()
-        return self.arch.forward(self.weights, self.config, np.asarray(ids, dtype=np.int64), 0, self.cache, last_only)
+        if start_pos + len(ids) > self.n_ctx:
+            what = f"prompt of {len(ids)} tokens" if start_pos == 0 else f"position {start_pos + len(ids) - 1}"
+            raise RefllamaError(f"{what} does not fit the context size {self.n_ctx}")
+        if start_pos != self.cache.n_past:
+            raise RefllamaError(f"position {start_pos} does not follow the {self.cache.n_past} cached positions")
+        return self.arch.forward(self.weights, self.config, np.asarray(ids, dtype=np.int64), start_pos, self.cache,
+                                 last_only)
 
     def logits(self, ids):  # [T] -> [T, V] float32 numpy, from a fresh cache in one prefill
         return to_numpy(self._prefill(ids, last_only=False)).astype(np.float32, copy=False)
@@ -148,20 +157,30 @@ class Model:
         logits = self._prefill(history, last_only=True)  # prefill: the whole prompt at once
         return Generation(self, history, logits, sample, max_tokens, stop)
 
-    def dump(self, ids, directory, prompt=None, greedy=0, **plan):
+    def dump(self, ids, directory, prompt=None, greedy=0, decode_steps=0, decode_ids=None, **plan):
         """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);
-        `greedy` also records that many greedy tokens; `plan` takes storage_plan's options."""
+        `decode_steps` then decodes that many greedy tokens one at a time (or feeds `decode_ids`, another
+        engine's tokens) and writes each step's stages as its own record; `greedy` records that many greedy
+        tokens in the manifest; `plan` takes storage_plan's options."""
         names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES, **plan)
+        self.cache.reset()
         with trace(names=names) as t:
-            self.logits(ids)
+            logits = self.forward(ids)
+        prefill, decode, given, decode_ids = {n: t[n] for n in names}, [], decode_ids, []
+        for k in range(decode_steps if given is None else len(given)):
+            decode_ids.append(int(to_numpy(logits[-1]).argmax()) if given is None else int(given[k]))
+            with trace(names=names) as t:
+                logits = self.forward(decode_ids[-1:], len(ids) + len(decode_ids) - 1)
+            decode.append({n: t[n] for n in names})
         provenance = {
             "producer": f"refllama {importlib.metadata.version('refllama')} ({self.backend})",
-            "model": os.path.basename(self.path), "model_sha256": model_sha256(self.path), "prompt": prompt,
-            "token_ids": [int(i) for i in ids], "arch": self.config.arch, "qk_layout": self.config.rope_layout,
-            "rope_dim": self.config.rope_dim,
+            "model": os.path.basename(self.path), "model_path": os.path.abspath(self.path),
+            "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
+            "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
+            "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": "float32",
             "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
         }
-        return write_dump(directory, {n: t[n] for n in names}, provenance, rows, dtypes)
+        return write_dump(directory, prefill, provenance, rows, dtypes, decode)
 
     def render_chat(self, messages, add_generation_prompt=True):
         from . import chat as chat_template  # jinja2 is imported only once a chat is rendered

@@ -64,10 +64,12 @@ def model_sha256(path):
     return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
 
 
-def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
+def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=()):
     """Write stages {name: array} and a manifest; `rows` {name: token positions kept} and `dtypes`
-    {name: dtype} store a subset of positions or a narrower float type. Written to a temporary directory
-    first and renamed, so a failed dump leaves nothing half-written."""
+    {name: dtype} store a subset of positions or a narrower float type. `decode` holds one {name: array} per
+    decode step after the prefill (positions T, T+1, ..., whose tokens are provenance["decode_ids"]), each
+    written as its own record, NAME@POSITION.npy. Written to a temporary directory first and renamed, so a
+    failed dump leaves nothing half-written."""
     directory = Path(directory)
     if directory.exists() and any(directory.iterdir()):
         raise RefllamaError(f"{directory}: dump directory exists and is not empty")
@@ -79,19 +81,21 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
     rows, dtypes = rows or {}, dtypes or {}
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=directory.parent))
-    tensors = []
-    for name in forward_order(arrays, layer_stages(provenance.get("arch"))):
-        stage, layer = split_name(name)
-        a = np.asarray(arrays[name])
-        axis = TOKEN_AXIS.get(stage, 0)
-        n_tokens = a.shape[axis]
-        keep = list(rows.get(name, range(n_tokens)))
-        a = np.take(a, keep, axis=axis) if len(keep) != n_tokens else a
-        a = np.ascontiguousarray(a.astype(dtypes.get(name, np.float32)))
-        fname = name.replace("/", "_") + ".npy"
-        np.save(tmp / fname, a)
-        tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
-                        "dtype": a.dtype.name, "token_axis": axis, "positions": keep})
+    tensors, order = [], layer_stages(provenance.get("arch"))
+    steps = [(None, arrays)] + [(len(provenance["token_ids"]) + k, step) for k, step in enumerate(decode)]
+    for at, stages in steps:
+        for name in forward_order(stages, order):
+            stage, layer = split_name(name)
+            a = np.asarray(stages[name])
+            axis = TOKEN_AXIS.get(stage, 0)
+            n_tokens = a.shape[axis]
+            keep = list(rows.get(name, range(n_tokens))) if at is None else [at]
+            a = np.take(a, keep, axis=axis) if at is None and len(keep) != n_tokens else a
+            a = np.ascontiguousarray(a.astype(dtypes.get(name, np.float32)))
+            fname = name.replace("/", "_") + ("" if at is None else f"@{at}") + ".npy"
+            np.save(tmp / fname, a)
+            tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
+                            "dtype": a.dtype.name, "token_axis": axis, "positions": keep})
     manifest = {"format": FORMAT, **provenance, "tensors": tensors}
     (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     if directory.exists():
@@ -100,71 +104,215 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None):
     return directory
 
 
-def _entry(t, path):
-    """A manifest's tensor entry with its defaults: stage and layer from the name, file NAME.npy, the stage's
-    token axis (positions default to every one stored, see Dump.positions)."""
-    if not isinstance(t, dict) or not isinstance(t.get("name"), str):
-        raise RefllamaError(f"{path}: every entry of 'tensors' needs a string 'name'")
-    stage, layer = split_name(t["name"])
-    return {"stage": stage, "layer": layer, "file": t["name"] + ".npy", "token_axis": TOKEN_AXIS.get(stage, 0), **t}
-
-
 def known_stages(arch):
     """Every stage name a dump of architecture `arch` can hold, without the layer suffix."""
     return ("inp_embd", *layer_stages(arch), "result_norm", "result_output")
 
 
-class Dump:
-    """A dump read back: `manifest`, `names` in forward order, `d[name]` as float32, `positions(name)`."""
+NUMERICS = ("float32", "bfloat16", "float16", "ggml")  # what a producer computes in; "ggml": llama.cpp's quantized
 
-    def __init__(self, directory, layout=None):
-        self.dir = Path(directory)
-        path = self.dir / "manifest.json"
+
+def numerics_of(manifest):
+    """A dump's declared `numerics`, or the one its producer implies: llama.cpp's quantized arithmetic for
+    llama.cpp (unless run with F32 weights and KV cache), float32 for anything else."""
+    declared = manifest.get("numerics")
+    if declared is not None:
+        if declared not in NUMERICS:
+            raise RefllamaError(f"manifest field 'numerics' must be one of {', '.join(NUMERICS)}, got {declared!r}")
+        return declared
+    producer = str(manifest.get("producer", "")).lower()
+    return "ggml" if "llama.cpp" in producer and "f32 weights and kv cache" not in producer else "float32"
+
+
+def stage_ndim(stage):
+    """The number of axes of a stage as FORMAT.md gives it: [T, n, HD] for q/k/v, [H, T, S] for kq, else [T, X]."""
+    return 3 if stage in QK_STAGES or stage in ("Vcur", "kq", "kq_soft_max") else 2
+
+
+def _fail(where, message):
+    raise RefllamaError(f"{where}: {message}")
+
+
+def _int_list(value, where, field):
+    if isinstance(value, str):  # a safetensors metadata value: JSON or comma-separated
         try:
-            self.manifest = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise RefllamaError(f"{self.dir}: not a dump directory (no manifest.json)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RefllamaError(f"{path}: invalid JSON ({e})") from None
-        if self.manifest.get("format") != FORMAT:
-            raise RefllamaError(f"{path}: format is {self.manifest.get('format')!r}, expected {FORMAT!r}")
-        self.layout = self.manifest.get("qk_layout", "interleaved")
+            value = json.loads(value if value.lstrip().startswith("[") else f"[{value}]")
+        except json.JSONDecodeError:
+            _fail(where, f"'{field}' is not a list of integers: {value[:60]!r}")
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        _fail(where, f"'{field}' must be a list of integers")
+    return value
+
+
+def _read_directory(d):
+    path = d / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        _fail(d, "not a dump (no manifest.json; a dump is a directory with one, or one .safetensors file)")
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        _fail(path, f"cannot read the manifest ({e})")
+    if not isinstance(manifest, dict):
+        _fail(path, "the manifest must be a JSON object")
+    tensors = manifest.get("tensors", [])
+    if not isinstance(tensors, list) or not all(isinstance(t, dict) and isinstance(t.get("name"), str)
+                                                for t in tensors):
+        _fail(path, "'tensors' must be a list of entries, each with a string 'name'")
+
+    def loader(file):
+        def load():
+            try:
+                return np.load(d / file, allow_pickle=False)
+            except (OSError, ValueError) as e:
+                _fail(d / file, f"cannot read ({e})")
+        return load
+    return manifest, [{**t, "load": loader(t.get("file", t["name"] + ".npy"))} for t in tensors]
+
+
+def _read_safetensors(path):
+    from .hf_loader import SafeTensors
+
+    st = SafeTensors(path)
+    manifest = dict(st.metadata)
+    entries = []
+    for key in st.entries:
+        name, _, first = key.partition("@")  # "Qcur-0@9": a record whose rows start at position 9
+        if first and not first.isdigit():
+            _fail(path, f"tensor '{key}': after '@' comes the first position, a number")
+        entries.append({"name": name, "first": int(first or 0), "load": lambda key=key: st.tensor(key)})
+    return manifest, entries
+
+
+def stack_records(parts, axis):
+    """[(positions, array)] of one stage -> (array, positions): rows stacked along the token axis. kq and
+    kq_soft_max (axis 1) of decode steps have one key more each step; the keys a row lacks are NaN."""
+    if len(parts) == 1:
+        return parts[0][1], list(parts[0][0])
+    width = max(a.shape[-1] for _, a in parts)
+    arrays = [np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, width - a.shape[-1])], constant_values=np.nan)
+              if axis == 1 else a for _, a in parts]
+    return np.concatenate(arrays, axis=axis), [p for pos, _ in parts for p in pos]
+
+
+class Dump:
+    """A dump read back: a directory (manifest.json and .npy files) or one .safetensors file (the manifest's
+    fields in its metadata). `manifest`; `names` in forward order; `d[name]` float32, every record of that stage
+    (the prefill's, each decode step's) stacked along its token axis; `positions(name)` the token position of
+    each row; `token_ids` the token at every position (prompt, then `decode_ids`).
+
+    Also read: a leading batch axis of 1, q/k/v as [T, H*HD] (split with `head_dim`, the manifest's or the one
+    given), float16 and bfloat16. `layout` converts q/k to that RoPE pair layout.
+    """
+
+    def __init__(self, path, layout=None, head_dim=None):
+        self.dir = Path(path)
+        if self.dir.is_file() and self.dir.suffix == ".safetensors":
+            self.manifest, raw = _read_safetensors(self.dir)
+        elif self.dir.is_dir():
+            self.manifest, raw = _read_directory(self.dir)
+        else:
+            _fail(self.dir, "no such dump (a directory with manifest.json, or a .safetensors file)")
+        m = self.manifest
+        if m.get("format") != FORMAT:
+            _fail(self.dir, f"'format' is {m.get('format')!r}, expected {FORMAT!r}")
+        if "token_ids" not in m:
+            _fail(self.dir, "the manifest lacks 'token_ids' (the prompt's token ids, a list of integers)")
+        self.prompt_ids = _int_list(m["token_ids"], self.dir, "token_ids")
+        self.decode_ids = _int_list(m.get("decode_ids", []), self.dir, "decode_ids")
+        self.token_ids = self.prompt_ids + self.decode_ids
+        self.layout = m.get("qk_layout")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            _fail(self.dir, f"'qk_layout' must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         self.want_layout = layout or self.layout
-        self.rope_dim = self.manifest.get("rope_dim")  # None: every dim of a head rotates
-        tensors = self.manifest.get("tensors", [])
-        if not isinstance(tensors, list):
-            raise RefllamaError(f"{path}: 'tensors' must be a list of entries")
-        self.entries = {e["name"]: e for e in (_entry(t, path) for t in tensors)}
-        self.names = forward_order(self.entries, layer_stages(self.manifest.get("arch")))
+        self.rope_dim = int(m["rope_dim"]) if m.get("rope_dim") is not None else None  # None: a head's every dim
+        self.head_dim = int(m.get("head_dim") or head_dim or 0) or None
+        self.arch = m.get("arch") or "llama"
+        self.numerics = numerics_of(m)
+        self.records = {}  # name -> its entries, in position order
+        for e in raw:
+            stage, layer = split_name(e["name"])
+            e.update(stage=stage, layer=layer, token_axis=int(e.get("token_axis", TOKEN_AXIS.get(stage, 0))))
+            self.records.setdefault(e["name"], []).append(e)
+        self.entries = {n: {"name": n, "stage": es[0]["stage"], "layer": es[0]["layer"],
+                            "token_axis": es[0]["token_axis"]} for n, es in self.records.items()}
+        self.names = forward_order(self.records, layer_stages(self.arch))
         self._cache = {}
 
     def __contains__(self, name):
-        return name in self.entries
+        return name in self.records
 
     def __getitem__(self, name):
         if name not in self._cache:
-            e = self.entries.get(name)
-            if e is None:
+            if name not in self.records:
                 raise KeyError(f"{self.dir}: no stage '{name}'")
-            try:
-                a = np.load(self.dir / e["file"], allow_pickle=False).astype(np.float32)
-            except (OSError, ValueError) as err:
-                raise RefllamaError(f"{self.dir / e['file']}: cannot read stage '{name}' ({err})") from None
-            if "shape" in e and list(a.shape) != list(e["shape"]):
-                raise RefllamaError(f"{self.dir / e['file']}: shape {list(a.shape)} differs from the manifest's "
-                                    f"{e['shape']}")
-            if e["stage"] in QK_STAGES and self.want_layout != self.layout:
-                a = permute_qk(a, self.want_layout, self.rope_dim)
-            self._cache[name] = a
-        return self._cache[name]
+            self._cache[name] = self._merge(name)
+        return self._cache[name][0]
 
     def positions(self, name):
-        """The token positions stored for `name`: the manifest's, or 0..n-1 along its token axis."""
-        e = self.entries[name]
-        return e["positions"] if "positions" in e else list(range(self[name].shape[e["token_axis"]]))
+        self[name]
+        return self._cache[name][1]
 
     def token_axis(self, name):
         return self.entries[name]["token_axis"]
+
+    def rows(self, name):
+        """[(positions, array)] per record of `name` (a decode step's kq keeps its own S)."""
+        self[name]
+        return self._cache[name][2]
+
+    @staticmethod
+    def axis_of(stage):
+        """The token axis of a stage: 1 for kq and kq_soft_max [H, T, S], else 0."""
+        return TOKEN_AXIS.get(stage, 0)
+
+    def _merge(self, name):
+        parts, seen = [], set()
+        for e in self.records[name]:
+            a = self._array(e)
+            n = a.shape[e["token_axis"]]
+            pos = e.get("positions")
+            pos = list(range(e.get("first", 0), e.get("first", 0) + n)) if pos is None else \
+                _int_list(pos, self.dir, f"positions of {name}")
+            if len(pos) != n:
+                _fail(self.dir, f"stage '{name}': {len(pos)} positions for {n} rows along axis {e['token_axis']}")
+            for p in pos:
+                if not 0 <= p < len(self.token_ids):
+                    _fail(self.dir, f"stage '{name}': position {p} is past the {len(self.token_ids)} tokens of "
+                          "'token_ids' and 'decode_ids'")
+                if p in seen:
+                    _fail(self.dir, f"stage '{name}': position {p} stored twice")
+                seen.add(p)
+            parts.append((pos, a))
+        parts.sort(key=lambda part: part[0][0] if part[0] else 0)
+        try:
+            return (*stack_records(parts, self.token_axis(name)), parts)
+        except ValueError:
+            _fail(self.dir, f"stage '{name}': its records' shapes differ: {[list(a.shape) for _, a in parts]}")
+
+    def _array(self, e):
+        """One record as float32, in the standard shape and the wanted pair layout."""
+        name, stage = e["name"], e["stage"]
+        a = e["load"]()
+        if a.dtype.kind != "f":
+            _fail(self.dir, f"stage '{name}' is {a.dtype}, not a float array")
+        a = a.astype(np.float32)
+        if "shape" in e and list(a.shape) != list(e["shape"]):
+            _fail(self.dir, f"stage '{name}': shape {list(a.shape)} differs from the manifest's {e['shape']}")
+        want = stage_ndim(stage)
+        if a.ndim == want + 1 and a.shape[0] == 1:  # a batch of one
+            a = a[0]
+        if a.ndim == 2 and want == 3 and stage not in ("kq", "kq_soft_max"):  # [T, n*HD]: split into heads
+            if not self.head_dim or a.shape[1] % self.head_dim:
+                _fail(self.dir, f"stage '{name}' is [T, n*HD] {list(a.shape)}; give the head dim (manifest "
+                      "'head_dim', or a model) to split it")
+            a = a.reshape(a.shape[0], -1, self.head_dim)
+        if a.ndim != want:
+            _fail(self.dir, f"stage '{name}' has shape {list(a.shape)}; FORMAT.md gives it {want} axes")
+        if stage in QK_STAGES and self.want_layout != self.layout:
+            if self.layout is None:
+                _fail(self.dir, "the manifest lacks 'qk_layout' (interleaved or half), needed for q/k stages")
+            a = permute_qk(a, self.want_layout, self.rope_dim)
+        return a
 
 
 def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, stages=archs.llama.STAGES):

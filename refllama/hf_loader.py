@@ -64,7 +64,7 @@ class SafeTensors:
                 header = json.loads(f.read(n))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise RefllamaError(f"{self.path}: not a safetensors file ({e})") from None
-        header.pop("__metadata__", None)
+        self.metadata = header.pop("__metadata__", None) or {}  # str -> str, by the format
         self.entries, self.base = header, 8 + n
         self.buf = np.memmap(self.path, dtype=np.uint8, mode="r") if size > self.base else np.zeros(0, np.uint8)
         for name, e in header.items():

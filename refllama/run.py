@@ -16,7 +16,8 @@ def parse_args(argv):
     p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2-135M-Instruct)")
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from this file")
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate (default 128; 0 with --dump-dir: dump only)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="top-k, <= 0 disables (default 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p, 1.0 disables (default 0.95)")
@@ -32,11 +33,18 @@ def parse_args(argv):
                    help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
                         "(default, see README)")
     p.add_argument("--dump-dir", help="write every stage of the prompt's forward pass here (checkpoints/FORMAT.md)")
+    p.add_argument("--decode-steps", type=int, default=0,
+                   help="with --dump-dir: also dump N greedy decode steps, one token each, after the prefill")
+    p.add_argument("--tokens-from", metavar="DUMP",
+                   help="with --dump-dir: run another dump's token ids (its prompt, then its decode steps' tokens) "
+                        "instead of tokenizing a prompt, so the two dumps compare")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens; 0 = the model's (default 4096)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.file is not None:
         p.error("give either -p/--prompt or -f/--file, not both")
+    if (args.decode_steps or args.tokens_from) and not args.dump_dir:
+        p.error("--decode-steps and --tokens-from go with --dump-dir")
     return args
 
 
@@ -77,8 +85,18 @@ def run(args, prompt):
         ids = m.tokenize(prompt)
         sys.stdout.write(prompt)
     if args.dump_dir:
-        m.dump(ids, args.dump_dir, prompt=prompt)
-        print(f"dumped {len(ids)} tokens' forward pass to {args.dump_dir}", file=sys.stderr)
+        decode_ids = None
+        if args.tokens_from:
+            from .dump import Dump
+
+            other = Dump(args.tokens_from)
+            ids, decode_ids = other.prompt_ids, other.decode_ids
+        m.dump(ids, args.dump_dir, prompt=prompt, decode_steps=args.decode_steps, decode_ids=decode_ids)
+        steps = len(decode_ids) if decode_ids is not None else args.decode_steps
+        print(f"dumped the forward pass of {len(ids)} tokens and {steps} decode steps to {args.dump_dir}",
+              file=sys.stderr)
+        if args.n_predict == 0:  # the dump was the job
+            return
     n_gen, t_first = 0, None
     t1 = time.perf_counter()
     tokens = m.generate(ids, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,

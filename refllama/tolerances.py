@@ -1,11 +1,14 @@
-"""The checkpoint tolerances: per stage, (max_rel, nmse) for each reference kind, in REFERENCE_KINDS order.
+"""The checkpoint tolerances: per stage, (max_rel, nmse) for each column, in REFERENCE_KINDS order.
 
 max_rel = max |ours - reference| / (max - min of the reference); nmse = sum((ours - reference)^2) / sum(reference^2).
 Why each number is what it is: checkpoints/README.md, whose table a test keeps equal to this one.
+Columns: "llama.cpp", its quantized arithmetic (8-bit activations, f16 KV cache); "float32", two float32 engines on
+the same weights (transformers, refllama, any fp32 engine); "llama.cpp F32", llama.cpp on F32 weights with an F32
+KV cache. Engines that compute in bfloat16 or float16 get bands derived from that format's rounding, `rounding_bands`.
 """
 
-REFERENCE_KINDS = ("llama.cpp", "transformers", "llama.cpp F32")  # the last: F32 weights and KV cache
-_ROWS = {  # stage: ((llama.cpp), (transformers), (llama.cpp F32))
+REFERENCE_KINDS = ("llama.cpp", "float32", "llama.cpp F32")
+_ROWS = {  # stage: ((llama.cpp), (float32), (llama.cpp F32))
     "inp_embd": ((1e-3, 1e-6), (1e-6, 1e-12), (1e-5, 1e-10)),
     "attn_norm": ((1.5e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "Qcur": ((1e-1, 5e-3), (5e-4, 1e-8), (1e-5, 1e-10)),
@@ -27,4 +30,23 @@ _ROWS = {  # stage: ((llama.cpp), (transformers), (llama.cpp F32))
     "result_norm": ((1.5e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "result_output": ((2e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
 }
+SHARED_ROW = {"Qcur_normed": "Qcur", "Kcur_normed": "Kcur"}  # stages that take another's row
 TOLERANCES = {kind: {stage: row[i] for stage, row in _ROWS.items()} for i, kind in enumerate(REFERENCE_KINDS)}
+
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # half the spacing of floats in [1, 2)
+
+
+def rounding_bands(numerics):
+    """(max_rel, nmse) for one stage of an engine computing in `numerics` (bfloat16, float16), re-run by refllama
+    on that engine's own inputs: its weights and its output each rounded once, a handful of units of roundoff.
+    Stages refllama cannot re-run (no model at hand, inputs not dumped) get the llama.cpp column, whose 8-bit
+    activations are as coarse as bfloat16."""
+    u = UNIT_ROUNDOFF[numerics]
+    return (16 * u, (4 * u) ** 2)
+
+
+def band(column, stage):
+    """(max_rel, nmse) for `stage` in a column of the table or a rounding format's; None for a stage no row covers."""
+    if column in UNIT_ROUNDOFF:
+        return rounding_bands(column)
+    return TOLERANCES[column].get(SHARED_ROW.get(stage, stage))

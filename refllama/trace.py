@@ -13,10 +13,9 @@ _recorder = None
 
 
 def tap(name, layer, x):
-    """Hand stage `name` of `layer` (None outside the blocks) to the active recorder, if any; return x."""
-    if _recorder is not None:
-        _recorder.record(name, layer, x)
-    return x
+    """Hand stage `name` of `layer` (None outside the blocks) to the active recorder, if any, and go on with
+    what it returns: x itself when tracing, another engine's value when refllama.compare re-runs stages."""
+    return x if _recorder is None else _recorder.record(name, layer, x)
 
 
 def stage_name(name, layer):
@@ -27,19 +26,22 @@ class Trace(Mapping):
     """The stages of the forward passes run while it was active, in order; a stage seen twice keeps the last.
     A read-only mapping: `t["attn_norm-0"]`, `t.keys()`, `t.items()`, `t.get(name)`, `dict(t)`.
 
-    `names`, if given, limits what is kept (a long prompt's every stage is hundreds of MB).
+    `names`, if given, limits what is kept (a long prompt's every stage is hundreds of MB); `to_layout(stage, a)`,
+    if given, converts q/k stages to another pair layout.
     """
 
-    def __init__(self, names=None):
+    def __init__(self, names=None, to_layout=None):
         self.arrays = {}
         self.names = None if names is None else set(names)
+        self.to_layout = to_layout
 
     def record(self, name, layer, x):
         key = stage_name(name, layer)
-        if self.names is not None and key not in self.names:
-            return
-        self.arrays.pop(key, None)  # re-insert, so order is that of the last pass
-        self.arrays[key] = to_numpy(x).copy()  # a copy: cache views are overwritten by later steps
+        if self.names is None or key in self.names:
+            self.arrays.pop(key, None)  # re-insert, so order is that of the last pass
+            a = to_numpy(x).copy()  # a copy: cache views are overwritten by later steps
+            self.arrays[key] = self.to_layout(name, a) if self.to_layout else a
+        return x
 
     def __getitem__(self, key):
         return self.arrays[key]
@@ -52,14 +54,31 @@ class Trace(Mapping):
 
 
 @contextmanager
-def trace(model=None, names=None):
-    """Record the stages of every forward pass run inside the block (`model` reads well at the call site;
-    any model's passes are recorded); `names` limits the stages kept."""
+def trace(model=None, names=None, qk_layout=None):
+    """Record the stages of every forward pass run inside the block (any model's passes are recorded); `names`
+    limits the stages kept. `qk_layout` ("half" or "interleaved") gives q/k stages in that RoPE pair layout
+    rather than the model's own (llama.cpp's for its architecture); it needs `model`."""
+    to_layout = None
+    if qk_layout is not None:
+        from .arch import LAYOUTS, QK_STAGES, permute_qk
+
+        if model is None or qk_layout not in LAYOUTS:
+            raise ValueError(f"trace(model, qk_layout=...) needs the model and one of {LAYOUTS}")
+        if qk_layout != model.config.rope_layout:
+            def to_layout(stage, a, rope_dim=model.config.rope_dim):
+                return permute_qk(a, qk_layout, rope_dim) if stage in QK_STAGES else a
+    with recording(Trace(names, to_layout)) as t:
+        yield t
+
+
+@contextmanager
+def recording(recorder):
+    """Make `recorder` (anything with record(name, layer, x) -> array) see every stage inside the block."""
     global _recorder
     if _recorder is not None:
         raise RuntimeError("refllama.trace() blocks cannot be nested")
-    _recorder = Trace(names)
+    _recorder = recorder
     try:
-        yield _recorder
+        yield recorder
     finally:
         _recorder = None

@@ -10,6 +10,7 @@ import sys
 from collections import defaultdict
 
 from refllama.arch.llama import STAGES as LAYER_STAGES
+from refllama.tolerances import REFERENCE_KINDS
 
 ORDER = ["inp_embd", *LAYER_STAGES, "result_norm", "result_output"]
 
@@ -22,7 +23,7 @@ def main(path):
         w[0], w[1] = max(w[0], r["max_rel"]), max(w[1], r["nmse"])
     print(f"{'stage':<14} {'reference':<13} {'isolated rel':>12} {'nmse':>9} {'end_to_end rel':>15} {'nmse':>9}")
     for stage in ORDER:
-        for kind in ("llama.cpp", "transformers"):
+        for kind in REFERENCE_KINDS:
             iso, e2e = worst.get((stage, kind, "isolated")), worst.get((stage, kind, "end_to_end"))
             if iso or e2e:
                 iso, e2e = iso or [float("nan")] * 2, e2e or [float("nan")] * 2
