@@ -21,6 +21,7 @@ import numpy as np
 from . import arch as archs
 from .dump import NUMERICS, Dump, forward_order, known_stages, model_sha256, split_name, stack_records
 from .errors import RefllamaError
+from .layers import ROPE
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 from .trace import recording, stage_name
 from .xp import to_numpy
@@ -31,27 +32,28 @@ ATTENTION = ("kq", "kq_soft_max")  # [H, T, S]: only the keys a query sees are c
 
 
 class Column(NamedTuple):
-    """The tolerance bands for a pair: `local` for a stage re-run on a side's own inputs, `e2e` end to end."""
+    """The tolerance column for a pair, and why it was chosen."""
     name: str
     why: str
-    local: str
-    e2e: str
+
+    def local(self, stage):  # a stage re-run on one side's own inputs
+        return band(self.name, stage)
+
+    def e2e(self, stage):  # MINE against REF
+        return band(self.name, stage, end_to_end=True)
 
 
 def choose_column(mine, ref, override=None):
     """The bands that fit the pair, from both dumps' numerics (declared, or implied by the producer)."""
     if override:
-        e2e = "llama.cpp" if override in UNIT_ROUNDOFF else override
-        return Column(override, "set by --tolerance", override, e2e)
+        return Column(override, "set by --tolerance")
     sides = f"MINE {mine.numerics}, REF {ref.numerics}"
     coarse = max(mine.numerics, ref.numerics, key=COARSENESS.index)
     if coarse == "ggml":
-        return Column("llama.cpp", f"{sides}: llama.cpp's 8-bit activations and f16 KV cache", "llama.cpp",
-                      "llama.cpp")
+        return Column("llama.cpp", f"{sides}: llama.cpp's 8-bit activations and f16 KV cache")
     if coarse in UNIT_ROUNDOFF:
-        return Column(coarse, f"{sides}: bands of {coarse}'s rounding for stages re-run on their inputs, the "
-                      "llama.cpp column end to end", coarse, "llama.cpp")
-    return Column("float32", f"{sides}: two float32 engines on the same weights", "float32", "float32")
+        return Column(coarse, f"{sides}: bands of {coarse}'s rounding for each stage re-run on its own inputs")
+    return Column("float32", f"{sides}: two float32 engines on the same weights")
 
 
 def within(m, tol):
@@ -205,7 +207,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
             raise RefllamaError(f"stage '{name}': shapes differ, {list(a.shape)} in MINE vs {list(b.shape)} in REF")
         row = {"name": name, "stage": stage, "layer": layer, "positions": positions,
                **metrics(a, b, visible(stage, positions, b.shape))}
-        row["tol"] = band(col.e2e, stage)
+        row["tol"] = col.e2e(stage)
         row["input_nmse"] = previous["nmse"] if previous else None  # the stage before it in forward order
         for side, d in (("MINE", mine), ("REF", ref)):
             f = forced.get(side)
@@ -213,7 +215,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
                 own = [p for p in d.positions(name) if p in set(f.positions(name))]
                 x, y = take(d, name, own), take(f, name, own)
                 row[f"local_{side}"] = metrics(x, y, visible(stage, own, y.shape))
-        local_tol = band(col.local, stage)
+        local_tol = col.local(stage)
         adds = [s for s in ("MINE", "REF") if f"local_{s}" in row and not within(row[f"local_{s}"], local_tol)]
         row["local_tol"] = local_tol
         row["adds"] = adds
@@ -287,41 +289,49 @@ def diagnose(report, mine, ref, forced, model):
     good = forced[side] if side else ref
     positions = [p for p in bad_dump.positions(name) if p in set(good.positions(name))]
     bad, want = take(bad_dump, name, positions), take(good, name, positions)
-    tol = band(report.column.local if side else report.column.e2e, stage)
+    tol = report.column.local(stage) if side else report.column.e2e(stage)
     cfg = model.config if model else None
     against = f"refllama re-run on {side}'s inputs" if side else "REF"
     report.where.append(f"{side or 'MINE'} against {against}:")
     report.where.extend(breakdown(stage, positions, bad, want, tol, cfg))
-    report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, cfg))
+    report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model))
 
 
-def _error_by(diff, want, axis):
-    """nmse of each slice along `axis` (against the whole tensor's mean square, so tiny slices do not shout)."""
+def _error_by(diff, scale, axis):
+    """Mean squared error of each slice along `axis`, over `scale` (the whole reference's mean square)."""
     other = tuple(i for i in range(diff.ndim) if i != axis)
-    scale = float(np.mean(want ** 2)) or 1.0
     return np.nanmean(diff ** 2, axis=other) / scale
 
 
 def breakdown(stage, positions, bad, want, tol, cfg):
     """Lines: which positions, heads and channels are wrong."""
     valid = visible(stage, positions, want.shape)
-    diff = np.where(valid if valid is not None else True, bad.astype(np.float64) - want, np.nan)
+    diff = np.where(True if valid is None else valid, bad.astype(np.float64) - want, np.nan)
+    scale = float(np.nanmean(np.where(True if valid is None else valid, want.astype(np.float64), np.nan) ** 2)) or 1.0
     exact = tol[1] if tol else 1e-8
     lines = []
 
-    def split(label, errors, names):
+    def split(label, errors, names, note=""):
         ok = [names[i] for i, e in enumerate(errors) if e <= exact]
         wrong = [names[i] for i, e in enumerate(errors) if not e <= exact]
         if ok and wrong:
-            lines.append(f"  by {label}: exact at {_spans(ok)}; wrong at {_spans(wrong)}")
+            lines.append(f"  by {label}: exact at {_spans(ok)}; wrong at {_spans(wrong)}{note}")
         elif wrong:
             lines.append(f"  by {label}: wrong at every one ({len(wrong)})")
+        return ok, wrong
 
-    split("position", _error_by(diff, want, Dump.axis_of(stage)), positions)
+    split("position", _error_by(diff, scale, Dump.axis_of(stage)), positions)
     heads = _heads(stage, diff, cfg)
     if heads is not None:
-        split("head", _error_by(heads, np.ones(1), 1 if stage not in ATTENTION else 0) / max(np.mean(want ** 2), 1e-30),
-              list(range(heads.shape[1 if stage not in ATTENTION else 0])))
+        axis = 0 if stage in ATTENTION else 1
+        n = heads.shape[axis]
+        ok, wrong = split("head", _error_by(heads, scale, axis), list(range(n)))
+        kvh = cfg.n_head_kv if cfg else None
+        if ok and wrong and kvh and stage not in ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur") and n != kvh:
+            group = n // kvh
+            if ok == [h for h in range(n) if h // group == h % kvh]:
+                lines.append(f"hint: exactly the heads h with h // {group} == h % {kvh} are right: query head h "
+                             f"must read kv head h // {group} (grouped-query attention), not h % {kvh}")
     if diff.ndim == 2:
         per = np.nansum(diff ** 2, axis=0)
         total = float(per.sum()) or 1.0
@@ -344,10 +354,11 @@ def _heads(stage, a, cfg):
     return None
 
 
-def hints(stage, layer, positions, bad, want, tol, bad_dump, good, cfg):
+def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
     """Lines naming the usual signatures: a constant factor, a sign flip, the other RoPE pair layout, a
     permutation of heads, another stage's value, another activation, another eps, another softmax scale."""
     exact = tol[1] if tol else 1e-8
+    cfg = model.config if model else None
     valid = visible(stage, positions, want.shape)
     m = np.ones(want.shape, bool) if valid is None else valid
     b, w = bad[m].astype(np.float64), want[m].astype(np.float64)
@@ -388,9 +399,10 @@ def hints(stage, layer, positions, bad, want, tol, bad_dump, good, cfg):
     inputs = _inputs_of(stage, layer, bad_dump, positions)
     if stage == "ffn_swiglu" and inputs:
         gate, up = inputs
-        for label, f in ACTIVATIONS.items():
-            if close(f(gate) * up, bad):
-                out.append(f"hint: matches {label}(ffn_gate) * ffn_up; the model's is silu")
+        err = {label: metrics(f(gate) * up, bad)["nmse"] for label, f in ACTIVATIONS.items()}
+        best = min(err, key=err.get)
+        if err[best] <= exact:
+            out.append(f"hint: matches {best}(ffn_gate) * ffn_up; the model's is silu")
     if stage == "kq_soft_max" and inputs and cfg is not None:
         (kq,) = inputs
         mask = np.where(visible(stage, positions, kq.shape), 0.0, -np.inf)
@@ -406,19 +418,47 @@ def hints(stage, layer, positions, bad, want, tol, bad_dump, good, cfg):
         eps = ratio * (ms + cfg.rms_eps) - ms
         if np.all(np.abs(ratio - 1) > 1e-7) and np.ptp(eps) <= 0.1 * abs(np.median(eps)) + 1e-12:
             out.append(f"hint: matches an RMS norm with eps {np.median(eps):.3g}; the model's is {cfg.rms_eps:g}")
-    if not out:
-        wrong = _error_by(np.where(m, bad.astype(np.float64) - want, np.nan), want, Dump.axis_of(stage)) > exact
-        if len(positions) > 1 and not wrong[0] and wrong[1:].all():
-            out.append("hint: the first position is right and the later ones are not: something that depends on "
-                       "the position (RoPE's theta or positions, the mask, the KV cache)")
+    if stage in ("Qcur_rope", "Kcur_rope") and cfg is not None:
+        inp = _inputs_of(stage, layer, bad_dump, positions, cfg)
+        if inp and model is not None:
+            other = "half" if cfg.rope_layout == "interleaved" else "interleaved"
+            cos, sin = (to_numpy(t)[positions] for t in (model.cache.cos, model.cache.sin))
+            held_other = archs.permute_qk(inp[0].astype(np.float32), other, cfg.rope_dim)  # q/k in the other order
+            swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
+            if close(swapped, bad):
+                out.append("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs "
+                           "(i, i + R/2), or the reverse; the engine's RoPE and its q/k layout disagree")
+    if stage == "kq_soft_max":
+        future = ~visible(stage, positions, bad.shape)
+        if np.nansum(np.abs(bad[future])) > 1e-3 * np.nansum(np.abs(bad[m])):
+            out.append("hint: weights on keys after each query's own position: the causal mask is missing")
+    for fmt, rounding in ROUNDINGS.items():
+        rounded = b.size and np.array_equal(rounding(b), b) and not np.array_equal(rounding(w), w)
+        if rounded and bad_dump.numerics != fmt:
+            out.append(f"hint: every value is a {fmt} number: rounded to {fmt} (if the engine computes in {fmt}, say "
+                       f"so: manifest 'numerics', or --numerics {fmt})")
+            break
+    wrong = _error_by(np.where(m, bad.astype(np.float64) - want, np.nan), float(np.mean(w ** 2)) or 1.0,
+                      Dump.axis_of(stage)) > exact
+    n_prompt = len(bad_dump.prompt_ids)
+    decode = [p >= n_prompt for p in positions]
+    if any(decode) and list(wrong) == decode:
+        steps = _spans([p for p in positions if p >= n_prompt])
+        out.append(f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode "
+                   "path (its position, its KV cache slot, its mask)")
+    elif not out and len(positions) > 1 and not wrong[0] and wrong[1:].all():
+        out.append("hint: the first position is right and the later ones are not: something that depends on "
+                   "the position (RoPE's theta or positions, the mask, the KV cache)")
     return out
 
 
-def _inputs_of(stage, layer, dump, positions):
+def _inputs_of(stage, layer, dump, positions, cfg=None):
     """The dump's own inputs of a stage whose hints need them, at `positions`, or None."""
+    q = "Qcur_normed" if cfg is not None and "Qcur_normed" in archs.get(cfg.arch).STAGES else "Qcur"
     names = {"ffn_swiglu": [f"ffn_gate-{layer}", f"ffn_up-{layer}"], "kq_soft_max": [f"kq-{layer}"],
              "attn_norm": ["inp_embd" if layer == 0 else f"l_out-{(layer or 0) - 1}"],
-             "ffn_norm": [f"ffn_inp-{layer}"]}.get(stage)
+             "ffn_norm": [f"ffn_inp-{layer}"],
+             "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"]}.get(stage)
     if not names or not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
         return None
     return [take(dump, n, positions).astype(np.float64) for n in names]
@@ -435,6 +475,16 @@ def _gelu(x):
     return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
 
 
+def _bfloat16(x):
+    b = np.asarray(x, np.float32).view(np.uint32)
+    return ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+def _float16(x):
+    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+ROUNDINGS = {"bfloat16": _bfloat16, "float16": _float16}
 ACTIVATIONS = {  # what engines put where SwiGLU's silu belongs
     "gelu": _gelu,
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
@@ -554,17 +604,18 @@ def print_report(rep, show_all):
     print(f"tolerance: {col.name} ({col.why})")
     for note in rep.notes:
         print(f"note: {note}")
-    print(f"{'stage':<18} {'max_rel':>9} {'nmse':>9} {'input':>9} {'MINE':>9} {'REF':>9}  verdict")
-    print(f"{'':<18} {'(end to end)':>19} {'nmse':>9} {'local':>9} {'local':>9}")
-    for r in rep.rows:
-        if show_all or not r["ok"] or r["carried"]:
-            local = [f"{r[f'local_{s}']['nmse']:9.2e}" if f"local_{s}" in r else f"{'-':>9}" for s in ("MINE", "REF")]
-            inp = f"{r['input_nmse']:9.2e}" if r["input_nmse"] is not None else f"{'-':>9}"
-            verdict = ("adds error (" + ", ".join(r["adds"]) + ")" if r["adds"] else
-                       "FAIL" if not r["ok"] else "carried from its inputs" if r["carried"] else "ok")
-            pos = r["positions"]
-            at = f" @{pos[0]}" if len(pos) == 1 else ""
-            print(f"{r['name'] + at:<18} {r['max_rel']:9.2e} {r['nmse']:9.2e} {inp} {local[0]} {local[1]}  {verdict}")
+    shown = [r for r in rep.rows if show_all or not r["ok"] or r["carried"]]
+    if shown:
+        print(f"{'stage':<18} {'max_rel':>9} {'nmse':>9} {'input':>9} {'MINE':>9} {'REF':>9}  verdict")
+        print(f"{'':<18} {'(end to end)':>19} {'nmse':>9} {'local':>9} {'local':>9}")
+    for r in shown:
+        local = [f"{r[f'local_{s}']['nmse']:9.2e}" if f"local_{s}" in r else f"{'-':>9}" for s in ("MINE", "REF")]
+        inp = f"{r['input_nmse']:9.2e}" if r["input_nmse"] is not None else f"{'-':>9}"
+        verdict = ("adds error (" + ", ".join(r["adds"]) + ")" if r["adds"] else
+                   "FAIL" if not r["ok"] else "carried from its inputs" if r["carried"] else "ok")
+        pos = r["positions"]
+        at = f" @{pos[0]}" if len(pos) == 1 else ""
+        print(f"{r['name'] + at:<18} {r['max_rel']:9.2e} {r['nmse']:9.2e} {inp} {local[0]} {local[1]}  {verdict}")
     print("\n".join(rep.coverage))
     if rep.first is None:
         print(f"all {len(rep.rows)} stages within tolerance")

@@ -299,9 +299,11 @@ class Dump:
         if "shape" in e and list(a.shape) != list(e["shape"]):
             _fail(self.dir, f"stage '{name}': shape {list(a.shape)} differs from the manifest's {e['shape']}")
         want = stage_ndim(stage)
-        if a.ndim == want + 1 and a.shape[0] == 1:  # a batch of one
-            a = a[0]
-        if a.ndim == 2 and want == 3 and stage not in ("kq", "kq_soft_max"):  # [T, n*HD]: split into heads
+        split_heads = want == 3 and stage not in ("kq", "kq_soft_max")
+        if a.shape[:1] == (1,) and (a.ndim == want + 1 or (split_heads and a.ndim == 3 and self.head_dim
+                                                             and a.shape[-1] != self.head_dim)):
+            a = a[0]  # a batch of one (q/k/v as [1, T, n*HD] too)
+        if a.ndim == 2 and split_heads:  # [T, n*HD]: split into heads
             if not self.head_dim or a.shape[1] % self.head_dim:
                 _fail(self.dir, f"stage '{name}' is [T, n*HD] {list(a.shape)}; give the head dim (manifest "
                       "'head_dim', or a model) to split it")
