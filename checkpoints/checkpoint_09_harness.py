@@ -15,6 +15,7 @@ import pytest
 import refllama.arch.llama
 from refllama.compare import compare
 from refllama.layers import rms_norm, rope_half, rope_interleaved
+from refllama.tolerances import REFERENCE_KINDS, TOLERANCES
 
 REF = harness.HERE / "ref"
 
@@ -115,7 +116,7 @@ def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
 
 def readme_tolerances(path):
     """{column: {stage: (max_rel, nmse)}} from the markdown table whose rows start '| `stage` |'."""
-    table = {kind: {} for kind in harness.REFERENCE_KINDS}
+    table = {kind: {} for kind in REFERENCE_KINDS}
     for line in path.read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if cells[0].startswith("`") and len(cells) > 2 * len(table):
@@ -126,7 +127,7 @@ def readme_tolerances(path):
 
 def test_the_tolerance_table_in_the_package_equals_the_readme_table():
     """compare and the suite use refllama.tolerances (it ships in the wheel); the README explains each row."""
-    assert readme_tolerances(harness.HERE / "README.md") == harness.TOLERANCES
+    assert readme_tolerances(harness.HERE / "README.md") == TOLERANCES
 
 
 def test_compare_reports_coverage_and_names_a_misspelt_stage(model, tmp_path):

@@ -4,7 +4,8 @@ Models for SmolLM2's references: "gguf-numpy", "gguf-numba" (quantized weights, 
 (skipped with a reason when CuPy or a GPU is missing) load its GGUF file; "hf-numpy" is the same model exported by
 `refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
 transformers references. Each tiny family's references check "f32-numpy", its F32 GGUF. A test module that sets
-`NEEDS = "stage"` runs only on the models whose blocks have that stage.
+`NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets `DECODE = True`, only on the
+references that hold decode steps.
 """
 
 import harness
@@ -22,7 +23,7 @@ CASES = ([(i, f"gguf-{b}") for b in BACKENDS for i, r in enumerate(harness.REFS)
 def case_name(case_id):
     r = harness.REFS[case_id[0]]
     model = "" if r.model == "smollm2" else f"{r.model}-"
-    return f"{harness.KINDS[r.source]}-{model}{r.prompt}-{case_id[1]}"
+    return f"{r.source}-{model}{r.prompt}-{case_id[1]}"
 
 
 def pytest_generate_tests(metafunc):
@@ -34,6 +35,8 @@ def pytest_generate_tests(metafunc):
         if needs:
             cases = [c for c in cases if any(e["stage"] == needs for e in harness.reference(
                 harness.REFS[c[0]].path).entries.values())]
+        if getattr(metafunc.module, "DECODE", False):  # a module for the references with decode steps
+            cases = [c for c in cases if harness.reference(harness.REFS[c[0]].path).decode_ids]
         if "layer" in names:
             pairs = [(c, n) for c in cases for n in harness.stored_layers(harness.REFS[c[0]])]
             metafunc.parametrize("case_id, layer", pairs, ids=[f"{case_name(c)}-layer{n}" for c, n in pairs])

@@ -50,10 +50,10 @@ REFS = ([Ref("smollm2", p.parent.parent.name, p.parent.name, p.parent)
 
 @lru_cache(maxsize=None)
 def reference(path):
-    """A stored reference dump, q/k in the pair layout refllama uses for its architecture."""
-    d = Dump(path)
+    """A stored reference dump's prefill, q/k in the pair layout refllama uses for its architecture."""
+    d = Dump(path, prefill_only=True)  # the decode steps are checkpoint_10's
     want = archs.get(d.manifest.get("arch", "llama")).ROPE_LAYOUT
-    return d if d.layout == want else Dump(path, layout=want)
+    return d if d.layout == want else Dump(path, layout=want, prefill_only=True)
 
 
 def smollm2_reference(source, prompt):

@@ -543,7 +543,7 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-KL_SAME, KL_CLOSE = 1e-4, 5e-2  # mean KL: numerics only; a quantized model's usual departure
+KL_SAME, KL_CLOSE, TOP1_CLOSE = 1e-4, 5e-2, 0.9  # numerics only; a quantized model's usual departure
 
 
 def print_logits(v):
@@ -551,11 +551,20 @@ def print_logits(v):
     print(f"KL(REF || MINE): mean {v['kl_mean']:.3e}, p99 {v['kl_p99']:.3e}, max {v['kl_max']:.3e}")
     print(f"top-1 agreement: {v['top1']:.2%}")
     print(f"perplexity: MINE {v['ppl_mine']:.4f}, REF {v['ppl_ref']:.4f}")
-    verdict = ("the same distribution (float rounding)" if v["kl_mean"] <= KL_SAME and v["top1"] == 1 else
-               "close: a departure like a quantized model's" if v["kl_mean"] <= KL_CLOSE else
-               "different: look for the first divergence with a stage dump")
-    print(f"verdict: {verdict}")
-    return 0 if v["kl_mean"] <= KL_CLOSE else 1
+    print(f"verdict: {verdict(v)}")
+    return 0 if close_enough(v) else 1
+
+
+def close_enough(v):
+    return v["kl_mean"] <= KL_CLOSE and v["top1"] >= TOP1_CLOSE
+
+
+def verdict(v):
+    if v["kl_mean"] <= KL_SAME and v["top1"] == 1:
+        return "the same distribution (float rounding)"
+    if close_enough(v):
+        return "close: a departure like a quantized model's"
+    return "different: look for the first divergence with a stage dump"
 
 
 # ---- output
@@ -597,6 +606,7 @@ def plot(rows, path, first=None):
     ax.set_title("error per stage (red: past tolerance; star: first divergence"
                  + (f", {first['name']})" if first else ")"))
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    return labels
 
 
 def print_report(rep, show_all):
@@ -657,8 +667,8 @@ def main(argv=None):
         if args.logits:
             v = logits_verdict(args.mine, args.ref)
             if args.json:
-                print(json.dumps(v, indent=1))
-                return 0 if v["kl_mean"] <= KL_CLOSE else 1
+                print(json.dumps({**v, "verdict": verdict(v)}, indent=1))
+                return 0 if close_enough(v) else 1
             return print_logits(v)
         model, why = (None, "--no-rerun") if args.no_rerun else find_model(args.model, Dump(args.mine), Dump(args.ref))
         rep = compare(args.mine, args.ref, model, args.tolerance, args.numerics)

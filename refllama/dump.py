@@ -201,11 +201,12 @@ class Dump:
     each row; `token_ids` the token at every position (prompt, then `decode_ids`).
 
     Also read: a leading batch axis of 1, q/k/v as [T, H*HD] (split with `head_dim`, the manifest's or the one
-    given), float16 and bfloat16. `layout` converts q/k to that RoPE pair layout.
+    given), float16 and bfloat16. `layout` converts q/k to that RoPE pair layout; `prefill_only` leaves the
+    decode steps out.
     """
 
-    def __init__(self, path, layout=None, head_dim=None):
-        self.dir = Path(path)
+    def __init__(self, path, layout=None, head_dim=None, prefill_only=False):
+        self.dir, self.prefill_only = Path(path), prefill_only
         if self.dir.is_file() and self.dir.suffix == ".safetensors":
             self.manifest, raw = _read_safetensors(self.dir)
         elif self.dir.is_dir():
@@ -282,7 +283,8 @@ class Dump:
                 if p in seen:
                     _fail(self.dir, f"stage '{name}': position {p} stored twice")
                 seen.add(p)
-            parts.append((pos, a))
+            if not (self.prefill_only and pos and pos[0] >= len(self.prompt_ids)):
+                parts.append((pos, a))
         parts.sort(key=lambda part: part[0][0] if part[0] else 0)
         try:
             return (*stack_records(parts, self.token_axis(name)), parts)
@@ -352,6 +354,8 @@ def add_tool_args(parser, producer):
     parser.add_argument("-o", "--out", required=True, help="dump directory to create")
     parser.add_argument("--greedy", type=int, default=0,
                         help=f"also record {producer}'s greedy continuation of N tokens")
+    parser.add_argument("--decode-steps", type=int, default=0,
+                        help=f"also dump N decode steps, one greedy token each, after the prefill (by {producer})")
     parser.add_argument("-t", "--threads", type=int, default=2)
     parser.add_argument("--layers", help="comma-separated blocks to keep, negative from the end (default: all)")
     parser.add_argument("--max-rows", type=int, help="token positions kept per stage for longer prompts")

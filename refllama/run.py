@@ -81,7 +81,7 @@ def run(args, prompt):
         system = [{"role": "system", "content": args.system}] if args.system else []
         messages = system + [{"role": "user", "content": prompt}]
         ids = m.chat_tokens(messages)
-    else:
+    elif not args.tokens_from:
         ids = m.tokenize(prompt)
         sys.stdout.write(prompt)
     if args.dump_dir:

@@ -40,8 +40,9 @@ PRODUCER = {"producer": f"transformers {transformers.__version__} (torch {torch.
             "qk_layout": "half"}
 
 
-def capture(hf, ids):
-    """Stages of one forward pass of `ids` (batch of one), as numpy float32."""
+def capture(hf, ids, decode_steps=0):
+    """Stages of one forward pass of `ids` (batch of one), as numpy float32, then of `decode_steps` greedy decode
+    steps, one token each through transformers' KV cache: (prefill stages, [each step's stages], decoded ids)."""
     stages, hooks = {}, []
     H, KVH = hf.config.num_attention_heads, hf.config.num_key_value_heads
 
@@ -52,7 +53,7 @@ def capture(hf, ids):
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         i = module.layer_idx
         keep(f"Qcur_rope-{i}", query.transpose(1, 2))  # [1, H, T, HD] -> [T, H, HD]
-        keep(f"Kcur_rope-{i}", key.transpose(1, 2))  # [1, KVH, S, HD] -> [S, KVH, HD]
+        keep(f"Kcur_rope-{i}", key[:, :, -query.shape[2]:].transpose(1, 2))  # this step's keys: [T, KVH, HD]
         k = key.repeat_interleave(module.num_key_value_groups, dim=1)
         keep(f"kq-{i}", query @ k.transpose(2, 3))  # [H, T, S]
         out, weights = eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
@@ -107,12 +108,19 @@ def capture(hf, ids):
                   layer.register_forward_hook(out_hook(f"l_out-{i}"))]
     hooks += [m.norm.register_forward_hook(out_hook("result_norm")),
               hf.lm_head.register_forward_hook(out_hook("result_output"))]
+    decode, decode_ids = [], []
     with torch.no_grad():
-        hf(torch.tensor([ids]), use_cache=False)
+        out = hf(torch.tensor([ids]), use_cache=True)
+        prefill = dict(stages)
+        for _ in range(decode_steps):
+            decode_ids.append(int(out.logits[0, -1].argmax()))
+            stages.clear()
+            out = hf(torch.tensor([decode_ids[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            decode.append(dict(stages))
     for h in hooks:
         h.remove()
     hf.set_attn_implementation("eager")
-    return stages
+    return prefill, decode, decode_ids
 
 
 def greedy(hf, ids, n):
@@ -135,12 +143,13 @@ def main(argv=None):
     load_args = dict(dtype=torch.float32, attn_implementation="eager")
     hf = (AutoModelForCausalLM.from_pretrained(model_path, **load_args) if os.path.isdir(model_path)
           else AutoModelForCausalLM.from_pretrained(d, gguf_file=f, **load_args)).eval()
-    stages = capture(hf, ids)
+    stages, decode, decode_ids = capture(hf, ids, args.decode_steps)
     names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), m.arch.STAGES)
     provenance = {**PRODUCER, "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
-                  "parse_special": args.special, "token_ids": ids, "arch": m.config.arch,
+                  "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids, "arch": m.config.arch,
                   "greedy": greedy(hf, ids, args.greedy)}
-    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes)
+    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes,
+               [{n: step[n] for n in names} for step in decode])
     print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
 
 

@@ -7,7 +7,8 @@ nodes it knows into numpy, names them as refllama does, and writes one dump dire
     the matmul becomes `Qcur-N` and the rope `Qcur_rope-N` (likewise `Kcur`); the reshape is skipped;
   - kq and kq_soft_max [S_pad, T, H] are cropped to the S = T cells this fresh context uses -> [H, T, S];
   - q/k stay in GGUF's interleaved pair layout (qk_layout "interleaved").
-It also records llama.cpp's own greedy continuation (`--greedy N`) in the manifest.
+It also records llama.cpp's own greedy continuation (`--greedy N`) in the manifest, and with `--decode-steps N`
+the stages of N decode steps after the prefill, one token each, as their own records.
 
     python tools/dump_llamacpp.py -p "The capital of France is" -o dumps/llamacpp-short
 Needs llama-cpp-python (README: "Regenerating the references").
@@ -96,17 +97,17 @@ def unfuse(stages, arch, n_head, n_head_kv):
     return stages
 
 
-def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None):
-    """Stages of one prefill of `ids` and llama.cpp's context, via cb_eval; the KV cache is f16 (llama.cpp's
-    default) or F32."""
-    T, stages = len(ids), {}
+def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0):
+    """Stages of one prefill of `ids`, then of each of `decode_steps` greedy decode steps (one token each), via
+    cb_eval: (prefill stages, [each step's stages], the decoded ids). The KV cache is f16 (llama.cpp's default)
+    or F32."""
     mp = llama_cpp.llama_model_default_params()
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
     if not model:
         sys.exit(f"llama.cpp could not load {model_path}")
     heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
              "Vcur": llama_cpp.llama_model_n_head_kv(model)}
-
+    step = {"stages": {}, "T": 0, "S": 0}  # the batch being run: its stages, its tokens, the keys it sees
     attn_out = {}  # node address -> layer, to find the unnamed residual that adds it
 
     @llama_cpp.ggml_backend_sched_eval_callback
@@ -124,36 +125,49 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None):
             attn_out[ptr] = layer if stage else attn_out[t.src[0]]
         if ask or stage is None:
             return stage is not None  # ask: observe only the nodes we store
-        a = to_numpy(t)  # [ne3, ne2, ne1, ne0]
+        a, T = to_numpy(t), step["T"]  # [ne3, ne2, ne1, ne0]
         if stage in ("kq", "kq_soft_max"):
-            a = a[0, :, :, :T]  # [H, T, S_pad] -> [H, T, S]
+            a = a[0, :, :, :step["S"]]  # [H, T, S_pad] -> [H, T, S]: the cells this fresh context filled
         elif stage in ("Qcur_rope", "Kcur_rope", "Qcur_normed", "Kcur_normed"):
             a = a[0]  # [T, n_heads, HD]
         elif stage in heads:
             a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
         else:
             a = a[0, 0]  # [T, width]
-        stages[f"{stage}-{layer}" if layer else stage] = a
+        step["stages"][f"{stage}-{layer}" if layer else stage] = a
         return True
 
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = n_ctx or max(256, T + 64)
+    cp.n_ctx = n_ctx or max(256, len(ids) + decode_steps + 64)
     if kv_f32:
         cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
-    cp.n_batch = cp.n_ubatch = max(T, 1)
+    cp.n_batch = cp.n_ubatch = max(len(ids), 1)
     cp.n_threads = cp.n_threads_batch = n_threads
     cp.flash_attn_type = 0  # disabled: the unfused path exposes kq and kq_soft_max
     cp.cb_eval = cb
     ctx = llama_cpp.llama_init_from_model(model, cp)
-    batch = llama_cpp.llama_batch_init(T, 0, 1)
-    batch.n_tokens = T
-    for i, tok in enumerate(ids):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, i, 1, 1
-        batch.seq_id[i][0] = 0
-    if llama_cpp.llama_decode(ctx, batch) != 0:
-        sys.exit("llama_decode failed")
-    llama_cpp.llama_batch_free(batch)
-    return unfuse(stages, arch_of(model_path), heads["Qcur"], heads["Kcur"]), model, ctx, cb
+    arch, n_vocab = arch_of(model_path), llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+
+    def run(tokens, start):
+        step.update(stages={}, T=len(tokens), S=start + len(tokens))
+        batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+        batch.n_tokens = len(tokens)
+        for i, tok in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, start + i, 1, 1
+            batch.seq_id[i][0] = 0
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            sys.exit("llama_decode failed")
+        llama_cpp.llama_batch_free(batch)
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        return unfuse(step["stages"], arch, heads["Qcur"], heads["Kcur"]), int(np.argmax(logits))
+
+    prefill, nxt = run(ids, 0)
+    decode, decode_ids = [], []
+    for k in range(decode_steps):
+        decode_ids.append(nxt)
+        stages, nxt = run([nxt], len(ids) + k)
+        decode.append(stages)
+    return prefill, decode, decode_ids, model, ctx, cb
 
 
 def greedy(model_path, ids, n, n_threads, kv_f32=False, n_ctx=None):
@@ -178,7 +192,7 @@ def main(argv=None):
     model_path = args.model or default_model_path()
     vocab = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
     ids = vocab.tokenize(args.prompt.encode("utf-8"), add_bos=True, special=args.special)
-    stages, *_ = capture(model_path, ids, args.threads)
+    stages, decode, decode_ids, *_ = capture(model_path, ids, args.threads, decode_steps=args.decode_steps)
     n_layer = 1 + max(int(n.rsplit("-", 1)[1]) for n in stages if n.startswith("l_out-"))
     arch = arch_of(model_path)
     names, rows, dtypes = plan_from_args(args, n_layer, len(ids), arch.STAGES)
@@ -188,11 +202,13 @@ def main(argv=None):
     provenance = {
         "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off)",
         "model": os.path.basename(model_path), "model_sha256": file_sha256(model_path),
-        "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "arch": arch.NAME,
+        "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids,
+        "arch": arch.NAME,
         "qk_layout": arch.ROPE_LAYOUT,
         "greedy": greedy(model_path, ids, args.greedy, args.threads),
     }
-    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes)
+    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes,
+               [{n: step[n] for n in names} for step in decode])
     print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
 
 

@@ -1,7 +1,8 @@
 """Regenerate checkpoints/ref/: llama.cpp and transformers dumps of SmolLM2 for the checkpoint suite's prompts.
 
 Kept: blocks 0, 1, 15 and 29 (with each one's input), embeddings, final norm; the first 8 and last 12
-token positions of longer prompts (K and V: all); logits for the last 4 positions; 16 greedy tokens.
+token positions of longer prompts (K and V: all); logits for the last 4 positions; 16 greedy tokens; the same
+stages for 4 greedy decode steps after the prefill.
 transformers' stages are stored as float32 (it agrees with refllama to ~1e-6, which float16 would hide),
 llama.cpp's as float16 (its own activations differ from fp32 by ~1e-3 to 1e-2 of their range, Q8_1 inside).
 
@@ -37,7 +38,7 @@ PROMPTS = {
     "long": (LONG, False),
     "unicode": ("Übersetze: «Ça va très bien» — 東京は日本の首都です。Emoji: 🤖🚀. Answer:", False),
 }
-STORAGE = ["--layers", "0,1,15,-1", "--max-rows", "20", "--logit-rows", "4", "--greedy", "16"]
+STORAGE = ["--layers", "0,1,15,-1", "--max-rows", "20", "--logit-rows", "4", "--greedy", "16", "--decode-steps", "4"]
 
 
 def main():

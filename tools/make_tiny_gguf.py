@@ -133,7 +133,7 @@ def main():
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
                         "F32 weights and KV cache)", "qk_layout": arch.ROPE_LAYOUT,
             "greedy": dump_llamacpp.greedy(str(f32), ids, GREEDY, 2, kv_f32=True, n_ctx=N_CTX), **common})
-        theirs = dump_hf.capture(model, ids)
+        theirs = dump_hf.capture(model, ids)[0]
         write_dump(out / "hf", {n: theirs[n] for n in names},
                    {**dump_hf.PRODUCER, "greedy": dump_hf.greedy(model, ids, GREEDY), **common})
         (out / "reference.json").write_text(json.dumps({

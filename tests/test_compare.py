@@ -1,0 +1,112 @@
+"""refllama.compare's inputs and outputs on the tiny llama GGUF: what a writer may hand it, what it refuses (one
+line, exit 2), the whole-text verdict on logits, the plot, and a trace in the other q/k layout."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import refllama
+from refllama.arch import permute_qk
+from refllama.compare import compare, plot
+
+DATA = Path(__file__).parent / "data" / "gguf-llama"
+LLAMACPP = DATA / "llamacpp-f32"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return refllama.load(DATA / "llama-f32.gguf", n_ctx=256)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return json.loads((LLAMACPP / "manifest.json").read_text())["token_ids"]
+
+
+def run_compare(*args):
+    return subprocess.run([sys.executable, "-m", "refllama.compare", *map(str, args)], capture_output=True, text=True)
+
+
+def hand_written(path, stages, **manifest):
+    """A dump as another engine writes it: np.save files and a manifest of names only."""
+    path.mkdir()
+    for name, a in stages.items():
+        np.save(path / f"{name}.npy", a)
+    (path / "manifest.json").write_text(json.dumps({"format": "refllama-dump/1", "tensors": [
+        {"name": n} for n in stages], **manifest}))
+    return path
+
+
+def test_batch_axis_heads_flattened_and_float16_are_read(tiny, ids, tmp_path):
+    with refllama.trace(tiny, qk_layout="half") as t:
+        tiny.logits(ids)
+    T = len(ids)
+    stages = {"attn_norm-0": t["attn_norm-0"][None].astype(np.float16),  # a batch of one, float16
+              "Qcur-0": t["Qcur-0"].reshape(T, -1),  # [T, H*HD]
+              "Kcur_rope-0": t["Kcur_rope-0"][None]}
+    mine = hand_written(tmp_path / "mine", stages, token_ids=ids, qk_layout="half", numerics="float16")
+    rep = compare(mine, LLAMACPP, tiny)
+    assert rep.first is None and [r["name"] for r in rep.rows] == ["attn_norm-0", "Qcur-0", "Kcur_rope-0"]
+    assert rep.column.name == "float16"
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda m: m.pop("qk_layout"), "lacks 'qk_layout'"),
+    (lambda m: m.pop("token_ids"), "lacks 'token_ids'"),
+    (lambda m: m.update(token_ids="[1, 2, x]"), "'token_ids' is not a list of integers"),
+    (lambda m: m["tensors"][0].update(positions=[0, 0]), "position 0 stored twice"),
+    (lambda m: m["tensors"][0].update(positions=[0, 999]), "position 999 is past"),
+    (lambda m: m.update(numerics="int4"), "'numerics' must be one of"),
+    (lambda m: m["tensors"][0].update(file="missing.npy"), "cannot read"),
+])
+def test_what_cannot_be_read_is_one_line_and_exit_code_2(tiny, ids, tmp_path, breakage, message):
+    with refllama.trace(tiny) as t:
+        tiny.logits(ids[:2])
+    manifest = {"token_ids": ids[:2], "qk_layout": "interleaved"}
+    mine = hand_written(tmp_path / "mine", {"Qcur-0": t["Qcur-0"]}, **manifest)
+    m = json.loads((mine / "manifest.json").read_text())
+    breakage(m)
+    (mine / "manifest.json").write_text(json.dumps(m))
+    ref = tiny.dump(ids[:2], tmp_path / "ref")
+    r = run_compare(mine, ref, "-m", DATA / "llama-f32.gguf")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_logits_verdict_kl_top1_and_perplexity(tiny, ids, tmp_path):
+    ref = tiny.dump(ids, tmp_path / "ref")
+    logits = tiny.logits(ids)
+    np.save(tmp_path / "same.npy", logits)
+    r = run_compare("--logits", tmp_path / "same.npy", ref)
+    assert r.returncode == 0 and "top-1 agreement: 100.00%" in r.stdout and "the same distribution" in r.stdout
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "noisy.npy", logits + rng.normal(0, 0.05, logits.shape).astype(np.float32))
+    r = run_compare("--logits", tmp_path / "noisy.npy", ref, "--json")
+    v = json.loads(r.stdout)
+    assert r.returncode == 0 and 0 < v["kl_mean"] < 0.05 and v["kl_max"] >= v["kl_p99"] >= 0
+    assert abs(np.log(v["ppl_mine"]) - np.log(v["ppl_ref"])) < 0.05 and v["scored"] == len(ids) - 1
+    np.save(tmp_path / "other.npy", logits[::-1].copy())  # another text's distributions
+    r = run_compare("--logits", tmp_path / "other.npy", ref)
+    assert r.returncode == 1 and "different" in r.stdout
+
+
+def test_trace_in_the_other_pair_layout(tiny, ids):
+    with refllama.trace(tiny) as own:
+        tiny.logits(ids)
+    with refllama.trace(tiny, qk_layout="half") as half:
+        tiny.logits(ids)
+    assert np.array_equal(half["Qcur_rope-1"], permute_qk(own["Qcur_rope-1"], "half"))
+    assert np.array_equal(half["Vcur-1"], own["Vcur-1"]) and dict(half).keys() == dict(own).keys()
+
+
+def test_plot_marks_gaps_and_the_first_divergence_on_a_fixed_scale(tmp_path):
+    rows = [{"name": f"{s}-{n}", "stage": s, "layer": n, "max_rel": 1e-9 if n < 15 else 0.5, "ok": n < 15}
+            for n in (0, 1, 15, 29) for s in ("attn_norm", "l_out")]
+    rows.append({"name": "inp_embd", "stage": "inp_embd", "layer": None, "max_rel": 0.0, "ok": True})
+    labels = plot(rows, tmp_path / "e.png", rows[4])
+    assert labels == ["model", "0", "1", "...", "15", "...", "29"]
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
