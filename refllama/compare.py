@@ -128,9 +128,8 @@ class Forced:
                 i = p - self.start
                 if 0 <= i < self.n:
                     row = np.take(a, j, axis=axis)
-                    if axis == 1:  # [H, S]: a decode step's own keys
-                        w = min(row.shape[-1], x.shape[-1])
-                        x[:, i, :w] = here.asarray(row[:, :w])
+                    if axis == 1:  # [H, S]: only the keys position p sees (an engine may leave the rest unset)
+                        x[:, i, :p + 1] = here.asarray(row[:, :p + 1])
                     else:
                         x[i] = here.asarray(row)
         return x

@@ -110,3 +110,18 @@ def test_plot_marks_gaps_and_the_first_divergence_on_a_fixed_scale(tmp_path):
     labels = plot(rows, tmp_path / "e.png", rows[4])
     assert labels == ["model", "0", "1", "...", "15", "...", "29"]
     assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_scores_of_keys_a_query_cannot_see_are_not_compared(tiny, ids, tmp_path):
+    """An engine that leaves kq's masked entries at -inf or NaN is right: only keys k <= p are compared, and only
+    those are fed to refllama's re-run of the softmax."""
+    with refllama.trace(tiny) as t:
+        tiny.logits(ids)
+    kq = t["kq-0"].copy()
+    future = np.triu(np.ones(kq.shape[1:], bool), 1)
+    kq[:, future] = np.nan
+    kq[0, future] = -np.inf
+    stages = {"Kcur_rope-0": t["Kcur_rope-0"], "kq-0": kq, "kq_soft_max-0": t["kq_soft_max-0"]}
+    mine = hand_written(tmp_path / "mine", stages, token_ids=ids, qk_layout="interleaved")
+    rep = compare(mine, LLAMACPP, tiny)
+    assert rep.first is None and all("local_MINE" in r for r in rep.rows), rep.first
