@@ -163,9 +163,8 @@ class Model:
         engine's tokens) and writes each step's stages as its own record; `greedy` records that many greedy
         tokens in the manifest; `plan` takes storage_plan's options."""
         names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES, **plan)
-        self.cache.reset()
         with trace(names=names) as t:
-            logits = self.forward(ids)
+            logits = self._prefill(ids, last_only=False)
         prefill, decode, given, decode_ids = {n: t[n] for n in names}, [], decode_ids, []
         for k in range(decode_steps if given is None else len(given)):
             decode_ids.append(int(to_numpy(logits[-1]).argmax()) if given is None else int(given[k]))

@@ -171,11 +171,9 @@ def find_model(path, mine, ref):
 def compare(mine_path, ref_path, model=None, column=None, numerics=None):
     """A Report: per stage both dumps hold, in forward order, the end-to-end error and each side's local error;
     the first stage that adds error; where it sits and what it looks like."""
-    ref = Dump(ref_path)
-    layout = model.config.rope_layout if model else ref.layout
-    head_dim = model.config.head_dim if model else None
-    ref = Dump(ref_path, layout=layout, head_dim=head_dim)
-    mine = Dump(mine_path, layout=layout, head_dim=head_dim)
+    layout, head_dim = (model.config.rope_layout, model.config.head_dim) if model else (None, None)
+    ref = Dump(ref_path, layout=layout, head_dim=head_dim)  # no model: q/k in REF's own layout
+    mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim)
     if numerics:
         mine.numerics = numerics
     if mine.prompt_ids != ref.prompt_ids:
@@ -310,11 +308,11 @@ def breakdown(stage, positions, bad, want, tol, cfg):
     exact = tol[1] if tol else 1e-8
     lines = []
 
-    def split(label, errors, names, note=""):
+    def split(label, errors, names):
         ok = [names[i] for i, e in enumerate(errors) if e <= exact]
         wrong = [names[i] for i, e in enumerate(errors) if not e <= exact]
         if ok and wrong:
-            lines.append(f"  by {label}: exact at {_spans(ok)}; wrong at {_spans(wrong)}{note}")
+            lines.append(f"  by {label}: exact at {_spans(ok)}; wrong at {_spans(wrong)}")
         elif wrong:
             lines.append(f"  by {label}: wrong at every one ({len(wrong)})")
         return ok, wrong

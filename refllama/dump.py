@@ -8,6 +8,7 @@ import json
 import os
 import re
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,13 @@ def forward_order(names, stages=archs.llama.STAGES):
 
 
 def file_sha256(path):
+    """sha256 of a file, computed once per (path, size, mtime): compare checks a 100 MB model more than once."""
+    st = os.stat(path)
+    return _sha256(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _sha256(path, size, mtime_ns):
     import hashlib  # here, not at the top: OpenSSL's ~3 MB would sit in every numpy-backend process
 
     h = hashlib.sha256()
