@@ -1,7 +1,10 @@
 """Model hyper-parameters, read from the model file's metadata (never guessed from defaults in code)."""
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
 from typing import NamedTuple
+
+from .errors import RefllamaError
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,31 @@ class ModelConfig:
     rope_ctx_orig: int | None = None  # LongRoPE: contexts beyond this take the long frequency factors
     tied_output: bool = False  # output projection reuses token_embd
     sliding_window: int | None = None  # a query sees only the last `sliding_window` keys (Mistral)
+
+    def checked(self, path):
+        """This config, or an error naming the first value no forward pass can run with (from file `path`)."""
+        rules = {
+            "count": ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size", "n_ctx_train",
+                      "rope_dim"),
+            "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor"),
+        }
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in rules["count"] and not (isinstance(v, int) and v >= 1):
+                raise RefllamaError(f"{path}: {f.name} must be a positive integer, got {v!r}")
+            if f.name in rules["positive"] and not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                raise RefllamaError(f"{path}: {f.name} must be a finite positive number, got {v!r}")
+            if f.name in ("rope_ctx_orig", "sliding_window") and v is not None and not (isinstance(v, int) and v >= 1):
+                raise RefllamaError(f"{path}: {f.name} must be a positive integer, got {v!r}")
+        if self.n_head % self.n_head_kv:
+            raise RefllamaError(f"{path}: {self.n_head} query heads do not divide into {self.n_head_kv} key/value "
+                                "heads")
+        if self.rope_dim > self.head_dim or self.rope_dim % 2:
+            raise RefllamaError(f"{path}: rope dimension {self.rope_dim} must be even and at most the head "
+                                f"dimension {self.head_dim}")
+        if self.rope_layout not in ("interleaved", "half"):
+            raise RefllamaError(f"{path}: unknown rope layout {self.rope_layout!r}")
+        return self
 
 
 class Loaded(NamedTuple):

@@ -14,13 +14,18 @@ import numpy as np
 from . import arch as archs
 from .arch.common import read_weights
 from .config import Loaded
-from .errors import RefllamaError
+from .errors import RefllamaError, shown
 from .ggml_types import SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
+from .safety import check_memory, check_regular
 from .xp import Placement
 
 _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
             12: "<f8"}
-STRING, ARRAY = 8, 9
+STRING, ARRAY, UINT32, BOOL = 8, 9, 4, 7
+INTEGERS, FLOATS = (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)
+MAX_DIMS, MAX_NAME = 4, 64  # GGML_MAX_DIMS; GGML_MAX_NAME (a name must be shorter)
+TYPE_NAMES = {**{t: "an integer" for t in INTEGERS}, **{t: "a float" for t in FLOATS}, BOOL: "a bool",
+              STRING: "a string", ARRAY: "an array"}
 
 
 class TensorInfo(NamedTuple):
@@ -31,15 +36,25 @@ class TensorInfo(NamedTuple):
     data_offset: int
 
 
+class Field(NamedTuple):
+    vtype: int  # GGUF value type; an array's is its items' type
+    is_array: bool
+    value: object
+
+
 class _Cursor:
-    """Reads GGUF's little-endian header fields; running off the end is a 'truncated' error."""
+    """Reads GGUF's little-endian header fields; running off the end is a 'truncated' error, and no count read
+    from the file is trusted before the bytes it needs are known to be there."""
 
     def __init__(self, buf, path):
         self.buf, self.pos, self.path = buf, 0, path
 
+    def fail(self, what):
+        raise RefllamaError(f"{self.path}: {what}")
+
     def take(self, n):
         if self.pos + n > len(self.buf):
-            raise RefllamaError(f"{self.path}: truncated GGUF file (header ends at byte {len(self.buf)})")
+            self.fail(f"truncated GGUF file (header ends at byte {len(self.buf)})")
         b = self.buf[self.pos:self.pos + n]
         self.pos += n
         return b
@@ -47,40 +62,78 @@ class _Cursor:
     def scalar(self, vtype):
         dt = np.dtype(_SCALARS[vtype])
         v = np.frombuffer(self.take(dt.itemsize), dt)[0]
-        return bool(v) if vtype == 7 else v.item()
+        return bool(v) if vtype == BOOL else v.item()
+
+    def count(self, item_size, what):
+        """A count of items of at least item_size bytes each, refused if the rest of the file cannot hold them."""
+        n = self.scalar(10)
+        if n * item_size > len(self.buf) - self.pos:
+            self.fail(f"{what} claims {n} entries, more than the {len(self.buf) - self.pos} bytes left can hold")
+        return n
 
     def string(self):
         return str(self.take(self.scalar(10)), "utf-8", "replace")
 
-    def value(self, vtype):
-        if vtype == STRING:
-            return self.string()
+    def field(self, key):
+        vtype = self.scalar(4)
         if vtype == ARRAY:
-            item, count = self.scalar(4), self.scalar(10)
+            item = self.scalar(4)
             if item == STRING:
-                return [self.string() for _ in range(count)]
+                return Field(item, True, [self.string() for _ in range(self.count(8, f"array '{key}'"))])
             if item not in _SCALARS:
-                raise RefllamaError(f"{self.path}: unsupported metadata array type {item}")
+                self.fail(f"metadata field {shown(key)} is an array of unsupported type {item}")
             dt = np.dtype(_SCALARS[item])
-            return np.frombuffer(self.take(dt.itemsize * count), dt).tolist()
+            values = np.frombuffer(self.take(dt.itemsize * self.count(dt.itemsize, f"array '{key}'")), dt)
+            return Field(item, True, values.tolist())
+        if vtype == STRING:
+            return Field(vtype, False, self.string())
         if vtype not in _SCALARS:
-            raise RefllamaError(f"{self.path}: unsupported metadata value type {vtype}")
-        return self.scalar(vtype)
+            self.fail(f"metadata field {shown(key)} has unsupported value type {vtype}")
+        return Field(vtype, False, self.scalar(vtype))
+
+    def tensor_info(self):
+        """(name, type, sizes, shape, offset) of one tensor, each checked as llama.cpp's gguf.cpp checks it."""
+        name = self.string()
+        if len(name.encode()) >= MAX_NAME:
+            self.fail(f"tensor name {shown(name)} is longer than {MAX_NAME - 1} bytes")
+        n_dims = self.scalar(4)
+        if not 1 <= n_dims <= MAX_DIMS:
+            self.fail(f"tensor {shown(name)} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
+        shape = tuple(self.scalar(11) for _ in range(n_dims))
+        if any(n < 1 for n in shape):
+            self.fail(f"tensor {shown(name)} has shape {list(shape)}: every dimension must be at least 1")
+        raw_type, offset = self.scalar(4), self.scalar(10)
+        known = type_and_sizes(raw_type)
+        if known is None:
+            self.fail(f"tensor {shown(name)} has unknown type {raw_type}")
+        qtype, (block, type_size) = known
+        if shape[0] % block:
+            self.fail(f"tensor {shown(name)} of type {qtype.name} has rows of {shape[0]} values, not a multiple "
+                      f"of its block of {block}")
+        n_bytes = math.prod(shape) // block * type_size
+        if n_bytes > len(self.buf):
+            self.fail(f"tensor {shown(name)} of shape {list(shape)} needs {n_bytes} bytes, more than the whole file")
+        return name, qtype, shape, n_bytes, offset
 
 
 class GGUFFile:
-    """An opened GGUF file: typed metadata access and tensors by name, errors naming the file.
+    """An opened GGUF file: typed metadata access and tensors by name, errors naming the file and the field.
 
     The header is parsed here rather than with gguf-py's GGUFReader, which builds a NumPy view per vocabulary
-    string (2.5 s and 160 MB for SmolLM2's 98k strings); gguf-py still does the dequantizing.
+    string (2.5 s and 160 MB for SmolLM2's 98k strings); gguf-py still does the dequantizing. Everything
+    llama.cpp's gguf.cpp refuses is refused (duplicate keys and names, more than 4 dimensions, rows that are not
+    whole blocks, an alignment that is not a power of two), and more: every count is checked against the bytes
+    left before it is used, tensor data must be aligned, inside the file and not overlap. Parsing reads the
+    header only, so its time depends on the header's size, not the file's.
     `fallbacks` collects the quantized types that `tensor` was asked to keep but dequantized, for a one-line notice.
     """
 
     def __init__(self, path):
         self.path = str(path)
         self.fallbacks = set()
-        if not os.path.isfile(self.path):
+        if not os.path.exists(self.path):
             raise RefllamaError(f"{self.path}: no such model file")
+        check_regular(self.path)
         size = os.path.getsize(self.path)
         with open(self.path, "rb") as f:
             magic = f.read(4)
@@ -93,34 +146,84 @@ class GGUFFile:
         if version not in (2, 3):
             raise RefllamaError(f"{self.path}: unsupported GGUF version {version} (big-endian or newer file?)")
         n_tensors, n_kv = c.scalar(10), c.scalar(10)
+        if n_kv * 13 + n_tensors * 25 > size:  # the smallest key-value pair and tensor entry
+            c.fail(f"header claims {n_kv} metadata fields and {n_tensors} tensors, more than a file of {size} "
+                   "bytes can hold")
         self.fields = {}
         for _ in range(n_kv):
             key = c.string()
-            self.fields[key] = c.value(c.scalar(4))
-        infos = []
+            if not key or key in self.fields:
+                c.fail(f"{'empty' if not key else 'duplicate'} metadata key {shown(key)}")
+            self.fields[key] = c.field(key)
+        infos = {}
         for _ in range(n_tensors):
-            name, n_dims = c.string(), c.scalar(4)
-            shape = tuple(c.scalar(10) for _ in range(n_dims))
-            raw_type, offset = c.scalar(4), c.scalar(10)
-            known = type_and_sizes(raw_type)
-            if known is None:
-                raise RefllamaError(f"{self.path}: tensor '{name}' has unknown type {raw_type}")
-            qtype, (block, type_size) = known
-            infos.append((name, qtype, shape, math.prod(shape) // block * type_size, offset))
-        align = self.fields.get("general.alignment", 32)
+            name, *rest = c.tensor_info()
+            if name in infos:
+                c.fail(f"duplicate tensor {shown(name)}")
+            infos[name] = rest
+        align = self.integer("general.alignment", 32, kinds=(UINT32,))
+        if align & (align - 1):
+            c.fail(f"general.alignment {align} is not a power of two")
         start = (c.pos + align - 1) // align * align
-        self.tensors = {n: TensorInfo(n, t, sh, nb, start + off) for n, t, sh, nb, off in infos}
-        for t in self.tensors.values():
-            if t.data_offset + t.n_bytes > size:
-                raise RefllamaError(f"{self.path}: truncated GGUF file: tensor '{t.name}' ends past the end of the "
-                                    "file")
+        self.tensors = {n: TensorInfo(n, t, sh, nb, start + off) for n, (t, sh, nb, off) in infos.items()}
+        end = start
+        for t in sorted(self.tensors.values(), key=lambda t: t.data_offset):
+            if (t.data_offset - start) % align:
+                c.fail(f"tensor {shown(t.name)} data at offset {t.data_offset - start} is not aligned to {align}")
+            if t.data_offset < end:
+                c.fail(f"tensor {shown(t.name)} data overlaps the tensor before it")
+            end = t.data_offset + t.n_bytes
+            if end > size:
+                c.fail(f"truncated GGUF file: tensor {shown(t.name)} ends past the end of the file")
 
-    def get(self, key, default=None, required=False):
-        if key not in self.fields:
+    def _field(self, key, required, kinds, what, array=False):
+        f = self.fields.get(key)
+        if f is None:
             if required:
                 raise RefllamaError(f"{self.path}: missing metadata field '{key}'")
+            return None
+        if f.vtype not in kinds or f.is_array != array:
+            got = f"an array of {TYPE_NAMES.get(f.vtype)}s" if f.is_array else TYPE_NAMES.get(f.vtype)
+            raise RefllamaError(f"{self.path}: metadata field '{key}' must be {what}, got {got}")
+        return f.value
+
+    def has(self, key):
+        return key in self.fields
+
+    def integer(self, key, default=None, low=1, high=2 ** 63, kinds=INTEGERS):
+        """An integer field in [low, high]; required unless `default` is given."""
+        v = self._field(key, default is None, kinds, "an integer")
+        if v is None:
             return default
-        return self.fields[key]
+        if not low <= v <= high:
+            raise RefllamaError(f"{self.path}: metadata field '{key}' is {v}, outside [{low}, {high}]")
+        return v
+
+    def real(self, key, default=None, low=-math.inf, high=math.inf, positive=False):
+        """A finite number in [low, high] (and > 0 if `positive`); required unless `default` is given."""
+        v = self._field(key, default is None, (*FLOATS, *INTEGERS), "a number")
+        if v is None:
+            return default
+        if not math.isfinite(v) or not low <= v <= high or (positive and v <= 0):
+            rule = "positive" if positive else f"in [{low}, {high}]"
+            raise RefllamaError(f"{self.path}: metadata field '{key}' is {v}; it must be finite and {rule}")
+        return float(v)
+
+    def string(self, key, default=None, required=False):
+        v = self._field(key, required, (STRING,), "a string")
+        return default if v is None else v
+
+    def flag(self, key, default):
+        v = self._field(key, False, (BOOL,), "a bool")
+        return default if v is None else v
+
+    def array(self, key, kinds, what, required=False):
+        """An array field's values (kinds: its items' GGUF types, `what` says them), or None if absent."""
+        return self._field(key, required, kinds, f"an array of {what}", array=True)
+
+    def token_id(self, key, n_tokens):
+        """A token id field: None if absent, else an integer naming one of the n_tokens tokens."""
+        return self.integer(key, -1, low=0, high=n_tokens - 1) if self.has(key) else None
 
     def raw(self, t):
         """The bytes of tensor t, shaped [rows, row bytes] as gguf-py's dequantize wants them: F32 tensors
@@ -140,12 +243,12 @@ class GGUFFile:
         it is a matrix of a type in `keep_quantized`."""
         t = self.tensors.get(name)
         if t is None:
-            raise RefllamaError(f"{self.path}: missing tensor '{name}'")
+            raise RefllamaError(f"{self.path}: missing tensor {shown(name)}")
         got = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims fastest-first
         if got != tuple(shape):
-            raise RefllamaError(f"{self.path}: tensor '{name}' has shape {list(got)}, expected {list(shape)}")
+            raise RefllamaError(f"{self.path}: tensor {shown(name)} has shape {list(got)}, expected {list(shape)}")
         if t.tensor_type not in SUPPORTED_TYPES:
-            raise RefllamaError(f"{self.path}: tensor '{name}' has unsupported type {t.tensor_type.name}")
+            raise RefllamaError(f"{self.path}: tensor {shown(name)} has unsupported type {t.tensor_type.name}")
         if t.tensor_type == GGMLType.F32:
             return self.raw(t).reshape(shape)
         if len(shape) == 2 and t.tensor_type in keep_quantized:
@@ -165,13 +268,16 @@ def load_gguf(path, placement=None):
     from .tokenizer import from_gguf
 
     g = GGUFFile(path)
-    arch = archs.for_gguf(g.get("general.architecture", required=True), g.path)
+    arch = archs.for_gguf(g.string("general.architecture", required=True), g.path)
     cfg = arch.config_from_gguf(g)
-    tokenizer, template = from_gguf(g), g.get("tokenizer.chat_template")
+    tokenizer, template = from_gguf(g), g.string("tokenizer.chat_template")
     # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     placement = placement or Placement()
     placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2})
+    kept = [t for t in g.tensors.values() if not (len(t.shape) == 2 and t.tensor_type in placement.keep)]
+    check_memory(sum(4 * math.prod(t.shape) for t in kept), f"{g.path}: the weights in float32",
+                 "use a smaller model, or --backend numba, which keeps quantized weights as they are")
     weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, placement.keep),
                            lambda name: name in g.tensors, placement)
     types = ", ".join(sorted(g.fallbacks))

@@ -4,8 +4,6 @@ The architecture module that `architectures[0]` names reads the config and the w
 every layout transform from HF's tensors to refllama's is listed in `arch.common.read_weights`.
 """
 
-import json
-import math
 import os
 import struct
 from pathlib import Path
@@ -15,62 +13,65 @@ import numpy as np
 from . import arch as archs
 from .arch.common import read_weights
 from .config import Loaded
-from .errors import RefllamaError
+from .errors import RefllamaError, shown
+from .safety import check_regular, inside, parse_json, read_json
 from .xp import Placement
 
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 
+NUMBER = (int, float)
+
+
 class Config:
-    """config.json with errors that name the file and the field."""
+    """config.json with errors that name the file and the field: a JSON object (refllama.safety's limits), each
+    field read checked for its type."""
 
     def __init__(self, path):
         self.path = path
-        try:
-            self.d = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise RefllamaError(f"{path}: missing (an HF model directory needs config.json)") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RefllamaError(f"{path}: invalid JSON ({e})") from None
+        if not Path(path).exists():
+            raise RefllamaError(f"{path}: missing (an HF model directory needs config.json)")
+        self.d = read_json(path)
 
-    def need(self, key, kind=(int, float)):
-        if key not in self.d or self.d[key] is None:
-            raise RefllamaError(f"{self.path}: missing field '{key}'")
-        value = self.d[key]
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise RefllamaError(f"{self.path}: field '{key}' has the wrong type ({value!r})")
+    def _typed(self, key, value, kind):
+        if kind is not None and (not isinstance(value, kind) or (isinstance(value, bool) and bool not in kind)):
+            raise RefllamaError(f"{self.path}: field '{key}' has the wrong type ({shown(value)})")
         return value
 
-    def get(self, key, default=None):
+    def need(self, key, kind=NUMBER):
+        if key not in self.d or self.d[key] is None:
+            raise RefllamaError(f"{self.path}: missing field '{key}'")
+        return self._typed(key, self.d[key], kind)
+
+    def get(self, key, default=None, kind=None):
+        """The field, or `default` if absent or null; `kind`: the types it may have (bool only if named)."""
         value = self.d.get(key)
-        return default if value is None else value
+        return default if value is None else self._typed(key, value, kind)
 
 
 class SafeTensors:
-    """Tensors of one .safetensors file, memory-mapped; F32, F16 and BF16 (which safetensors' numpy API lacks)."""
+    """Tensors of one .safetensors file, memory-mapped; F32, F16 and BF16 (which safetensors' numpy API lacks).
+    The header is validated by the safetensors library itself (offsets contiguous, non-overlapping, covering the
+    data exactly, sizes matching shapes and dtypes) before refllama reads a byte of data."""
 
     def __init__(self, path):
+        from safetensors import safe_open
+
         self.path = str(path)
+        check_regular(self.path)
+        try:
+            with safe_open(self.path, framework="numpy"):
+                pass
+        except Exception as e:  # safetensors raises its own SafetensorError (and OSError for I/O)
+            raise RefllamaError(f"{self.path}: not a valid safetensors file ({shown(str(e), 120)})") from None
         size = os.path.getsize(self.path)
         with open(self.path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise RefllamaError(f"{self.path}: truncated safetensors file (no header)")
-            n = struct.unpack("<Q", head)[0]
-            if 8 + n > size:
-                raise RefllamaError(f"{self.path}: truncated safetensors file (header of {n} bytes, file of {size})")
-            try:
-                header = json.loads(f.read(n))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise RefllamaError(f"{self.path}: not a safetensors file ({e})") from None
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = parse_json(f.read(n), self.path)
         self.metadata = header.pop("__metadata__", None) or {}  # str -> str, by the format
         self.entries, self.base = header, 8 + n
         self.buf = np.memmap(self.path, dtype=np.uint8, mode="r") if size > self.base else np.zeros(0, np.uint8)
-        for name, e in header.items():
-            begin, end = e["data_offsets"]
-            if self.base + end > size:
-                raise RefllamaError(f"{self.path}: truncated safetensors file: tensor '{name}' ends past the end")
 
     def __contains__(self, name):
         return name in self.entries
@@ -78,33 +79,32 @@ class SafeTensors:
     def tensor(self, name):
         e = self.entries[name]
         if e["dtype"] not in _DTYPES:
-            raise RefllamaError(f"{self.path}: tensor '{name}' has unsupported dtype {e['dtype']} (F32, F16, BF16)")
+            raise RefllamaError(f"{self.path}: tensor {shown(name)} has unsupported dtype {shown(e['dtype'])} "
+                                "(F32, F16, BF16)")
         begin, end = e["data_offsets"]
         raw = self.buf[self.base + begin:self.base + end].view(_DTYPES[e["dtype"]])
-        if raw.size != math.prod(e["shape"]):
-            raise RefllamaError(f"{self.path}: tensor '{name}' holds {raw.size} values, its shape {e['shape']} "
-                                "needs more")
         if e["dtype"] == "BF16":  # bfloat16 is the top half of a float32
             return (raw.astype(np.uint32) << 16).view(np.float32).reshape(e["shape"])
         return raw.astype(np.float32).reshape(e["shape"])
 
 
 class Checkpoint:
-    """All tensors of a directory: model.safetensors, or the shards named by model.safetensors.index.json."""
+    """All tensors of a directory: model.safetensors, or the shards named by model.safetensors.index.json (names
+    that must stay inside the directory and be regular files)."""
 
     def __init__(self, directory):
         d = Path(directory)
         index = d / "model.safetensors.index.json"
         if index.exists():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
-                raise RefllamaError(f"{index}: invalid shard index ({e})") from None
+            weight_map = read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise RefllamaError(f"{index}: field 'weight_map' must map tensor names to file names")
             files = {}
             for shard in sorted(set(weight_map.values())):
-                if not (d / shard).exists():
-                    raise RefllamaError(f"{d / shard}: missing shard (listed in {index.name})")
-                files[shard] = SafeTensors(d / shard)
+                path = inside(d, shard, index)
+                if not path.exists():
+                    raise RefllamaError(f"{path}: missing shard (listed in {index.name})")
+                files[shard] = SafeTensors(path)
             self.where = {name: files[shard] for name, shard in weight_map.items()}
         elif (d / "model.safetensors").exists():
             st = SafeTensors(d / "model.safetensors")
@@ -122,23 +122,23 @@ class Checkpoint:
 
     def tensor(self, name, shape):
         if name not in self.where:
-            raise RefllamaError(f"{self.dir}: missing tensor '{name}'")
+            raise RefllamaError(f"{self.dir}: missing tensor {shown(name)}")
         st = self.where[name]
         if name not in st:
-            raise RefllamaError(f"{st.path}: missing tensor '{name}' (the shard index lists it here)")
-        a = st.tensor(name)
-        if a.shape != tuple(shape):
-            raise RefllamaError(f"{st.path}: tensor '{name}' has shape {list(a.shape)}, expected {list(shape)}")
-        return a
+            raise RefllamaError(f"{st.path}: missing tensor {shown(name)} (the shard index lists it here)")
+        if tuple(st.entries[name]["shape"]) != tuple(shape):
+            got = st.entries[name]["shape"]
+            raise RefllamaError(f"{st.path}: tensor {shown(name)} has shape {list(got)}, expected {list(shape)}")
+        return st.tensor(name)
 
 
 def eos_ids(c, directory):
     """End-of-generation ids named by config.json (already read) and generation_config.json: an int or a list."""
-    ids = [c.get("eos_token_id")]
+    ids = [c.get("eos_token_id", kind=(int, list))]
     if (Path(directory) / "generation_config.json").exists():
-        ids.append(Config(Path(directory) / "generation_config.json").get("eos_token_id"))
+        ids.append(Config(Path(directory) / "generation_config.json").get("eos_token_id", kind=(int, list)))
     flat = [i for v in ids for i in (v if isinstance(v, list) else [v])]
-    return [i for i in flat if isinstance(i, int)]
+    return [i for i in flat if isinstance(i, int) and not isinstance(i, bool)]
 
 
 def load_hf(directory, placement=None):
@@ -148,11 +148,16 @@ def load_hf(directory, placement=None):
 
     d = Path(directory)
     c = Config(d / "config.json")
-    names = c.get("architectures")
-    if not isinstance(names, list) or not names:
+    names = c.get("architectures", kind=(list,))
+    if not names:
         raise RefllamaError(f"{c.path}: missing field 'architectures'")
     arch = archs.for_hf(names[0], c.path)
-    cfg, rope = arch.config_from_hf(c)
+    try:
+        cfg, rope = arch.config_from_hf(c)
+    except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
+        # the fields each family reads are checked by name; this names any value that slipped past those checks
+        raise RefllamaError(f"{c.path}: invalid config ({type(e).__name__}: {shown(str(e))})") from None
+    cfg.checked(c.path)
     ck = Checkpoint(d)
     weights = read_weights(arch, cfg, "hf", ck.tensor, lambda name: name in ck, placement or Placement())
     weights.update(rope)

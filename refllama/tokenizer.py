@@ -4,14 +4,16 @@ Byte-level BPE ("gpt2" model) takes the pre-tokenizer that `tokenizer.ggml.pre` 
 ("llama" model) becomes BPE with merges ranked by score and byte fallback, as llama.cpp tokenizes it.
 """
 
-import json
+import math
+import threading
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
-from .errors import RefllamaError
+from .errors import RefllamaError, shown
+from .safety import check_regular, read_json, read_regular
 
 # llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), grouped by the `tokenizer.ggml.pre` names using each
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -25,6 +27,7 @@ _REGEX = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtra
 # control tokens llama.cpp treats as end of generation wherever they appear in a vocabulary
 _EOG_TEXTS = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>"}
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+STRING, INTEGERS, FLOATS = 8, (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)  # GGUF value types
 
 
 def _byte_level_pre_tokenizer(pre, path):
@@ -37,7 +40,7 @@ def _byte_level_pre_tokenizer(pre, path):
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_REGEX[pre]), behavior="isolated"),
                                         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     known = ", ".join(sorted((*_GPT2, *_DIGITS_GPT2, *_REGEX)))
-    raise RefllamaError(f"{path}: unsupported tokenizer.ggml.pre '{pre}' (supported: {known})")
+    raise RefllamaError(f"{path}: unsupported tokenizer.ggml.pre {shown(pre)} (supported: {known})")
 
 
 def _spm_merges(tokens, scores):
@@ -53,42 +56,83 @@ def _spm_merges(tokens, scores):
     return [(left, right) for _, _, _, left, right in merges]
 
 
-def from_gguf(g):
-    """Tokenizer for the vocabulary embedded in an opened GGUFFile."""
-    model = g.get("tokenizer.ggml.model", required=True)
-    tokens = g.get("tokenizer.ggml.tokens", required=True)
-    types = g.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+def _vocabulary(g):
+    """(model, tokens, types, vocab) of a GGUF's tokenizer fields, checked: equal lengths, known types, distinct
+    tokens (llama.cpp asserts that too)."""
+    model = g.string("tokenizer.ggml.model", required=True)
+    tokens = g.array("tokenizer.ggml.tokens", (STRING,), "strings", required=True)
+    if not tokens:
+        raise RefllamaError(f"{g.path}: metadata field 'tokenizer.ggml.tokens' is empty")
+    types = g.array("tokenizer.ggml.token_type", INTEGERS, "integers") or [NORMAL] * len(tokens)
+    if len(types) != len(tokens):
+        raise RefllamaError(f"{g.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
+    bad = next((i for i, t in enumerate(types) if not 0 <= t <= BYTE), None)
+    if bad is not None:
+        raise RefllamaError(f"{g.path}: token {bad} has unknown token type {types[bad]}")
     vocab = {t: i for i, t in enumerate(tokens)}
-    if model == "gpt2":
-        merges = [tuple(m.split(" ", 1)) for m in g.get("tokenizer.ggml.merges", required=True)]
-        pre = g.get("tokenizer.ggml.pre", "default")
-        tok = HFTokenizer(BPE(vocab, merges, ignore_merges=_REGEX.get(pre) is _LLAMA3))
-        tok.pre_tokenizer = _byte_level_pre_tokenizer(pre, g.path)
-        tok.decoder = decoders.ByteLevel()
-        add_bos_default = pre in _REGEX and _REGEX[pre] is _LLAMA3
-    elif model == "llama":
-        scores = g.get("tokenizer.ggml.scores", required=True)
-        unk = tokens[g.get("tokenizer.ggml.unknown_token_id", 0)]
-        tok = HFTokenizer(BPE(vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True, fuse_unk=True))
-        space_prefix = g.get("tokenizer.ggml.add_space_prefix", True)
-        steps = [normalizers.Prepend("▁")] if space_prefix else []
-        tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
-        dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        tok.decoder = decoders.Sequence([*dec, decoders.Strip(" ", 1, 0)] if space_prefix else dec)
-        add_bos_default = True
-    else:
-        raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model '{model}' (supported: gpt2, llama)")
-    # control and user-defined tokens are matched whole in the text, as llama.cpp does
-    tok.add_tokens([AddedToken(tokens[i], special=(t == CONTROL), normalized=False)
-                    for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
-    eog = {g.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")}
+    if len(vocab) != len(tokens):
+        seen = set()
+        dup = next(i for i, t in enumerate(tokens) if t in seen or seen.add(t))
+        raise RefllamaError(f"{g.path}: token {dup} {shown(tokens[dup])} appears twice in tokenizer.ggml.tokens")
+    return model, tokens, types, vocab
+
+
+def _bpe_merges(g, vocab):
+    """tokenizer.ggml.merges as pairs, split at the first space after the first character as llama.cpp splits
+    them; a merge of tokens the vocabulary lacks is a corrupt file."""
+    merges = []
+    for n, m in enumerate(g.array("tokenizer.ggml.merges", (STRING,), "strings", required=True)):
+        cut = m.find(" ", 1)
+        pair = (m[:cut], m[cut + 1:])
+        if cut < 0 or not all(p in vocab for p in (*pair, pair[0] + pair[1])):
+            raise RefllamaError(f"{g.path}: tokenizer.ggml.merges[{n}] {shown(m)} does not merge two tokens of "
+                                "the vocabulary into a third")
+        merges.append(pair)
+    return merges
+
+
+def from_gguf(g):
+    """Tokenizer for the vocabulary embedded in an opened GGUFFile; a vocabulary that tokenizers cannot build
+    is reported as the file's."""
+    model, tokens, types, vocab = _vocabulary(g)
+    n = len(tokens)
+    try:
+        if model == "gpt2":
+            pre = g.string("tokenizer.ggml.pre", "default")
+            tok = HFTokenizer(BPE(vocab, _bpe_merges(g, vocab), ignore_merges=_REGEX.get(pre) is _LLAMA3))
+            tok.pre_tokenizer = _byte_level_pre_tokenizer(pre, g.path)
+            tok.decoder = decoders.ByteLevel()
+            add_bos_default = pre in _REGEX and _REGEX[pre] is _LLAMA3
+        elif model == "llama":
+            scores = g.array("tokenizer.ggml.scores", FLOATS, "floats", required=True)
+            if len(scores) != n or not all(map(math.isfinite, scores)):
+                raise RefllamaError(f"{g.path}: tokenizer.ggml.scores must be {n} finite numbers, one per token")
+            unk = tokens[g.integer("tokenizer.ggml.unknown_token_id", 0, low=0, high=n - 1)]
+            tok = HFTokenizer(BPE(vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True,
+                                  fuse_unk=True))
+            space_prefix = g.flag("tokenizer.ggml.add_space_prefix", True)
+            steps = [normalizers.Prepend("▁")] if space_prefix else []
+            tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+            dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+            tok.decoder = decoders.Sequence([*dec, decoders.Strip(" ", 1, 0)] if space_prefix else dec)
+            add_bos_default = True
+        else:
+            raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model {shown(model)} (supported: gpt2, llama)")
+        # control and user-defined tokens are matched whole in the text, as llama.cpp does
+        tok.add_tokens([AddedToken(tokens[i], special=(t == CONTROL), normalized=False)
+                        for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
+    except RefllamaError:
+        raise
+    except Exception as e:  # tokenizers raises its own Exception type for a vocabulary it cannot build
+        raise RefllamaError(f"{g.path}: corrupt vocabulary ({shown(str(e), 120)})") from None
+    eog = {g.token_id(f"tokenizer.ggml.{k}_token_id", n) for k in ("eos", "eot", "eom")}
     eog |= {i for i, t in enumerate(types) if t == CONTROL and tokens[i] in _EOG_TEXTS}
     return Tokenizer(
         tok,
-        bos_id=g.get("tokenizer.ggml.bos_token_id"),
-        eos_id=g.get("tokenizer.ggml.eos_token_id"),
-        add_bos=bool(g.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-        add_eos=bool(g.get("tokenizer.ggml.add_eos_token", False)),
+        bos_id=g.token_id("tokenizer.ggml.bos_token_id", n),
+        eos_id=g.token_id("tokenizer.ggml.eos_token_id", n),
+        add_bos=g.flag("tokenizer.ggml.add_bos_token", add_bos_default),
+        add_eos=g.flag("tokenizer.ggml.add_eos_token", False),
         eog_ids=frozenset(i for i in eog if i is not None),
     )
 
@@ -97,7 +141,7 @@ class Tokenizer:
     """Text <-> token ids with llama.cpp's conventions for BOS/EOS and special-token parsing."""
 
     def __init__(self, tok, bos_id, eos_id, add_bos, add_eos, eog_ids, post_processor=False):
-        self.tok = tok
+        self.tok, self.lock = tok, threading.Lock()
         self.post_processor = post_processor  # tokenizer.json's own template adds special tokens
         self.bos_id, self.eos_id = bos_id, eos_id
         self.add_bos = add_bos and bos_id is not None
@@ -107,8 +151,9 @@ class Tokenizer:
 
     def encode(self, text, add_special=True, parse_special=False):
         """Token ids; `parse_special` matches control-token text such as '<|im_start|>' as one token."""
-        self.tok.encode_special_tokens = not parse_special
-        ids = self.tok.encode(text, add_special_tokens=add_special and self.post_processor).ids
+        with self.lock:  # the flag below is the tokenizer's state: the server tokenizes on more than one thread
+            self.tok.encode_special_tokens = not parse_special
+            ids = self.tok.encode(text, add_special_tokens=add_special and self.post_processor).ids
         # llama.cpp adds BOS/EOS whatever the text holds; a tokenizer.json template may have added them already
         if add_special and self.add_bos and not (self.post_processor and ids[:1] == [self.bos_id]):
             ids = [self.bos_id] + ids
@@ -144,35 +189,56 @@ class TextStream:
         return self.ds.step(self.tok, int(token_id)) or ""
 
 
-def _token_content(value):
-    """A special token in tokenizer_config.json: a string or {"content": ...}."""
-    return value.get("content") if isinstance(value, dict) else value
+def _token_content(conf, name, path):
+    """A special token in tokenizer_config.json: a string, {"content": "..."} or null."""
+    value = conf.get(name)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise RefllamaError(f"{path}: field '{name}' must be a string or {{\"content\": string}}, got {shown(value)}")
+    return value
+
+
+def _chat_template(conf, path):
+    """tokenizer_config.json's chat_template: a string, or [{"name": ..., "template": ...}] (the "default" one)."""
+    template = conf.get("chat_template")
+    if isinstance(template, list):
+        if not all(isinstance(t, dict) and isinstance(t.get("template"), str) for t in template):
+            raise RefllamaError(f"{path}: field 'chat_template' must be a string or a list of "
+                                '{"name": ..., "template": string}')
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if template is not None and not isinstance(template, str):
+        raise RefllamaError(f"{path}: field 'chat_template' must be a string, got {shown(template)}")
+    return template
 
 
 def from_hf_dir(directory, eos_ids=()):
     """(Tokenizer or None, chat template or None) from tokenizer.json, tokenizer_config.json and
     chat_template.jinja; `eos_ids` (from config.json and generation_config.json) end generation too."""
     d = Path(directory)
-    conf = {}
-    if (d / "tokenizer_config.json").exists():
-        try:
-            conf = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RefllamaError(f"{d / 'tokenizer_config.json'}: invalid JSON ({e})") from None
-    template = conf.get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    conf_path = d / "tokenizer_config.json"
+    conf = read_json(conf_path) if conf_path.exists() else {}
+    template = _chat_template(conf, conf_path)
     if (d / "chat_template.jinja").exists():
-        template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        raw = read_regular(d / "chat_template.jinja", limit=1 << 20)
+        try:
+            template = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RefllamaError(f"{d / 'chat_template.jinja'}: not UTF-8 text ({e})") from None
     if not (d / "tokenizer.json").exists():
         return None, template
+    check_regular(d / "tokenizer.json")
     try:
         tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
     except Exception as e:  # tokenizers raises its own Exception type for bad files
-        raise RefllamaError(f"{d / 'tokenizer.json'}: cannot load ({e})") from None
-    ids = {name: tok.token_to_id(_token_content(conf.get(name)) or "") for name in ("bos_token", "eos_token")}
+        raise RefllamaError(f"{d / 'tokenizer.json'}: cannot load ({shown(str(e), 120)})") from None
+    ids = {name: tok.token_to_id(_token_content(conf, name, conf_path) or "") for name in ("bos_token", "eos_token")}
     specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
     eog = {i for i in (*eos_ids, ids["eos_token"]) if i is not None}
     eog |= {tok.token_to_id(t) for t in specials & _EOG_TEXTS}
-    return Tokenizer(tok, ids["bos_token"], ids["eos_token"], bool(conf.get("add_bos_token", False)),
-                     bool(conf.get("add_eos_token", False)), frozenset(eog), post_processor=True), template
+    flags = {k: conf.get(k, False) for k in ("add_bos_token", "add_eos_token")}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise RefllamaError(f"{conf_path}: field '{k}' must be true or false, got {shown(v)}")
+    return Tokenizer(tok, ids["bos_token"], ids["eos_token"], flags["add_bos_token"], flags["add_eos_token"],
+                     frozenset(eog), post_processor=True), template

@@ -7,7 +7,7 @@ llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare an
     phi3                    NEOX                     llama's forward, fused qkv and gate/up split at load, LongRoPE
 """
 
-from ..errors import RefllamaError
+from ..errors import RefllamaError, shown
 from . import llama, phi3, qwen2, qwen3
 from .common import KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
 
@@ -26,13 +26,14 @@ def get(name):
 def for_gguf(name, path):
     """The module for a GGUF file's `general.architecture`, or an error listing the supported ones."""
     if name not in ARCHITECTURES:
-        raise RefllamaError(f"{path}: unsupported general.architecture {name!r} "
+        raise RefllamaError(f"{path}: unsupported general.architecture {shown(name)} "
                             f"(supported: {', '.join(ARCHITECTURES)})")
     return ARCHITECTURES[name]
 
 
 def for_hf(name, path):
     """The module for an HF config's `architectures[0]`, or an error listing the supported ones."""
-    if name not in HF_ARCHITECTURES:
-        raise RefllamaError(f"{path}: unsupported architectures {name!r} (supported: {', '.join(HF_ARCHITECTURES)})")
+    if not isinstance(name, str) or name not in HF_ARCHITECTURES:
+        raise RefllamaError(f"{path}: unsupported architectures {shown(name)} "
+                            f"(supported: {', '.join(HF_ARCHITECTURES)})")
     return HF_ARCHITECTURES[name]

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..config import ModelConfig
-from ..errors import RefllamaError
+from ..errors import RefllamaError, shown
 from ..ggml_types import QuantizedTensor
 
 LAYOUTS = ("interleaved", "half")  # llama.cpp's rope modes NORM (pairs 2i, 2i+1) and NEOX (pairs i, i + R/2)
@@ -78,59 +78,72 @@ def permute_rows(w, n_heads, rope_dim, to):  # [n*HD, ...] -> same, each head's 
 
 
 def gguf_config(g, rope_layout, **fields):
-    """ModelConfig from the `{arch}.*` metadata keys every family shares, as llama.cpp reads them; `fields`
-    are the family's own."""
-    arch = g.get("general.architecture", required=True)
+    """ModelConfig from the `{arch}.*` metadata keys every family shares, as llama.cpp reads them, each checked for
+    its type and range; `fields` are the family's own."""
+    arch = g.string("general.architecture", required=True)
 
-    def key(name, default=None):
-        return g.get(f"{arch}.{name}", default, required=default is None)
+    def count(name, default=None, low=1):  # a positive integer; required unless default is given
+        return int(g.integer(f"{arch}.{name}", default, low=low))
 
-    n_embd = int(key("embedding_length"))
-    n_head = int(key("attention.head_count"))
-    if n_head < 1:
-        raise RefllamaError(f"{g.path}: metadata field '{arch}.attention.head_count' must be at least 1, got {n_head}")
-    head_dim = int(key("attention.key_length", n_embd // n_head))
-    n_tokens = len(g.get("tokenizer.ggml.tokens", [])) or None
-    vocab = g.get(f"{arch}.vocab_size", n_tokens)
-    if vocab is None:
+    def real(name, default=None, positive=True):
+        return g.real(f"{arch}.{name}", default, positive=positive)
+
+    n_embd, n_head = count("embedding_length"), count("attention.head_count")
+    n_tokens = len(g.array("tokenizer.ggml.tokens", (8,), "strings") or []) or None
+    if n_tokens is None and not g.has(f"{arch}.vocab_size"):
         raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
-    scaling = g.get(f"{arch}.rope.scaling.type", "none")
+    vocab = count("vocab_size", n_tokens)
+    head_dim = count("attention.key_length", n_embd // n_head)
+    scaling = g.string(f"{arch}.rope.scaling.type", "none")
     if scaling not in ("none", "linear"):
-        raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.type '{scaling}' (supported: none, linear)")
-    factor = float(g.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    window = g.get(f"{arch}.attention.sliding_window", 0)
+        raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.type {shown(scaling)} (supported: none, "
+                            "linear)")
+    window = count("attention.sliding_window", 0, low=0)
     return ModelConfig(**{
-        "arch": arch, "n_layer": int(key("block_count")), "n_embd": n_embd, "n_head": n_head,
-        "n_head_kv": int(key("attention.head_count_kv", n_head)), "head_dim": head_dim,
-        "n_ff": int(key("feed_forward_length")), "vocab_size": int(vocab), "n_ctx_train": int(key("context_length")),
-        "rms_eps": float(key("attention.layer_norm_rms_epsilon")),
-        "rope_base": float(key("rope.freq_base", 10000.0)),  # llama.cpp's default when absent
-        "rope_dim": int(key("rope.dimension_count", head_dim)),
-        "rope_scale": factor if scaling == "linear" else 1.0,
-        "rope_attn_factor": float(g.get(f"{arch}.rope.scaling.attn_factor", 1.0)),
-        "rope_ctx_orig": int(g.get(f"{arch}.rope.scaling.original_context_length", 0)) or None,
+        "arch": arch, "n_layer": count("block_count"), "n_embd": n_embd, "n_head": n_head,
+        "n_head_kv": count("attention.head_count_kv", n_head), "head_dim": head_dim,
+        "n_ff": count("feed_forward_length"), "vocab_size": vocab, "n_ctx_train": count("context_length"),
+        "rms_eps": real("attention.layer_norm_rms_epsilon"),
+        "rope_base": real("rope.freq_base", 10000.0),  # llama.cpp's default when absent
+        "rope_dim": count("rope.dimension_count", head_dim),
+        "rope_scale": real("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0,
+        "rope_attn_factor": real("rope.scaling.attn_factor", 1.0),
+        "rope_ctx_orig": count("rope.scaling.original_context_length", 0, low=0) or None,
         "rope_layout": rope_layout, "tied_output": "output.weight" not in g.tensors,
-        "sliding_window": int(window) or None, **fields})
+        "sliding_window": window or None, **fields}).checked(g.path)
 
 
 def rope_parameters(c):
     """(theta, scaling dict or {}) from transformers 5's `rope_parameters` or transformers 4's
     top-level `rope_theta` + `rope_scaling`."""
-    params = c.get("rope_parameters")
-    if isinstance(params, dict):
-        if "rope_theta" not in params:
-            raise RefllamaError(f"{c.path}: missing field 'rope_parameters.rope_theta'")
-        return float(params["rope_theta"]), params
-    return float(c.need("rope_theta")), c.get("rope_scaling", {})
+    params = c.get("rope_parameters", kind=(dict,))
+    if params is not None:
+        return _number(params, "rope_theta", f"{c.path}: rope_parameters"), params
+    return float(c.need("rope_theta")), c.get("rope_scaling", {}, kind=(dict,))
 
 
-def llama3_freq_factors(theta, rope_dim, s, path):
+def _number(s, key, where):
+    """s[key] as a finite float, or an error naming the field of the dict `where` describes."""
+    v = s.get(key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise RefllamaError(f"{where}: field '{key}' must be a finite number, got {shown(v)}")
+    return float(v)
+
+
+def _factors(s, key, n, where):  # -> [n] float64
+    v = s.get(key)
+    if not isinstance(v, list) or len(v) != n or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in v):
+        raise RefllamaError(f"{where}: field '{key}' must be a list of {n} positive numbers")
+    return np.asarray(v, dtype=np.float64)
+
+
+def llama3_freq_factors(theta, rope_dim, s, where):
     """Per-frequency divisors of Llama 3.1's RoPE scaling (transformers' _compute_llama3_parameters)."""
-    try:
-        factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old_ctx = float(s["original_max_position_embeddings"])
-    except KeyError as e:
-        raise RefllamaError(f"{path}: rope scaling 'llama3' lacks field {e}") from None
+    factor, low, high, old_ctx = (_number(s, k, where) for k in (
+        "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"))
+    if not (factor > 0 and old_ctx > 0 and high > low > 0):
+        raise RefllamaError(f"{where}: llama3 rope scaling needs factor > 0, high_freq_factor > low_freq_factor > 0")
     inv_freq = theta ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
@@ -142,49 +155,54 @@ def llama3_freq_factors(theta, rope_dim, s, path):
 
 def hf_config(c, arch, rope_layout, **fields):
     """(ModelConfig, RoPE tensors {name: float32 array} computed from the config) from the config.json fields
-    every family shares; `fields` are the family's own. Unsupported options are refused by name."""
+    every family shares; `fields` are the family's own. Unsupported options are refused by name, every value read
+    is checked for its type and range."""
     D, H = c.need("hidden_size", int), c.need("num_attention_heads", int)
     if H < 1:
         raise RefllamaError(f"{c.path}: field 'num_attention_heads' must be at least 1, got {H}")
     # the only defaults taken are transformers' own documented ones, for fields older configs omit
-    HD = c.get("head_dim", D // H)
-    rope_dim = int(HD * c.get("partial_rotary_factor", 1.0))
+    HD = c.get("head_dim", D // H, kind=(int,))
+    rope_dim = int(HD * c.get("partial_rotary_factor", 1.0, kind=(int, float)))
     theta, s = rope_parameters(c)
+    where = f"{c.path}: rope scaling"
     kind = s.get("rope_type", s.get("type", "default")) if s else "default"
     n_ctx = c.need("max_position_embeddings", int)
     rope, linear_scale, attn_factor, ctx_orig = {}, 1.0, 1.0, None
     if kind == "linear":
-        linear_scale = float(s["factor"])
+        linear_scale = _number(s, "factor", where)
     elif kind == "llama3":
-        rope["rope_freqs"] = llama3_freq_factors(theta, rope_dim, s, c.path)
+        rope["rope_freqs"] = llama3_freq_factors(theta, rope_dim, s, where)
     elif kind in ("longrope", "su"):  # Phi-3: short factors up to the original context, long ones beyond
-        ctx_orig = int(s.get("original_max_position_embeddings") or c.need("original_max_position_embeddings", int))
-        rope["rope_factors_short"] = np.asarray(s["short_factor"], dtype=np.float64)
-        rope["rope_factors_long"] = np.asarray(s["long_factor"], dtype=np.float64)
+        ctx_orig = s.get("original_max_position_embeddings") or c.need("original_max_position_embeddings", int)
+        if not isinstance(ctx_orig, int) or isinstance(ctx_orig, bool) or ctx_orig < 1:
+            raise RefllamaError(f"{where}: original_max_position_embeddings must be a positive integer")
+        rope["rope_factors_short"] = _factors(s, "short_factor", rope_dim // 2, where)
+        rope["rope_factors_long"] = _factors(s, "long_factor", rope_dim // 2, where)
         scale = n_ctx / ctx_orig  # the attention factor as llama.cpp's converter and transformers compute it
-        attn_factor = s.get("attention_factor") or (
-            1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(ctx_orig)))
+        attn_factor = _number(s, "attention_factor", where) if s.get("attention_factor") else (
+            1.0 if scale <= 1.0 or ctx_orig == 1 else math.sqrt(1 + math.log(scale) / math.log(ctx_orig)))
     elif kind != "default":
-        raise RefllamaError(f"{c.path}: unsupported rope scaling type '{kind}' "
+        raise RefllamaError(f"{c.path}: unsupported rope scaling type {shown(kind)} "
                             "(supported: default, linear, llama3, longrope)")
     for name, f in rope.items():
         if len(f) != rope_dim // 2:
-            raise RefllamaError(f"{c.path}: rope scaling has {len(f)} factors for '{name}', expected {rope_dim // 2}")
-    if c.get("hidden_act", "silu") != "silu":
-        raise RefllamaError(f"{c.path}: unsupported hidden_act '{c.get('hidden_act')}' (supported: silu)")
+            raise RefllamaError(f"{where}: {len(f)} factors for '{name}', expected {rope_dim // 2}")
+    act = c.get("hidden_act", "silu", kind=(str,))
+    if act != "silu":
+        raise RefllamaError(f"{c.path}: unsupported hidden_act {shown(act)} (supported: silu)")
     cfg = ModelConfig(**{
         "arch": arch, "n_layer": c.need("num_hidden_layers", int), "n_embd": D, "n_head": H,
-        "n_head_kv": c.get("num_key_value_heads", H), "head_dim": HD, "n_ff": c.need("intermediate_size", int),
-        "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx, "rms_eps": float(c.need("rms_norm_eps")),
-        "rope_base": theta, "rope_dim": rope_dim, "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor),
-        "rope_ctx_orig": ctx_orig, "rope_layout": rope_layout,
-        "tied_output": bool(c.get("tie_word_embeddings", False)), **fields})
-    return cfg, {k: v.astype(np.float32) for k, v in rope.items()}
+        "n_head_kv": c.get("num_key_value_heads", H, kind=(int,)), "head_dim": HD,
+        "n_ff": c.need("intermediate_size", int), "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx,
+        "rms_eps": float(c.need("rms_norm_eps")), "rope_base": theta, "rope_dim": rope_dim,
+        "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor), "rope_ctx_orig": ctx_orig,
+        "rope_layout": rope_layout, "tied_output": c.get("tie_word_embeddings", False, kind=(bool,)), **fields})
+    return cfg.checked(c.path), {k: v.astype(np.float32) for k, v in rope.items()}
 
 
 def refuse(c, option, family):
     """An HF config option refllama does not implement, set true: a one-line error naming it."""
-    if c.get(option, False):
+    if c.get(option, False, kind=(bool,)):
         raise RefllamaError(f"{c.path}: unsupported option '{option}': true ({family})")
 
 

@@ -60,7 +60,7 @@ def config_from_gguf(g):
 
 def config_from_hf(c):
     """LlamaForCausalLM, or MistralForCausalLM with its sliding window."""
-    window = c.get("sliding_window") if c.get("architectures")[0] == "MistralForCausalLM" else None
+    window = c.get("sliding_window", kind=(int,)) if c.get("architectures")[0] == "MistralForCausalLM" else None
     return hf_config(c, NAME, ROPE_LAYOUT, sliding_window=int(window) if window else None)
 
 

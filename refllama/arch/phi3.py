@@ -37,7 +37,7 @@ def config_from_gguf(g):
 
 def config_from_hf(c):
     """transformers' Phi-3 attention applies `sliding_window` when the config sets one."""
-    window = c.get("sliding_window")
+    window = c.get("sliding_window", kind=(int,))
     return hf_config(c, NAME, ROPE_LAYOUT, sliding_window=int(window) if window else None)
 
 
