@@ -32,9 +32,13 @@ def default_model_path():
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL[1])
 
 
+DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be far larger than a session needs
+
+
 def load(path=None, backend="numpy", n_ctx=None):
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory
-    (config.json + safetensors), or None for the installed SmolLM2."""
+    (config.json + safetensors), or None for the installed SmolLM2. `n_ctx`: the context size; None for
+    DEFAULT_CTX (or the model's own if smaller), 0 for the model's own."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
@@ -104,7 +108,7 @@ class Model:
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp = chat_template_text, backend, xp
         self.arch = archs.get(config.arch)
-        self.n_ctx = int(n_ctx or config.n_ctx_train)
+        self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
         self.cache = Cache(config, self.n_ctx, xp, archs.freq_factors(weights, config, self.n_ctx))
 
     def _tokenizer(self):
@@ -187,7 +191,7 @@ class Model:
         tok = self._tokenizer()
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        return chat_template.render(self.chat_template, messages, bos, eos, add_generation_prompt)
+        return chat_template.render(self.chat_template, messages, bos, eos, add_generation_prompt, source=self.path)
 
     def chat_tokens(self, messages):
         """Prompt ids for a chat: the rendered template, special tokens parsed, BOS not doubled."""

@@ -6,6 +6,7 @@ Everything here is computed or allocated once per context; a forward step only w
 import numpy as np
 
 from .errors import RefllamaError
+from .safety import check_memory
 from .xp import to_numpy
 
 
@@ -27,6 +28,9 @@ class Cache:
     def __init__(self, cfg, n_ctx, xp=np, freq_factors=None):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
+        kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
+        tables = n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and their cos/sin on the way to two float32 tables
+        check_memory(kv + tables, f"a KV cache of {n_ctx} positions", "pass a smaller context size (-c)", xp=xp)
         self.n_ctx = n_ctx
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
         self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]

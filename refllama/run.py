@@ -75,7 +75,7 @@ def run(args, prompt):
 
     threads = set_threads(args.threads, args.backend)
     t0 = time.perf_counter()
-    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size or None)
+    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size)
     t_load = time.perf_counter() - t0
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []

@@ -107,8 +107,11 @@ def inside(directory, name, listed_in):
     return Path(directory) / name
 
 
-def available_memory():
-    """Bytes this process could still allocate: MemAvailable from /proc/meminfo (Linux), else None."""
+def available_memory(xp=None):
+    """Bytes this process could still allocate: the GPU's free memory for CuPy, else MemAvailable from
+    /proc/meminfo (Linux); None if unknown."""
+    if xp is not None and xp.__name__ == "cupy":
+        return xp.cuda.runtime.memGetInfo()[0]
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -123,8 +126,8 @@ def gib(n):
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
 
 
-def check_memory(n_bytes, what, hint, limit=None):
-    """Refuse to allocate `n_bytes` for `what` beyond `limit` (default: the memory available now)."""
-    limit = limit if limit is not None else available_memory()
+def check_memory(n_bytes, what, hint, xp=None):
+    """Refuse to allocate `n_bytes` for `what` (on array module xp) beyond the memory available now."""
+    limit = available_memory(xp)
     if limit is not None and n_bytes > limit:
         raise RefllamaError(f"{what} needs {gib(n_bytes)}, more than the {gib(limit)} available; {hint}")

@@ -78,7 +78,7 @@ class Worker:
 
         try:
             set_threads(self.args.threads, self.args.backend)
-            self.model = api.load(self.args.model, backend=self.args.backend, n_ctx=self.args.ctx_size or None)
+            self.model = api.load(self.args.model, backend=self.args.backend, n_ctx=self.args.ctx_size)
             self.status = "ready"
             log.info("model %s ready (%s, context %d)", self.name, self.args.backend, self.model.n_ctx)
             if self.args.callback_url:
