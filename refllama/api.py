@@ -32,6 +32,7 @@ def default_model_path():
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL[1])
 
 
+PREFILL_CHUNK = 128  # a cancellable prefill's step: about 0.1 s for SmolLM2 on 2 cores
 DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be far larger than a session needs
 
 
@@ -66,10 +67,12 @@ def placement(backend, xp):
 
 class Generation:
     """Iterator over the token ids generated after a prompt, one forward step per token; once exhausted,
-    `finish_reason` is "stop" (an end-of-generation token or a stop string) or "length"."""
+    `finish_reason` is "stop" (an end-of-generation token or a stop string), "length", or "cancelled" (its
+    `cancel` event was set)."""
 
-    def __init__(self, model, history, logits, sample, max_tokens, stop):
+    def __init__(self, model, history, logits, sample, max_tokens, stop, cancel=None):
         self.model, self.history, self.logits, self.sample = model, history, logits, sample
+        self.cancel = cancel
         self.max_tokens, self.stop, self.n = max_tokens, stop, 0
         self.eog = model.tokenizer.eog_ids if model.tokenizer is not None else frozenset()
         self.text_stream, self.text = model._tokenizer().stream() if stop else None, ""
@@ -81,6 +84,9 @@ class Generation:
     def __next__(self):
         m = self.model
         if self.finish_reason is not None:
+            raise StopIteration
+        if self.cancel is not None and self.cancel.is_set():
+            self.finish_reason = "cancelled"
             raise StopIteration
         if self.n == self.max_tokens or (self.n and m.cache.n_past == m.n_ctx):
             self.finish_reason = "length"
@@ -148,9 +154,11 @@ class Model:
 
     def generate(self, ids, max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
                  repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
-                 seed=None, stop=()):
+                 seed=None, stop=(), cancel=None):
         """Yield generated token ids after the prompt `ids`, until an end-of-generation token (not yielded),
-        a stop string in the generated text (the token completing it is yielded), max_tokens, or a full context.
+        a stop string in the generated text (the token completing it is yielded), max_tokens, a full context, or
+        `cancel` (a threading.Event) set: then the prompt is prefilled in chunks of PREFILL_CHUNK tokens, so that
+        a cancel is seen within one chunk's time.
         """
         if max_tokens < 1:
             raise RefllamaError(f"max_tokens must be at least 1, got {max_tokens}")
@@ -158,8 +166,18 @@ class Model:
         sample = Sampler(SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                                         frequency_penalty, presence_penalty, seed))
         history = [int(i) for i in ids]
-        logits = self._prefill(history, last_only=True)  # prefill: the whole prompt at once
-        return Generation(self, history, logits, sample, max_tokens, stop)
+        if not history:
+            raise RefllamaError("empty prompt: at least one token is needed")
+        if cancel is None:
+            logits = self._prefill(history, last_only=True)  # prefill: the whole prompt at once
+        else:
+            self.cache.reset()
+            logits = None  # stays None only if cancelled before the first chunk, and then is never sampled
+            for start in range(0, len(history), PREFILL_CHUNK):
+                if cancel.is_set():
+                    break
+                logits = self.forward(history[start:start + PREFILL_CHUNK], start, last_only=True)
+        return Generation(self, history, logits, sample, max_tokens, stop, cancel)
 
     def dump(self, ids, directory, prompt=None, greedy=0, decode_steps=0, decode_ids=None, **plan):
         """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);

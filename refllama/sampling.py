@@ -4,6 +4,7 @@ Each step is a pure function on a candidate set (ids [N], logits [N]); the Sampl
 seeded generator, so the same seed gives the same tokens.
 """
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,6 +79,9 @@ class SamplingParams:
             ("temperature", self.temperature >= 0), ("top_p", 0.0 < self.top_p <= 1.0),
             ("min_p", 0.0 <= self.min_p <= 1.0), ("repeat_penalty", self.repeat_penalty > 0),
             ("repeat_last_n", self.repeat_last_n >= -1),
+            ("seed", self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2 ** 64)),
+            *((name, math.isfinite(getattr(self, name))) for name in (
+                "temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty")),
         ]
         for name, ok in checks:
             if not ok:
@@ -95,11 +99,14 @@ class Sampler:
         p = self.p
         logits = penalize(np.asarray(logits, dtype=np.float64), history, p.repeat_penalty, p.repeat_last_n,
                           p.frequency_penalty, p.presence_penalty)
+        if np.isnan(logits).any() or np.isposinf(logits).any() or np.isneginf(logits).all():
+            raise RefllamaError("the model's logits are NaN or infinite: nothing to sample from (corrupt weights?)")
         if p.temperature <= 0:
             return int(np.argmax(logits))
         ids = np.arange(len(logits))
         ids, logits = top_k(ids, logits, p.top_k)
         ids, logits = top_p(ids, logits, p.top_p)
         ids, logits = min_p(ids, logits, p.min_p)
-        probs = softmax(logits / p.temperature)
+        with np.errstate(over="ignore"):  # a tiny temperature sends every logit below the best one to -inf
+            probs = softmax((logits - logits.max()) / p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])

@@ -5,7 +5,10 @@
 Starlette + uvicorn serve `GET /health`, `GET /v1/models`, `POST /v1/completions` and
 `POST /v1/chat/completions`. The model is not thread-safe, so one generation runs at a time on a worker
 thread, off the event loop; up to --max-queue requests wait their turn and the rest get 503 + Retry-After.
-A client that disconnects mid-stream cancels its generation at the next token.
+Chat templates render in a sandboxed process and prompts are tokenized on other threads, so no request can stall
+the event loop. A client that disconnects cancels its generation, streamed or not, at the next token (or the next
+prefill chunk). Every error is answered in OpenAI's shape, 404, 405, 413 and malformed HTTP included; a client that
+sends its request or reads its response too slowly is disconnected; SIGTERM ends the server within seconds.
 """
 
 import argparse
@@ -22,15 +25,20 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .errors import RefllamaError
+from .safety import parse_json
 from .xp import BACKENDS
 
 log = logging.getLogger("refllama.serve")
+CLIENT_TIMEOUT_S = 10  # longest a client may take to send a request, or leave its response unread
+SHUTDOWN_S = 2  # after SIGTERM, how long open requests get before they are cancelled
 
 
 class APIError(Exception):
@@ -41,9 +49,11 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
         self.headers = headers or {}
 
+    def body(self):
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
     def response(self):
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def field(body, name, kinds, default=None, check=None, why=""):
@@ -70,6 +80,7 @@ class Worker:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
         self.admitted = 0  # requests running or waiting; touched only on the event loop
         self.busy = False
+        self.running = set()  # the cancel events of started and queued generations
 
     def load(self):
         """Load the model; runs on the generation thread, as Numba's thread count is set per thread."""
@@ -120,16 +131,35 @@ class Worker:
     def release(self):
         self.admitted -= 1
 
-    def run(self, job):
-        """Run job() on the generation thread; awaitable."""
-        return asyncio.get_running_loop().run_in_executor(self.executor, self._guarded, job)
+    def start(self, job):
+        """Run job(cancel) on the generation thread (awaitable); `cancel` is a threading.Event that stops it at the
+        next token or prefill chunk, set by a client's disconnect or by shutdown. The queue place is released when
+        the job ends, however it ends."""
+        cancel = threading.Event()
+        if self.status == "stopping":
+            cancel.set()
+        self.running.add(cancel)
+        future = asyncio.get_running_loop().run_in_executor(self.executor, self._guarded, job, cancel)
 
-    def _guarded(self, job):
+        def finished(_):
+            self.running.discard(cancel)
+            self.release()
+
+        future.add_done_callback(finished)
+        return future, cancel
+
+    def _guarded(self, job, cancel):
         self.busy = True
         try:
-            return job()
+            return job(cancel)
         finally:
             self.busy = False
+
+    def stop(self):
+        """Shutting down: every generation stops at its next token, queued ones do not start."""
+        self.status = "stopping"
+        for cancel in list(self.running):
+            cancel.set()
 
 
 def sampling(body, m):
@@ -152,12 +182,12 @@ def sampling(body, m):
         max_tokens=max_tokens, stop=stop,
         temperature=float(field(body, "temperature", num, 1.0, lambda v: 0 <= v <= 2, "a number from 0 to 2")),
         top_p=float(field(body, "top_p", num, 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")),
-        top_k=field(body, "top_k", (int,), 0),
+        top_k=field(body, "top_k", (int,), 0, lambda v: v >= 0, "a non-negative integer"),
         min_p=float(field(body, "min_p", num, 0.0, lambda v: 0 <= v <= 1, "in [0, 1]")),
         repeat_penalty=float(field(body, "repeat_penalty", num, 1.0, lambda v: v > 0, "a positive number")),
         frequency_penalty=float(field(body, "frequency_penalty", num, 0.0, lambda v: -2 <= v <= 2, "from -2 to 2")),
         presence_penalty=float(field(body, "presence_penalty", num, 0.0, lambda v: -2 <= v <= 2, "from -2 to 2")),
-        seed=field(body, "seed", (int,)),
+        seed=field(body, "seed", (int,), None, lambda v: 0 <= v < 2 ** 64, "an integer from 0 to 2^64 - 1"),
     )
 
 
@@ -182,23 +212,29 @@ def chat_messages(body):
 
 
 async def read_json(request):
-    """The request body as a JSON object, its size bounded by --max-body; 400 or 413 otherwise."""
+    """The request body as a JSON object (refllama.safety's limits on depth, numbers and text), its size bounded by
+    --max-body and its arrival by CLIENT_TIMEOUT_S; 400, 408 or 413 otherwise."""
     limit = request.app.state.worker.args.max_body
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise APIError(413, f"request body over {limit} bytes")
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise APIError(413, f"request body over {limit} bytes")
+
+    async def body():
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise APIError(413, f"request body over {limit} bytes")
+        return raw
+
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise APIError(400, f"malformed JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    return body
+        raw = await asyncio.wait_for(body(), CLIENT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"request body not received within {CLIENT_TIMEOUT_S} s") from None
+    try:
+        return parse_json(raw, "request body")
+    except RefllamaError as e:
+        raise APIError(400, str(e)) from None
 
 
 def authorize(request):
@@ -266,35 +302,56 @@ def fit_max_tokens(body, opts, ids, m, chat):
 
 
 async def generate(request, chat):
-    """A completion or chat completion: validated, admitted to the queue, run on the generation thread, answered
-    whole or streamed."""
+    """A completion or chat completion: validated, admitted to the queue, its prompt rendered and tokenized off the
+    event loop, run on the generation thread, answered whole or streamed."""
     worker = request.app.state.worker
     authorize(request)
     body = await read_json(request)
     check_model(body, worker)
     worker.admit()
-    admitted = True
+    admitted = True  # until a job owns the queue place
     try:
         m = worker.model
         opts = sampling(body, m)
         stream = field(body, "stream", (bool,), False)
         include_usage = stream and bool((field(body, "stream_options", (dict,), {}) or {}).get("include_usage"))
-        ids = prompt_ids(body, m, chat)
+        ids = await asyncio.to_thread(prompt_ids, body, m, chat)
         if not ids:
             raise APIError(400, "the prompt is empty", param="prompt")
         fit_max_tokens(body, opts, ids, m, chat)
         reply = Reply(worker.name, chat, include_usage, len(ids))
         if stream:
-            admitted = False  # the stream releases its place when it ends
+            admitted = False
             return StreamingResponse(stream_events(worker, m, ids, opts, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        text, finish, n = await worker.run(lambda: complete(m, ids, opts))
+        future, cancel = worker.start(lambda cancel: complete(m, ids, opts, cancel))
+        admitted = False
+        text, finish, n = await until_disconnect(request, future, cancel)
         return JSONResponse(reply.whole(text, finish, n))
     except RefllamaError as e:
         raise APIError(400, str(e)) from None
     finally:
         if admitted:
             worker.release()
+
+
+async def until_disconnect(request, future, cancel):
+    """The result of a generation, cancelled if the client disconnects (or the request is cancelled) first."""
+    async def disconnected():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    gone = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({future, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not future.done():
+            cancel.set()
+            log.info("client disconnected: generation cancelled")  # the tokens so far are dropped
+    if not future.done():
+        return "", "cancelled", 0  # nobody is there to read it
+    return future.result()
 
 
 class Reply:
@@ -326,63 +383,86 @@ class Reply:
         return self.event([{"index": 0, **choice, "finish_reason": finish}])
 
 
-def complete(m, ids, opts):
+def complete(m, ids, opts, cancel):
     """(text, finish_reason, completion tokens) of a whole generation; runs on the generation thread."""
     from .api import stream_text
 
-    gen, count = m.generate(ids, **opts), [0]
+    gen, count = m.generate(ids, cancel=cancel, **opts), [0]
     text = "".join(stream_text(m, counted(gen, count), opts["stop"]))
     return text, gen.finish_reason or "stop", count[0]
 
 
+class End(NamedTuple):
+    """The last item of a stream: how it finished, or the error that ended it."""
+
+    reason: str | None
+    error: APIError | None = None
+
+
 async def stream_events(worker, m, ids, opts, reply):
-    """Server-sent events of a generation run on the generation thread; a client that goes away cancels it at the
-    next token."""
+    """Server-sent events of a generation run on the generation thread. A client that goes away cancels it at the
+    next token; an error ends the stream with an error event and [DONE], never a hang or a false "stop"."""
     from .api import stream_text
 
     loop = asyncio.get_running_loop()
-    pieces, cancel, count = asyncio.Queue(), threading.Event(), [0]
-    done = object()
+    pieces, count = asyncio.Queue(), [0]
 
-    def produce():
-        gen = m.generate(ids, **opts)
+    def put(item):
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
+            loop.call_soon_threadsafe(pieces.put_nowait, item)
+
+    def produce(cancel):
+        end = End(None, APIError(500, "generation ended without a result", kind="server_error"))
         try:
-            for piece in stream_text(m, counted(gen, count, cancel), opts["stop"]):
-                loop.call_soon_threadsafe(pieces.put_nowait, piece)
+            gen = m.generate(ids, cancel=cancel, **opts)
+            for piece in stream_text(m, counted(gen, count), opts["stop"]):
+                put(piece)
+            end = End(gen.finish_reason or "stop")
+        except RefllamaError as e:
+            end = End(None, APIError(400, str(e)))
+        except Exception:
+            log.exception("generation failed mid-stream")
+            end = End(None, APIError(500, "internal error during generation", kind="server_error"))
         finally:
-            reason = "cancelled" if cancel.is_set() else (gen.finish_reason or "stop")
-            loop.call_soon_threadsafe(pieces.put_nowait, (done, reason))
+            put(end)
 
-    job = worker.run(produce)
-    job.add_done_callback(lambda _: worker.release())  # not awaited: a cancelled stream cannot await
+    future, cancel = worker.start(produce)
+    item = None
     try:
         if reply.chat:
             yield reply.chunk({"role": "assistant", "content": ""})
         while True:
             item = await pieces.get()
-            if isinstance(item, tuple) and item[0] is done:
-                yield reply.chunk({}, item[1])
-                if reply.include_usage:
-                    yield reply.event([], reply.usage(count[0]))
+            if isinstance(item, End):
+                if item.error is not None:
+                    yield f"data: {json.dumps(item.error.body())}\n\n"
+                else:
+                    yield reply.chunk({}, item.reason)
+                    if reply.include_usage:
+                        yield reply.event([], reply.usage(count[0]))
                 yield "data: [DONE]\n\n"
                 break
             yield reply.chunk({"content": item})
     finally:  # the client went away (or we finished): stop generating at the next token
+        if not isinstance(item, End):
+            log.info("client disconnected: generation cancelled after %d tokens", count[0])
         cancel.set()
 
 
-def counted(gen, count, cancel=None):
-    """The tokens of gen, counted in count[0]; stops after the token during which `cancel` was set."""
+def counted(gen, count):
+    """The tokens of gen, counted in count[0]."""
     for token in gen:
         count[0] += 1
         yield token
-        if cancel is not None and cancel.is_set():
-            log.info("client disconnected: generation cancelled after %d tokens", count[0])
-            return
 
 
 async def on_error(request, exc):
     return exc.response()
+
+
+async def on_http(request, exc):
+    """Starlette's own errors (404 no such route, 405 wrong method) in OpenAI's shape."""
+    return APIError(exc.status_code, exc.detail or "error", kind="invalid_request_error").response()
 
 
 async def on_unexpected(request, exc):
@@ -392,8 +472,11 @@ async def on_unexpected(request, exc):
 
 @contextlib.asynccontextmanager
 async def lifespan(app):
-    app.state.worker.executor.submit(app.state.worker.load)  # /health answers "loading" meanwhile
+    worker = app.state.worker
+    worker.executor.submit(worker.load)  # /health answers "loading" meanwhile
     yield
+    worker.stop()
+    worker.executor.shutdown(wait=False, cancel_futures=True)
 
 
 ROUTES = [Route("/health", health), Route("/v1/models", models),
@@ -403,7 +486,8 @@ ROUTES = [Route("/health", health), Route("/v1/models", models),
 
 def create_app(worker):
     """The Starlette app serving `worker`'s model; the handlers find the worker on `app.state`."""
-    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={APIError: on_error, Exception: on_unexpected})
+    app = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={APIError: on_error, HTTPException: on_http,
+                                                                      Exception: on_unexpected})
     app.state.worker = worker
     return app
 
@@ -444,8 +528,63 @@ def main(argv=None):
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker = Worker(args)
-    uvicorn.run(create_app(worker), host=args.host, port=args.port, log_level="info")
+    config = uvicorn.Config(create_app(worker), host=args.host, port=args.port, log_level="info", http=guarded_h11(),
+                            timeout_graceful_shutdown=SHUTDOWN_S)
+    server = uvicorn.Server(config)
+    exit_on = server.handle_exit
+
+    def handle_exit(sig, frame):  # SIGTERM/SIGINT: generations stop at their next token, then uvicorn shuts down
+        worker.stop()
+        exit_on(sig, frame)
+
+    server.handle_exit = handle_exit
+    server.run()
     return 0
+
+
+def guarded_h11():
+    """uvicorn's HTTP/1.1 protocol with a deadline on slow clients (a request head not complete, or a response left
+    unread, for CLIENT_TIMEOUT_S) and its protocol-level 400 in OpenAI's error shape."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class GuardedH11(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self.waiting_since, self.stalled_since = self.loop.time(), None
+            self.watchdog = self.loop.call_later(1.0, self.watch)
+
+        def watch(self):
+            if self.transport.is_closing():
+                return
+            now = self.loop.time()
+            idle = self.cycle is None or self.cycle.response_complete  # waiting for a request's head
+            self.stalled_since = (self.stalled_since or now) if self.flow.write_paused else None
+            if (idle and now - self.waiting_since > CLIENT_TIMEOUT_S) or (
+                    self.stalled_since is not None and now - self.stalled_since > CLIENT_TIMEOUT_S):
+                log.info("closing a connection: the client was too slow")
+                self.transport.close()
+                return
+            self.watchdog = self.loop.call_later(1.0, self.watch)
+
+        def on_response_complete(self):
+            self.waiting_since = self.loop.time()
+            super().on_response_complete()
+
+        def connection_lost(self, exc):
+            self.watchdog.cancel()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg):
+            body = json.dumps(APIError(400, f"malformed HTTP request: {msg}").body()).encode()
+            headers = [(b"content-type", b"application/json"), (b"connection", b"close"),
+                       (b"content-length", str(len(body)).encode())]
+            for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"), h11.Data(data=body),
+                          h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+            self.transport.close()
+
+    return GuardedH11
 
 
 if __name__ == "__main__":
