@@ -67,13 +67,16 @@ def read_regular(path, limit=None):
         raise RefllamaError(f"{path}: no such file") from None
     except OSError as e:
         raise RefllamaError(f"{path}: cannot open ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise RefllamaError(f"{path}: not a regular file")
         if limit is not None and st.st_size > limit:
             raise RefllamaError(f"{path}: {st.st_size} bytes, more than the {limit} allowed for it")
-        return f.read()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 def read_json(path, limit=64 << 20):

@@ -209,6 +209,8 @@ def refuse(c, option, family):
 def freq_factors(w, cfg, n_ctx):  # -> [R/2] float32 or None
     """RoPE frequency divisors for a context of n_ctx: llama3-style `rope_freqs`, or LongRoPE's long factors
     when the context exceeds the original one and its short factors otherwise, as llama.cpp chooses them."""
+    if ("rope_factors_short" in w) != ("rope_factors_long" in w):
+        raise RefllamaError("the model has one of rope_factors_short and rope_factors_long, not both")
     if "rope_factors_short" in w:
         return w["rope_factors_long"] if n_ctx > (cfg.rope_ctx_orig or cfg.n_ctx_train) else w["rope_factors_short"]
     return w.get("rope_freqs")
