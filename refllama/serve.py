@@ -37,7 +37,6 @@ from .safety import parse_json
 from .xp import BACKENDS
 
 log = logging.getLogger("refllama.serve")
-CLIENT_TIMEOUT_S = 10  # longest a client may take to send a request, or leave its response unread
 SHUTDOWN_S = 2  # after SIGTERM, how long open requests get before they are cancelled
 
 
@@ -213,8 +212,8 @@ def chat_messages(body):
 
 async def read_json(request):
     """The request body as a JSON object (refllama.safety's limits on depth, numbers and text), its size bounded by
-    --max-body and its arrival by CLIENT_TIMEOUT_S; 400, 408 or 413 otherwise."""
-    limit = request.app.state.worker.args.max_body
+    --max-body and its arrival by --client-timeout; 400, 408 or 413 otherwise."""
+    limit, timeout = request.app.state.worker.args.max_body, request.app.state.worker.args.client_timeout
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise APIError(413, f"request body over {limit} bytes")
@@ -228,9 +227,9 @@ async def read_json(request):
         return raw
 
     try:
-        raw = await asyncio.wait_for(body(), CLIENT_TIMEOUT_S)
+        raw = await asyncio.wait_for(body(), timeout)
     except asyncio.TimeoutError:
-        raise APIError(408, f"request body not received within {CLIENT_TIMEOUT_S} s") from None
+        raise APIError(408, f"request body not received within {timeout:g} s") from None
     try:
         return parse_json(raw, "request body")
     except RefllamaError as e:
@@ -506,6 +505,8 @@ def parse_args(argv):
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (BLAS, or Numba kernels with --backend numba; default: idle cores)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
+    p.add_argument("--client-timeout", type=float, default=10.0,
+                   help="seconds a client may take to send a request, or leave a response unread (default 10)")
     return p.parse_args(argv)
 
 
@@ -528,8 +529,8 @@ def main(argv=None):
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     worker = Worker(args)
-    config = uvicorn.Config(create_app(worker), host=args.host, port=args.port, log_level="info", http=guarded_h11(),
-                            timeout_graceful_shutdown=SHUTDOWN_S)
+    config = uvicorn.Config(create_app(worker), host=args.host, port=args.port, log_level="info",
+                            http=guarded_h11(args.client_timeout), timeout_graceful_shutdown=SHUTDOWN_S)
     server = uvicorn.Server(config)
     exit_on = server.handle_exit
 
@@ -542,9 +543,9 @@ def main(argv=None):
     return 0
 
 
-def guarded_h11():
+def guarded_h11(timeout):
     """uvicorn's HTTP/1.1 protocol with a deadline on slow clients (a request head not complete, or a response left
-    unread, for CLIENT_TIMEOUT_S) and its protocol-level 400 in OpenAI's error shape."""
+    unread, for `timeout` seconds) and its protocol-level 400 in OpenAI's error shape."""
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -560,8 +561,8 @@ def guarded_h11():
             now = self.loop.time()
             idle = self.cycle is None or self.cycle.response_complete  # waiting for a request's head
             self.stalled_since = (self.stalled_since or now) if self.flow.write_paused else None
-            if (idle and now - self.waiting_since > CLIENT_TIMEOUT_S) or (
-                    self.stalled_since is not None and now - self.stalled_since > CLIENT_TIMEOUT_S):
+            if (idle and now - self.waiting_since > timeout) or (
+                    self.stalled_since is not None and now - self.stalled_since > timeout):
                 log.info("closing a connection: the client was too slow")
                 self.transport.close()
                 return

@@ -1,0 +1,197 @@
+"""The server under hostile clients and hostile models: every client input gets a 4xx in OpenAI's shape, streams
+always end, abandoned generations free the worker, slow clients and SIGTERM are dealt with in seconds."""
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from fuzzing import GGUF, pick, rng_for
+from test_serve import Server
+
+DATA = Path(__file__).parent / "data"
+TINY = DATA / "gguf-llama" / "llama-q8_0.gguf"
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def variant(tmp_path, name, template=None, nan=False):
+    """The tiny GGUF model with another chat template, or with NaN weights (every logit NaN)."""
+    g = GGUF(TINY.read_bytes())
+    if template is not None:
+        g.kv = [kv for kv in g.kv if kv[0] != "tokenizer.chat_template"] + [["tokenizer.chat_template", 8, template,
+                                                                              None]]
+    if nan:  # output_norm is float32 and the last tensor: its bytes become NaN
+        name_, dims, *_ = next(t for t in g.tensors if t[0] == "output_norm.weight")
+        data = bytearray(g.data)
+        off = next(t[3] for t in g.tensors if t[0] == name_)
+        data[off:off + 4 * dims[0]] = b"\x00\x00\xc0\x7f" * dims[0]
+        g.data = bytes(data)
+    path = tmp_path / f"{name}.gguf"
+    g.write(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    s = Server(tmp_path_factory.mktemp("tiny"), "-m", str(TINY), "-c", "4096", "--client-timeout", "2")
+    yield s
+    s.stop()
+
+
+def post(server, path, body, **kw):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return httpx.post(server.url + path, content=content, headers={"Content-Type": "application/json"},
+                      timeout=kw.pop("timeout", 30), **kw)
+
+
+def assert_openai_error(r, status):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"], err
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", "invalid JSON"),
+    (b'{"messages": [], "max_tokens": ' + b"9" * 5000 + b"}", "digits"),
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "lone surrogate"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', "NaN is not JSON"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e999}', "temperature"),
+    (json.dumps({"messages": MSG, "seed": -1}).encode(), "seed"),
+    (json.dumps({"messages": MSG, "seed": 2 ** 64}).encode(), "seed"),
+    (json.dumps({"messages": MSG, "seed": -1, "stream": True}).encode(), "seed"),
+    (json.dumps({"messages": MSG, "top_k": -5}).encode(), "top_k"),
+    (json.dumps({"messages": MSG, "frequency_penalty": 1e308 * 10}).encode().replace(b"Infinity", b"1e999"),
+     "frequency_penalty"),
+])
+def test_client_input_never_gets_a_5xx(tiny, body, fragment):
+    r = post(tiny, CHAT, body)
+    assert_openai_error(r, 400)
+    assert fragment in r.json()["error"]["message"]
+
+
+def test_404_405_and_malformed_http_come_in_openai_shape(tiny):
+    assert_openai_error(httpx.get(tiny.url + "/v2/nothing"), 404)
+    assert_openai_error(httpx.get(tiny.url + CHAT), 405)
+    with socket.create_connection(("127.0.0.1", tiny.port), timeout=5) as s:
+        s.sendall(b"GARBAGE / NOT-HTTP\r\n\r\n")
+        raw = s.recv(65536)
+    head, body = raw.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+    assert json.loads(body)["error"]["message"].startswith("malformed HTTP request")
+
+
+def test_a_tiny_temperature_streams_to_the_end(tiny):
+    body = {"messages": MSG, "stream": True, "temperature": 5e-324, "max_tokens": 8}
+    with httpx.stream("POST", tiny.url + CHAT, json=body, timeout=30) as r:
+        lines = [x for x in r.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_slow_and_idle_clients_are_disconnected(tiny):
+    t = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", tiny.port), timeout=15) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # a request head never finished
+        assert s.recv(100) == b""  # closed by the server
+    assert time.perf_counter() - t < 8  # --client-timeout 2, checked every second
+    with socket.create_connection(("127.0.0.1", tiny.port), timeout=15) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{")  # a body never finished
+        reply = b""
+        while b"}}" not in reply and (chunk := s.recv(65536)):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408") and b"not received within" in reply
+
+
+def test_a_model_that_gives_nan_ends_the_stream_with_an_error_event(tmp_path):
+    s = Server(tmp_path, "-m", variant(tmp_path, "nan", nan=True), "-c", "256")
+    try:
+        with httpx.stream("POST", s.url + CHAT, json={"messages": MSG, "stream": True}, timeout=30) as r:
+            lines = [x for x in r.iter_lines() if x.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        error = json.loads(lines[-2][6:])["error"]
+        assert "NaN or infinite" in error["message"]
+        assert not any('"finish_reason": "stop"' in x for x in lines)
+        assert_openai_error(post(s, CHAT, {"messages": MSG}), 400)  # not streamed: a 400, not a 500
+    finally:
+        s.stop()
+
+
+def test_a_looping_template_neither_freezes_the_server_nor_survives_its_time_limit(tmp_path):
+    loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    s = Server(tmp_path, "-m", variant(tmp_path, "loop", template=loop), "-c", "256")
+    try:
+        with httpx.Client(timeout=30) as c:
+            answer = {}
+            t = threading.Thread(target=lambda: answer.update(r=c.post(s.url + CHAT, json={"messages": MSG})))
+            t.start()
+            time.sleep(0.5)
+            t0 = time.perf_counter()
+            assert s.health()["status"] == "ready"  # the event loop still answers
+            assert time.perf_counter() - t0 < 1
+            t.join(20)
+        assert_openai_error(answer["r"], 400)
+        assert "ran longer than" in answer["r"].json()["error"]["message"]
+    finally:
+        s.stop()
+
+
+def wait_idle(server, seconds):
+    deadline = time.time() + seconds
+    while server.health()["busy"] and time.time() < deadline:
+        time.sleep(0.05)
+    return not server.health()["busy"]
+
+
+def test_an_abandoned_non_streamed_generation_frees_the_worker(tiny):
+    body = {"prompt": "a " * 100, "max_tokens": 3900, "temperature": 0}  # greedy: it never meets an end token
+    for wait in (0.3, 0.6):
+        with pytest.raises(httpx.ReadTimeout):
+            post(tiny, COMPLETIONS, body, timeout=wait)
+        t = time.perf_counter()
+        assert wait_idle(tiny, 5)
+        assert time.perf_counter() - t < 1.5
+    assert "generation cancelled" in tiny.log.read_text()
+
+
+def test_sigterm_ends_the_server_within_seconds_whatever_it_is_doing(tmp_path):
+    s = Server(tmp_path, "-m", str(TINY), "-c", "4096")
+    body = {"prompt": "a " * 200, "max_tokens": 3800, "stream": True}
+    with httpx.stream("POST", s.url + COMPLETIONS, json=body, timeout=30) as r:
+        next(r.iter_lines())
+        t = time.perf_counter()
+        s.proc.terminate()
+        s.proc.wait(timeout=15)
+    assert time.perf_counter() - t < 5
+
+
+FIELDS = {"messages": [MSG, [], "x", [{"role": 1}], [{"role": "user", "content": ["a"]}], None],
+          "prompt": ["hello", "", 5, ["a"], "x" * 3000, None], "max_tokens": [1, 0, -1, 2 ** 70, 3.5, "3", None],
+          "temperature": [0, 0.7, 2.5, -0.1, 5e-324, "x", None, True], "top_p": [0, 0.5, 1, 2, None],
+          "top_k": [0, 5, -1, 2 ** 40], "min_p": [0, 0.5, 1.5], "seed": [0, 1, -1, 2 ** 64, 2 ** 63, "s"],
+          "stop": ["\n", ["a", "b"], [1], ["a"] * 5, ""], "stream": [True, False, "yes"],
+          "stream_options": [{"include_usage": True}, [], None], "n": [1, 2], "logprobs": [True, 3, False],
+          "repeat_penalty": [0, 1.1, -1], "frequency_penalty": [3, -2, 0.5], "presence_penalty": [-3, 1],
+          "model": ["llama-q8_0", "other", 5]}
+
+
+def test_fuzzed_requests_get_an_answer_or_a_4xx_and_streams_always_end(tiny):
+    rng = rng_for(7)
+    with httpx.Client(timeout=30) as c:
+        for i in range(150):
+            body = {k: pick(rng, v) for k, v in FIELDS.items() if rng.integers(3) == 0}
+            body.setdefault("max_tokens", 4)
+            path = pick(rng, [CHAT, COMPLETIONS])
+            with c.stream("POST", tiny.url + path, json=body) as r:
+                text = r.read().decode()
+            assert r.status_code < 500, (body, text)
+            if r.status_code >= 400:
+                assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
+            elif r.headers["content-type"].startswith("text/event-stream"):
+                assert text.rstrip().endswith("data: [DONE]"), (body, text[-200:])
+    h = tiny.health()
+    assert h["status"] == "ready" and h["queue_depth"] == 0
