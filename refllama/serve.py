@@ -320,9 +320,9 @@ async def generate(request, chat):
         fit_max_tokens(body, opts, ids, m, chat)
         reply = Reply(worker.name, chat, include_usage, len(ids))
         if stream:
+            events, cancel = stream_events(worker, m, ids, opts, reply)
             admitted = False
-            return StreamingResponse(stream_events(worker, m, ids, opts, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return EventStream(events, cancel)
         future, cancel = worker.start(lambda cancel: complete(m, ids, opts, cancel))
         admitted = False
         text, finish, n = await until_disconnect(request, future, cancel)
@@ -398,9 +398,10 @@ class End(NamedTuple):
     error: APIError | None = None
 
 
-async def stream_events(worker, m, ids, opts, reply):
-    """Server-sent events of a generation run on the generation thread. A client that goes away cancels it at the
-    next token; an error ends the stream with an error event and [DONE], never a hang or a false "stop"."""
+def stream_events(worker, m, ids, opts, reply):
+    """(server-sent events, cancel) of a generation started now on the generation thread. A client that goes away
+    cancels it at the next token; an error ends the stream with an error event and [DONE], never a hang or a false
+    "stop"."""
     from .api import stream_text
 
     loop = asyncio.get_running_loop()
@@ -425,27 +426,44 @@ async def stream_events(worker, m, ids, opts, reply):
         finally:
             put(end)
 
-    future, cancel = worker.start(produce)
-    item = None
-    try:
-        if reply.chat:
-            yield reply.chunk({"role": "assistant", "content": ""})
-        while True:
-            item = await pieces.get()
-            if isinstance(item, End):
-                if item.error is not None:
-                    yield f"data: {json.dumps(item.error.body())}\n\n"
-                else:
-                    yield reply.chunk({}, item.reason)
-                    if reply.include_usage:
-                        yield reply.event([], reply.usage(count[0]))
-                yield "data: [DONE]\n\n"
-                break
-            yield reply.chunk({"content": item})
-    finally:  # the client went away (or we finished): stop generating at the next token
-        if not isinstance(item, End):
-            log.info("client disconnected: generation cancelled after %d tokens", count[0])
-        cancel.set()
+    async def events():
+        item = None
+        try:
+            if reply.chat:
+                yield reply.chunk({"role": "assistant", "content": ""})
+            while True:
+                item = await pieces.get()
+                if isinstance(item, End):
+                    if item.error is not None:
+                        yield f"data: {json.dumps(item.error.body())}\n\n"
+                    else:
+                        yield reply.chunk({}, item.reason)
+                        if reply.include_usage:
+                            yield reply.event([], reply.usage(count[0]))
+                    yield "data: [DONE]\n\n"
+                    break
+                yield reply.chunk({"content": item})
+        finally:
+            if not isinstance(item, End):
+                log.info("client disconnected: generation cancelled after %d tokens", count[0])
+
+    _, cancel = worker.start(produce)
+    return events(), cancel
+
+
+class EventStream(StreamingResponse):
+    """A text/event-stream response that cancels its generation when it ends, however it ends: finished, the client
+    gone (even before the first event), or the server shutting down."""
+
+    def __init__(self, events, cancel):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.cancel = cancel
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.cancel.set()
 
 
 def counted(gen, count):
