@@ -1,5 +1,5 @@
-"""Seeded mutators for hostile-input fuzzing: GGUF files, HF model directories and chat templates, each mutant with
-a one-line description. tests/test_fuzz.py runs a budget of them; tools/fuzz.py runs thousands.
+"""Seeded mutators for hostile-input fuzzing: GGUF files, HF model directories, chat templates and server requests,
+each mutant with a one-line description. tests/test_fuzz.py runs a budget of them; tools/fuzz.py runs thousands.
 
 Every mutant must end in one of three ways: a clean load (and forward pass) of a file that is still valid, a
 RefllamaError whose message is one line, or, for templates, rendered text. Anything else is a bug.
@@ -226,13 +226,13 @@ def mutate_gguf(g, rng):
             n_tensors, n_kv + int(pick(rng, [-1, 1, 2 ** 40])))
         return f"counts = {g.counts}"
     if op == 10:  # a vocabulary inconsistency
-        i = next((i for i, kv in enumerate(g.kv) if kv[0] == "tokenizer.ggml.token_type"), None)
+        i = next((i for i, kv in enumerate(g.kv) if kv[0] == "tokenizer.ggml.token_type" and kv[1] == ARRAY), None)
         if i is not None:
             g.kv[i][2] = g.kv[i][2] + [1] * int(rng.integers(1, 4))
             return "token_type longer than tokens"
     if op == 11:
         key = str(pick(rng, ["tokenizer.ggml.tokens", "tokenizer.ggml.merges"]))
-        kv = next((kv for kv in g.kv if kv[0] == key), None)
+        kv = next((kv for kv in g.kv if kv[0] == key and kv[1] == ARRAY and kv[3] == STRING), None)
         if kv and kv[2]:
             i = int(rng.integers(len(kv[2])))
             s = kv[2][i]
@@ -418,6 +418,44 @@ def template_outcome(template, timeout=2.0):
         return "rendered"
     except refllama.RefllamaError as e:
         return check_error(e)
+
+
+# ---------------------------------------------------------------- server requests
+
+CHAT_MSG = [{"role": "user", "content": "hi"}]
+FIELDS = {"messages": [CHAT_MSG, [], "x", [{"role": 1}], [{"role": "user", "content": ["a"]}], None],
+          "prompt": ["hello", "", 5, ["a"], "x" * 3000, None], "max_tokens": [1, 0, -1, 2 ** 70, 3.5, "3", None],
+          "temperature": [0, 0.7, 2.5, -0.1, 5e-324, "x", None, True], "top_p": [0, 0.5, 1, 2, None],
+          "top_k": [0, 5, -1, 2 ** 40], "min_p": [0, 0.5, 1.5], "seed": [0, 1, -1, 2 ** 64, 2 ** 63, "s"],
+          "stop": ["\n", ["a", "b"], [1], ["a"] * 5, ""], "stream": [True, False, "yes"],
+          "stream_options": [{"include_usage": True}, [], None], "n": [1, 2], "logprobs": [True, 3, False],
+          "repeat_penalty": [0, 1.1, -1], "frequency_penalty": [3, -2, 0.5], "presence_penalty": [-3, 1],
+          "model": ["llama-q8_0", "other", 5]}
+
+
+
+
+def request_mutant(rng):
+    """(path, body) of a valid request with up to three fields given random values, valid or not."""
+    chat = bool(rng.integers(2))
+    body = {"messages": CHAT_MSG} if chat else {"prompt": "Hello"}
+    body.update(max_tokens=4, temperature=float(pick(rng, [0, 0.8])), stream=bool(rng.integers(2)))
+    for key in rng.permutation(sorted(FIELDS))[:int(rng.integers(4))]:
+        body[str(key)] = pick(rng, FIELDS[str(key)])
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def request_outcome(client, url, path, body):
+    """'answered' (200, a stream ending in [DONE]) or 'refused' (a 4xx in OpenAI's shape); anything else raises."""
+    with client.stream("POST", url + path, json=body) as r:
+        text = r.read().decode()
+    assert r.status_code < 500, (body, text)
+    if r.status_code >= 400:
+        assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}, text
+        return "refused"
+    if r.headers["content-type"].startswith("text/event-stream"):
+        assert text.rstrip().endswith("data: [DONE]"), (body, text[-200:])
+    return "answered"
 
 
 def pick(rng, values):
