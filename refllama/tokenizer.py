@@ -121,9 +121,9 @@ def from_gguf(g):
         # control and user-defined tokens are matched whole in the text, as llama.cpp does
         tok.add_tokens([AddedToken(tokens[i], special=(t == CONTROL), normalized=False)
                         for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
-    except RefllamaError:
+    except (RefllamaError, KeyboardInterrupt, SystemExit):
         raise
-    except Exception as e:  # tokenizers raises its own Exception type for a vocabulary it cannot build
+    except BaseException as e:  # tokenizers' Exception, or on a Rust panic pyo3's PanicException (a BaseException)
         raise RefllamaError(f"{g.path}: corrupt vocabulary ({shown(str(e), 120)})") from None
     eog = {g.token_id(f"tokenizer.ggml.{k}_token_id", n) for k in ("eos", "eot", "eom")}
     eog |= {i for i, t in enumerate(types) if t == CONTROL and tokens[i] in _EOG_TEXTS}
@@ -230,7 +230,9 @@ def from_hf_dir(directory, eos_ids=()):
     check_regular(d / "tokenizer.json")
     try:
         tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
-    except Exception as e:  # tokenizers raises its own Exception type for bad files
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # tokenizers' own Exception type, or pyo3's PanicException on a Rust panic
         raise RefllamaError(f"{d / 'tokenizer.json'}: cannot load ({shown(str(e), 120)})") from None
     ids = {name: tok.token_to_id(_token_content(conf, name, conf_path) or "") for name in ("bos_token", "eos_token")}
     specials = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
