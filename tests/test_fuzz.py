@@ -26,12 +26,17 @@ def run_block(first, make, outcome, expected):
             pytest.fail(f"seed {seed}: {what}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}")
 
 
+def mutants(tmp_path, sources, mutate, suffix=""):
+    """make(seed) -> (mutant path, description): seed picks the source and seeds the mutation."""
+    def make(seed):
+        target = tmp_path / f"m{seed}{suffix}"
+        return target, mutate(sources[seed % len(sources)], target, rng_for(seed))
+    return make
+
+
 @pytest.mark.parametrize("first", range(0, 2000, BLOCK))
 def test_gguf_mutants_of_tiny_models(tmp_path, first):
-    def make(seed):
-        path = tmp_path / f"m{seed}.gguf"
-        return path, gguf_mutant(GGUF_SOURCES[seed % len(GGUF_SOURCES)], path, rng_for(seed))
-    run_block(first, make, load_outcome, ("loaded", "refused"))
+    run_block(first, mutants(tmp_path, GGUF_SOURCES, gguf_mutant, ".gguf"), load_outcome, ("loaded", "refused"))
 
 
 @pytest.mark.parametrize("first", range(10_000, 10_000 + BLOCK, BLOCK))
@@ -46,10 +51,7 @@ def test_gguf_mutants_of_the_default_models_header(tmp_path, first):
 
 @pytest.mark.parametrize("first", range(0, 400, BLOCK))
 def test_hf_directory_mutants(tmp_path, first):
-    def make(seed):
-        d = tmp_path / f"m{seed}"
-        return d, hf_mutant(HF_SOURCES[seed % len(HF_SOURCES)], d, rng_for(seed))
-    run_block(first, make, load_outcome, ("loaded", "refused"))
+    run_block(first, mutants(tmp_path, HF_SOURCES, hf_mutant), load_outcome, ("loaded", "refused"))
 
 
 @pytest.mark.parametrize("first", range(0, 100, BLOCK))
