@@ -160,6 +160,6 @@ def load_hf(directory, placement=None):
     cfg.checked(c.path)
     ck = Checkpoint(d)
     weights = read_weights(arch, cfg, "hf", ck.tensor, lambda name: name in ck, placement or Placement())
-    weights.update(rope)
+    weights.update(rope())
     tokenizer, template = from_hf_dir(d, eos_ids(c, d))
     return Loaded(cfg, weights, tokenizer, template, [])

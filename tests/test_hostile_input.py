@@ -154,6 +154,8 @@ def test_config_json_shape_and_limits(tmp_path, text, fragment):
     ("num_key_value_heads", 3, "do not divide"),
     ("rms_norm_eps", -1e-5, "rms_eps must be a finite positive number"),
     ("tie_word_embeddings", "yes", "tie_word_embeddings"),
+    ("partial_rotary_factor", 2 ** 31, "must be in (0, 1]"),  # once sized a 256 GiB RoPE table
+    ("head_dim", 2 ** 40, "has shape"),  # the weights bound it before anything is sized by it
 ])
 def test_config_values_are_validated(tmp_path, key, value, fragment):
     d = hf_copy(tmp_path)

@@ -154,15 +154,19 @@ def llama3_freq_factors(theta, rope_dim, s, where):
 
 
 def hf_config(c, arch, rope_layout, **fields):
-    """(ModelConfig, RoPE tensors {name: float32 array} computed from the config) from the config.json fields
-    every family shares; `fields` are the family's own. Unsupported options are refused by name, every value read
-    is checked for its type and range."""
+    """(ModelConfig, rope) from the config.json fields every family shares; `fields` are the family's own.
+    rope() computes the RoPE tensors {name: float32 array} the config describes: the loader calls it once the
+    weights have confirmed the head dimension, so that no allocation is sized by the config alone. Unsupported
+    options are refused by name, every value read is checked for its type and range."""
     D, H = c.need("hidden_size", int), c.need("num_attention_heads", int)
     if H < 1:
         raise RefllamaError(f"{c.path}: field 'num_attention_heads' must be at least 1, got {H}")
     # the only defaults taken are transformers' own documented ones, for fields older configs omit
     HD = c.get("head_dim", D // H, kind=(int,))
-    rope_dim = int(HD * c.get("partial_rotary_factor", 1.0, kind=(int, float)))
+    partial = c.get("partial_rotary_factor", 1.0, kind=(int, float))
+    if not 0 < partial <= 1:
+        raise RefllamaError(f"{c.path}: field 'partial_rotary_factor' must be in (0, 1], got {partial}")
+    rope_dim = int(HD * partial)
     theta, s = rope_parameters(c)
     where = f"{c.path}: rope scaling"
     kind = s.get("rope_type", s.get("type", "default")) if s else "default"
@@ -171,22 +175,20 @@ def hf_config(c, arch, rope_layout, **fields):
     if kind == "linear":
         linear_scale = _number(s, "factor", where)
     elif kind == "llama3":
-        rope["rope_freqs"] = llama3_freq_factors(theta, rope_dim, s, where)
+        rope["rope_freqs"] = lambda: llama3_freq_factors(theta, rope_dim, s, where)
     elif kind in ("longrope", "su"):  # Phi-3: short factors up to the original context, long ones beyond
         ctx_orig = s.get("original_max_position_embeddings") or c.need("original_max_position_embeddings", int)
         if not isinstance(ctx_orig, int) or isinstance(ctx_orig, bool) or ctx_orig < 1:
             raise RefllamaError(f"{where}: original_max_position_embeddings must be a positive integer")
-        rope["rope_factors_short"] = _factors(s, "short_factor", rope_dim // 2, where)
-        rope["rope_factors_long"] = _factors(s, "long_factor", rope_dim // 2, where)
+        for part in ("short", "long"):  # lists from the file itself: checking them allocates nothing the file lacks
+            factors = _factors(s, f"{part}_factor", rope_dim // 2, where)
+            rope[f"rope_factors_{part}"] = lambda factors=factors: factors
         scale = n_ctx / ctx_orig  # the attention factor as llama.cpp's converter and transformers compute it
         attn_factor = _number(s, "attention_factor", where) if s.get("attention_factor") else (
             1.0 if scale <= 1.0 or ctx_orig == 1 else math.sqrt(1 + math.log(scale) / math.log(ctx_orig)))
     elif kind != "default":
         raise RefllamaError(f"{c.path}: unsupported rope scaling type {shown(kind)} "
                             "(supported: default, linear, llama3, longrope)")
-    for name, f in rope.items():
-        if len(f) != rope_dim // 2:
-            raise RefllamaError(f"{where}: {len(f)} factors for '{name}', expected {rope_dim // 2}")
     act = c.get("hidden_act", "silu", kind=(str,))
     if act != "silu":
         raise RefllamaError(f"{c.path}: unsupported hidden_act {shown(act)} (supported: silu)")
@@ -197,7 +199,7 @@ def hf_config(c, arch, rope_layout, **fields):
         "rms_eps": float(c.need("rms_norm_eps")), "rope_base": theta, "rope_dim": rope_dim,
         "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor), "rope_ctx_orig": ctx_orig,
         "rope_layout": rope_layout, "tied_output": c.get("tie_word_embeddings", False, kind=(bool,)), **fields})
-    return cfg.checked(c.path), {k: v.astype(np.float32) for k, v in rope.items()}
+    return cfg.checked(c.path), lambda: {k: f().astype(np.float32) for k, f in rope.items()}
 
 
 def refuse(c, option, family):
