@@ -101,3 +101,22 @@ def test_a_trace_is_a_mapping_of_stage_names_to_arrays(model):
     assert list(t)[:2] == ["inp_embd", "attn_norm-0"] and "result_output" in t and "ffn_act-0" not in t
     assert t.get("ffn_act-0") is None and t.get("l_out-0") is t["l_out-0"]
     assert all(a is t[k] for k, a in t.items())
+
+
+def test_a_cancellable_generation_prefills_in_chunks_to_the_same_tokens_and_stops_when_cancelled(model):
+    import threading
+
+    from refllama.api import PREFILL_CHUNK
+
+    ids = model.tokenize("The history of the printing press " * 50)
+    assert len(ids) > 2 * PREFILL_CHUNK
+    cancel = threading.Event()
+    plain = list(model.generate(ids, max_tokens=6, temperature=0))
+    gen = model.generate(ids, max_tokens=6, temperature=0, cancel=cancel)
+    assert list(gen) == plain and gen.finish_reason == "length"
+    gen = model.generate(ids, max_tokens=50, temperature=0, cancel=cancel)
+    first = next(gen)
+    cancel.set()
+    assert first == plain[0] and list(gen) == [] and gen.finish_reason == "cancelled"
+    cancelled = model.generate(ids, max_tokens=5, temperature=0, cancel=cancel)  # set before the prefill: no work
+    assert list(cancelled) == [] and cancelled.finish_reason == "cancelled"
