@@ -32,7 +32,7 @@ def default_model_path():
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL[1])
 
 
-PREFILL_CHUNK = 128  # a cancellable prefill's step: about 0.1 s for SmolLM2 on 2 cores
+PREFILL_CHUNK = 64  # a cancellable prefill's step: SmolLM2 on one core, 0.14 s at position 0, 0.9 s at 4k
 DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be far larger than a session needs
 
 
