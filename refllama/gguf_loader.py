@@ -257,7 +257,8 @@ class GGUFFile:
             self.fallbacks.add(t.tensor_type.name)
         from gguf.quants import dequantize
 
-        return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        with np.errstate(all="ignore"):  # a corrupt scale dequantizes to inf/NaN: the file's values, not an error
+            return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
 
 
 def load_gguf(path, placement=None):
