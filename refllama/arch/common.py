@@ -89,7 +89,7 @@ def gguf_config(g, rope_layout, **fields):
         return g.real(f"{arch}.{name}", default, positive=positive)
 
     n_embd, n_head = count("embedding_length"), count("attention.head_count")
-    n_tokens = len(g.array("tokenizer.ggml.tokens", (8,), "strings") or []) or None
+    n_tokens = len(g.array("tokenizer.ggml.tokens", (8,), "strings") or []) or None  # 8: GGUF's string type
     if n_tokens is None and not g.has(f"{arch}.vocab_size"):
         raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
     vocab = count("vocab_size", n_tokens)
