@@ -128,9 +128,17 @@ class Model:
     def detokenize(self, ids):
         return self._tokenizer().decode(ids)
 
-    def _prefill(self, ids, last_only):
+    def _prefill(self, ids, last_only, cancel=None):
+        """Logits of a prompt from a fresh cache. With `cancel` (a threading.Event), the last position's only, in
+        chunks of PREFILL_CHUNK tokens, checking `cancel` before each; None if it was set before the end."""
         self.cache.reset()
-        return self.forward(ids, 0, last_only)
+        if cancel is None:
+            return self.forward(ids, 0, last_only)
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            if cancel.is_set():
+                return None
+            logits = self.forward(ids[start:start + PREFILL_CHUNK], start, last_only=True)
+        return logits
 
     def forward(self, ids, start_pos=0, last_only=False):  # [T] -> [T or 1, V] on the backend
         """Run `ids` at positions start_pos.. after the start_pos positions already cached (a prefill is
@@ -168,15 +176,7 @@ class Model:
         history = [int(i) for i in ids]
         if not history:
             raise RefllamaError("empty prompt: at least one token is needed")
-        if cancel is None:
-            logits = self._prefill(history, last_only=True)  # prefill: the whole prompt at once
-        else:
-            self.cache.reset()
-            logits = None  # stays None only if cancelled before the first chunk, and then is never sampled
-            for start in range(0, len(history), PREFILL_CHUNK):
-                if cancel.is_set():
-                    break
-                logits = self.forward(history[start:start + PREFILL_CHUNK], start, last_only=True)
+        logits = self._prefill(history, last_only=True, cancel=cancel)  # None only if cancelled: never sampled
         return Generation(self, history, logits, sample, max_tokens, stop, cancel)
 
     def dump(self, ids, directory, prompt=None, greedy=0, decode_steps=0, decode_ids=None, **plan):

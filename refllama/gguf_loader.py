@@ -24,8 +24,8 @@ _SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4"
 STRING, ARRAY, UINT32, BOOL = 8, 9, 4, 7
 INTEGERS, FLOATS = (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)
 MAX_DIMS, MAX_NAME = 4, 64  # GGML_MAX_DIMS; GGML_MAX_NAME (a name must be shorter)
-TYPE_NAMES = {**{t: "an integer" for t in INTEGERS}, **{t: "a float" for t in FLOATS}, BOOL: "a bool",
-              STRING: "a string", ARRAY: "an array"}
+TYPE_NAMES = {**{t: "integer" for t in INTEGERS}, **{t: "float" for t in FLOATS}, BOOL: "bool", STRING: "string",
+              ARRAY: "array"}
 
 
 class TensorInfo(NamedTuple):
@@ -183,7 +183,8 @@ class GGUFFile:
                 raise RefllamaError(f"{self.path}: missing metadata field '{key}'")
             return None
         if f.vtype not in kinds or f.is_array != array:
-            got = f"an array of {TYPE_NAMES.get(f.vtype)}s" if f.is_array else TYPE_NAMES.get(f.vtype)
+            name = TYPE_NAMES.get(f.vtype, "unknown")
+            got = f"an array of {name}s" if f.is_array else f"{'an' if name[0] in 'aiu' else 'a'} {name}"
             raise RefllamaError(f"{self.path}: metadata field '{key}' must be {what}, got {got}")
         return f.value
 

@@ -132,3 +132,12 @@ def test_a_missing_metadata_key_is_named(tmp_path):
     old = b"phi3.attention.layer_norm_rms_epsilon"
     line = error_of(patched("phi3", tmp_path, old, old[:-1] + b"X"))
     assert f"missing metadata field '{old.decode()}'" in line
+
+
+def test_the_llamacpp_dump_tool_reads_each_files_architecture(monkeypatch):
+    pytest.importorskip("llama_cpp", reason="tools/dump_llamacpp.py needs llama-cpp-python (a reference tool)")
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "tools"))
+    import dump_llamacpp
+
+    for family in ("llama", "qwen2", "qwen3", "phi3"):
+        assert dump_llamacpp.arch_of(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf").NAME == family

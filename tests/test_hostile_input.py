@@ -167,7 +167,6 @@ def test_an_int_eos_token_in_tokenizer_config(tmp_path):
     from refllama.tokenizer import from_hf_dir
 
     d = hf_copy(tmp_path)
-    shutil.copy(DATA / "gguf-llama" / "hf" / "manifest.json", d / "unused.json")
     (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": 2}))
     (d / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": {"a": 0},
                                                                                "merges": []}}))

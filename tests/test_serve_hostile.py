@@ -25,9 +25,8 @@ def variant(tmp_path, name, template=None, nan=False):
         g.kv = [kv for kv in g.kv if kv[0] != "tokenizer.chat_template"] + [["tokenizer.chat_template", 8, template,
                                                                               None]]
     if nan:  # output_norm is float32 and the last tensor: its bytes become NaN
-        name_, dims, *_ = next(t for t in g.tensors if t[0] == "output_norm.weight")
+        _, dims, _, off, _ = next(t for t in g.tensors if t[0] == "output_norm.weight")
         data = bytearray(g.data)
-        off = next(t[3] for t in g.tensors if t[0] == name_)
         data[off:off + 4 * dims[0]] = b"\x00\x00\xc0\x7f" * dims[0]
         g.data = bytes(data)
     path = tmp_path / f"{name}.gguf"

@@ -75,7 +75,7 @@ def to_numpy(t):
 
 def arch_of(model_path):
     """The refllama.arch module of a GGUF file."""
-    return archs.for_gguf(GGUFFile(model_path).get("general.architecture", required=True), model_path)
+    return archs.for_gguf(GGUFFile(model_path).string("general.architecture", required=True), model_path)
 
 
 def unfuse(stages, arch, n_head, n_head_kv):
