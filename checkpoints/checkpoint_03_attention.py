@@ -17,7 +17,7 @@ def test_softmax(case, layer, mode):
     def isolated():
         kq = case.ref[f"kq-{layer}"]  # [H, P, S]
         mask = causal_mask(0, kq.shape[-1], kq.shape[-1], case.model.xp)[case.rows(f"kq-{layer}")]  # [P, S]
-        return attention_weights(kq, mask, case.cfg.head_dim)
+        return attention_weights(kq, mask, case.cfg.kq_scale)
     case.stage(f"kq_soft_max-{layer}", mode, isolated, fed_by=f"kq-{layer}")
 
 

@@ -184,7 +184,8 @@ class Model:
         `decode_steps` then decodes that many greedy tokens one at a time (or feeds `decode_ids`, another
         engine's tokens) and writes each step's stages as its own record; `greedy` records that many greedy
         tokens in the manifest; `plan` takes storage_plan's options."""
-        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES, **plan)
+        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES,
+                                           inputs=self.arch.INPUTS, **plan)
         with trace(names=names) as t:
             logits = self._prefill(ids, last_only=False)
         prefill, decode, given, decode_ids = {n: t[n] for n in names}, [], decode_ids, []

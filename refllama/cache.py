@@ -10,26 +10,30 @@ from .safety import check_memory
 from .xp import to_numpy
 
 
-def rope_tables(cfg, n_ctx, freq_factors=None):  # -> cos, sin: [n_ctx, R/2] float32
-    """cos/sin of pos * theta_i with theta_i = base^(-2i/R), computed in float64 once, stored float32."""
+def rope_tables(cfg, n_ctx, freq_factors=None, local=False):  # -> cos, sin: [n_ctx, R/2] float32
+    """cos/sin of pos * theta_i with theta_i = base^(-2i/R), computed in float64 once, stored float32.
+    `local`: the tables of sliding-window layers where they have their own base (Gemma 3), unscaled."""
     half = cfg.rope_dim // 2
-    theta = cfg.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
+    base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
+    theta = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
     if freq_factors is not None:  # llama3-style: per-frequency divisors stored in the model file
         theta = theta / to_numpy(freq_factors).astype(np.float64)
-    pos = np.arange(n_ctx, dtype=np.float64) / cfg.rope_scale  # linear scaling stretches positions
+    pos = np.arange(n_ctx, dtype=np.float64) / scale  # linear scaling stretches positions
     angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
     scale = cfg.rope_attn_factor  # LongRoPE scales cos and sin (and so q.k) by this
     return (scale * np.cos(angle)).astype(np.float32), (scale * np.sin(angle)).astype(np.float32)
 
 
 class Cache:
-    """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables; `n_past` rows are valid."""
+    """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables (`cos_swa`, `sin_swa` too for models whose
+    sliding-window layers have a RoPE base of their own); `n_past` rows are valid."""
 
     def __init__(self, cfg, n_ctx, xp=np, freq_factors=None):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
         kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
-        tables = n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and their cos/sin on the way to two float32 tables
+        n_tables = 2 if cfg.rope_base_swa else 1
+        tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and their cos/sin on the way to two float32 tables
         check_memory(kv + tables, f"a KV cache of {n_ctx} positions", "pass a smaller context size (-c)", xp=xp)
         self.n_ctx = n_ctx
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
@@ -37,6 +41,9 @@ class Cache:
         self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
         cos, sin = rope_tables(cfg, n_ctx, freq_factors)
         self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
+        if cfg.rope_base_swa:
+            cos, sin = rope_tables(cfg, n_ctx, freq_factors, local=True)
+            self.cos_swa, self.sin_swa = xp.asarray(cos), xp.asarray(sin)
         self.n_past = 0
 
     def reset(self):

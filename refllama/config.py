@@ -33,6 +33,14 @@ class ModelConfig:
     rope_ctx_orig: int | None = None  # LongRoPE: contexts beyond this take the long frequency factors
     tied_output: bool = False  # output projection reuses token_embd
     sliding_window: int | None = None  # a query sees only the last `sliding_window` keys (Mistral)
+    swa_layers: tuple | None = None  # per layer, whether the window applies (Gemma 3); None: every layer, if set
+    rope_base_swa: float | None = None  # RoPE base of the sliding-window layers (Gemma 3's local layers)
+    attn_scale: float | None = None  # softmax scale of q.k; None: 1/sqrt(head_dim)
+    logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
+
+    @property
+    def kq_scale(self):
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
     def checked(self, path):
         """This config, or an error naming the first value no forward pass can run with (from file `path`)."""
@@ -40,12 +48,16 @@ class ModelConfig:
             "count": ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size", "n_ctx_train",
                       "rope_dim"),
             "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor"),
+            "optional": ("rope_base_swa", "attn_scale", "logit_softcap"),
         }
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name in rules["count"] and not (isinstance(v, int) and v >= 1):
                 raise RefllamaError(f"{path}: {f.name} must be a positive integer, got {v!r}")
             if f.name in rules["positive"] and not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                raise RefllamaError(f"{path}: {f.name} must be a finite positive number, got {v!r}")
+            if f.name in rules["optional"] and v is not None and not (
+                    isinstance(v, float) and math.isfinite(v) and v > 0):
                 raise RefllamaError(f"{path}: {f.name} must be a finite positive number, got {v!r}")
             if f.name in ("rope_ctx_orig", "sliding_window") and v is not None and not (isinstance(v, int) and v >= 1):
                 raise RefllamaError(f"{path}: {f.name} must be a positive integer, got {v!r}")
@@ -55,6 +67,9 @@ class ModelConfig:
         if self.rope_dim > self.head_dim or self.rope_dim % 2:
             raise RefllamaError(f"{path}: rope dimension {self.rope_dim} must be even and at most the head "
                                 f"dimension {self.head_dim}")
+        if self.swa_layers is not None and (len(self.swa_layers) != self.n_layer or not self.sliding_window):
+            raise RefllamaError(f"{path}: a sliding-window pattern needs a window and one entry per layer "
+                                f"({len(self.swa_layers)} entries for {self.n_layer} layers)")
         if self.rope_layout not in ("interleaved", "half"):
             raise RefllamaError(f"{path}: unknown rope layout {self.rope_layout!r}")
         return self

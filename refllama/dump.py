@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import arch as archs
-from .arch import KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, permute_qk
+from .arch import INPUT_STAGES, KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, permute_qk
 from .errors import RefllamaError
 
 FORMAT = "refllama-dump/1"
@@ -31,12 +31,17 @@ def layer_stages(arch):
     return archs.ARCHITECTURES.get(arch or "llama", archs.llama).STAGES
 
 
+def input_stages(arch):
+    """The stages before the first block of architecture `arch` (inp_embd; Gemma 3's inp_scaled too)."""
+    return archs.ARCHITECTURES.get(arch or "llama", archs.llama).INPUTS
+
+
 def forward_order(names, stages=archs.llama.STAGES):
     """Stage names sorted as a forward pass of blocks with these `stages` runs them (unknown stages last)."""
     def key(name):
         stage, layer = split_name(name)
-        if stage == "inp_embd":
-            return (0, 0, 0, name)
+        if stage in INPUT_STAGES:
+            return (0, 0, INPUT_STAGES.index(stage), name)
         if layer is not None and stage in stages:
             return (1, layer, stages.index(stage), name)
         if stage in ("result_norm", "result_output"):
@@ -114,7 +119,7 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=())
 
 def known_stages(arch):
     """Every stage name a dump of architecture `arch` can hold, without the layer suffix."""
-    return ("inp_embd", *layer_stages(arch), "result_norm", "result_output")
+    return (*input_stages(arch), *layer_stages(arch), "result_norm", "result_output")
 
 
 NUMERICS = ("float32", "bfloat16", "float16", "ggml")  # what a producer computes in; "ggml": llama.cpp's quantized
@@ -327,7 +332,8 @@ class Dump:
         return a
 
 
-def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, stages=archs.llama.STAGES):
+def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, stages=archs.llama.STAGES,
+                 inputs=archs.llama.INPUTS):
     """What a stored dump of blocks with these `stages` keeps, as (names, rows, dtypes) for write_dump.
 
     layers: the blocks kept (None: all), plus each one's input `l_out-(N-1)` so every stage can be fed
@@ -336,7 +342,7 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
     positions whose logits are kept; dtype: storage type for every stage (float32 unless given).
     """
     layers = range(n_layer) if layers is None else [n_layer + n if n < 0 else n for n in layers]
-    names = ["inp_embd", "result_norm", "result_output"]
+    names = [*inputs, "result_norm", "result_output"]
     for n in layers:
         names += [f"{s}-{n}" for s in stages]
         if n > 0:
@@ -371,7 +377,7 @@ def add_tool_args(parser, producer):
     parser.add_argument("--float16", action="store_true", help="store stages as float16")
 
 
-def plan_from_args(args, n_layer, n_tokens, stages=archs.llama.STAGES):
+def plan_from_args(args, n_layer, n_tokens, stages=archs.llama.STAGES, inputs=archs.llama.INPUTS):
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     return storage_plan(n_layer, n_tokens, layers, args.max_rows, args.logit_rows,
-                        np.float16 if args.float16 else None, stages)
+                        np.float16 if args.float16 else None, stages, inputs)

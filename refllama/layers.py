@@ -81,8 +81,9 @@ def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.
     return (q @ k[:, None].transpose(0, 1, 3, 2)).reshape(H, T, S)  # [KVH, G, T, S] -> [H, T, S]
 
 
-def attention_weights(kq, mask, head_dim):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
-    return softmax(kq * (1.0 / head_dim ** 0.5) + mask)
+def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
+    """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale)."""
+    return softmax(kq * scale + mask)
 
 
 def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
@@ -100,3 +101,31 @@ def silu(x):  # [...] -> [...]
 
 def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
     return silu(gate) * up
+
+
+def gelu_tanh(x):  # [...] -> [...]
+    """GELU in its tanh approximation (transformers' gelu_pytorch_tanh, GPT-2's and Gemma's).
+
+    llama.cpp's CPU backend differs here: it rounds x to float16 and reads a 65536-entry table of float16 GELU
+    values (ggml-cpu/vec.h, GGML_GELU_FP16), so its GELU carries float16 rounding, a relative error up to ~1e-3.
+    refllama computes it in float32, as transformers does."""
+    xp = array_module(x)
+    c = xp.float32(0.7978845608028654)  # sqrt(2 / pi)
+    return 0.5 * x * (1.0 + xp.tanh(c * (x + xp.float32(0.044715) * x * x * x)))
+
+
+def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where SwiGLU has SiLU
+    return gelu_tanh(gate) * up
+
+
+def layer_norm(x, w, b, eps):  # [T, D], [D], [D] -> [T, D]: GPT-2's norm, mean removed, then scaled and shifted
+    xp = array_module(x)
+    mean = x.sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]
+    centered = x - mean
+    var = xp.square(centered).sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]
+    return centered * (1.0 / xp.sqrt(var + eps)) * w + b
+
+
+def softcap(x, cap):  # [...] -> [...] in (-cap, cap): Gemma's final_logit_softcapping
+    xp = array_module(x)
+    return cap * xp.tanh(x / cap)

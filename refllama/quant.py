@@ -5,8 +5,9 @@ Every supported GGUF type is repacked once, at load, into one of two forms that 
       value j (low nibble) and value j+16 (high); per group a scale and offset: w = scale * code + offset
       (Q4_0: offset = -8 * d; Q4_1: offset = m; Q4_K: 8 groups per 256-block, scale = d * sc,
       offset = -dmin * min, its nibbles reordered into the layout above);
-  8-bit (Q8_0, Q6_K): int8 codes and a scale per group (32 for Q8_0; 16 for Q6_K, codes q - 32).
-Scales that GGUF stores as float16 (Q4_0, Q4_1, Q8_0) keep their 16 bits, read through a 65536-entry table
+  8-bit (Q8_0, Q5_0, Q6_K): int8 codes and a scale per group (32 for Q8_0 and Q5_0, codes q - 16 for Q5_0; 16 for
+      Q6_K, codes q - 32). Q5_0's 5-bit codes take a byte each: 8.5 bits per weight instead of 5.5, for one kernel.
+Scales that GGUF stores as float16 (Q4_0, Q4_1, Q5_0, Q8_0) keep their 16 bits, read through a 65536-entry table
 as ggml does; the K-quants' products d * sc are not float16 numbers, so they are float32. Either way the
 weights take the GGUF file's bytes, and decode reads 5 to 8.5 bits per weight instead of float32's 32.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
@@ -24,7 +25,7 @@ from numba.extending import overload
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor, byte_shape
 
-QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q8_0, QT.Q6_K))
+QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 
 
@@ -96,6 +97,14 @@ def repack(raw, qtype, shape):
         blocks = raw.reshape(n, k // 32, 34)
         codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
         return Q8Form(codes, _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
+    if qtype == QT.Q5_0:  # per 32: d (f16), qh (32 high bits), qs (16 bytes: value j low nibble, j+16 high)
+        blocks = raw.reshape(n, k // 32, 22)
+        qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")  # [n, k/32, 1]
+        qs = blocks[..., 6:]  # [n, k/32, 16]
+        low = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [n, k/32, 32]
+        high = (qh >> np.arange(32, dtype=np.uint32)) & 1  # [n, k/32, 32]
+        codes = (low | (high << 4).astype(np.uint8)).astype(np.int8) - np.int8(16)
+        return Q8Form(codes.reshape(n, k), _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
     if qtype == QT.Q6_K:
         blocks = raw.reshape(n * k // 256, 210)
         ql, qh = blocks[:, :128], blocks[:, 128:192]

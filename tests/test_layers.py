@@ -80,7 +80,7 @@ def test_gqa_attention_equals_per_head_loop_with_repeated_kv():
     k = rng.standard_normal((KVH, S, HD)).astype(np.float32)
     v = rng.standard_normal((KVH, S, HD)).astype(np.float32)
     mask = causal_mask(S - T, T, S, np)
-    out = attention_mix(attention_weights(attention_scores(q, k), mask, HD), v)
+    out = attention_mix(attention_weights(attention_scores(q, k), mask, HD ** -0.5), v)
     expected = np.zeros((T, H * HD), np.float32)
     for h in range(H):
         kv = h // (H // KVH)  # transformers' repeat_kv: kv head j serves query heads j*G .. j*G+G-1

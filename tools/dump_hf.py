@@ -144,7 +144,7 @@ def main(argv=None):
     hf = (AutoModelForCausalLM.from_pretrained(model_path, **load_args) if os.path.isdir(model_path)
           else AutoModelForCausalLM.from_pretrained(d, gguf_file=f, **load_args)).eval()
     stages, decode, decode_ids = capture(hf, ids, args.decode_steps)
-    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), m.arch.STAGES)
+    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), m.arch.STAGES, m.arch.INPUTS)
     provenance = {**PRODUCER, "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
                   "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids, "arch": m.config.arch,
                   "greedy": greedy(hf, ids, args.greedy)}

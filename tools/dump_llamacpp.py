@@ -195,7 +195,7 @@ def main(argv=None):
     stages, decode, decode_ids, *_ = capture(model_path, ids, args.threads, decode_steps=args.decode_steps)
     n_layer = 1 + max(int(n.rsplit("-", 1)[1]) for n in stages if n.startswith("l_out-"))
     arch = arch_of(model_path)
-    names, rows, dtypes = plan_from_args(args, n_layer, len(ids), arch.STAGES)
+    names, rows, dtypes = plan_from_args(args, n_layer, len(ids), arch.STAGES, arch.INPUTS)
     missing = [n for n in names if n not in stages]
     if missing:
         sys.exit(f"llama.cpp's graph had no node for: {', '.join(missing[:8])}")

@@ -127,7 +127,8 @@ def main():
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
                  llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8), **long)
         arch = get(name)
-        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), stages=arch.STAGES)
+        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), stages=arch.STAGES,
+                                             inputs=arch.INPUTS)
         common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids, "arch": name}
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "

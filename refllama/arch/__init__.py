@@ -5,16 +5,18 @@ llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare an
     qwen2                   NEOX pairs (i, i + R/2)  llama's forward, q/k/v biases
     qwen3                   NEOX                     per-head q/k RMSNorm before RoPE: its own attention block
     phi3                    NEOX                     llama's forward, fused qkv and gate/up split at load, LongRoPE
+    gemma3                  NEOX                     its own forward: scaled embeddings, four norms a block, GeGLU,
+                                                     local (sliding-window) and global layers
 """
 
 from ..errors import RefllamaError, shown
-from . import llama, phi3, qwen2, qwen3
-from .common import KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
+from . import gemma3, llama, phi3, qwen2, qwen3
+from .common import INPUT_STAGES, KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
 
-ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3)}
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
-__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS", "Weight", "for_gguf",
+__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "INPUT_STAGES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS", "Weight", "for_gguf",
            "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
 
 

@@ -14,6 +14,7 @@ from ..ggml_types import QuantizedTensor
 
 LAYOUTS = ("interleaved", "half")  # llama.cpp's rope modes NORM (pairs 2i, 2i+1) and NEOX (pairs i, i + R/2)
 QK_STAGES = ("Qcur", "Kcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope")  # last axis: a head's dims
+INPUT_STAGES = ("inp_embd", "inp_scaled")  # stages before the first block, in forward order (any family)
 TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
 KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
 GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
@@ -29,6 +30,7 @@ class Weight(NamedTuple):
     required: bool = True
     hf_permute: str | None = None  # "H" or "KVH": HF's per-head q/k rows go to llama.cpp's NORM pairs at load
     split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
+    hf_add: float = 0.0  # added to the HF tensor at load (Gemma's norms: HF stores w for a (1 + w) weight)
 
 
 def dims(cfg):
@@ -153,8 +155,9 @@ def llama3_freq_factors(theta, rope_dim, s, where):
     return inv_freq / scaled
 
 
-def hf_config(c, arch, rope_layout, **fields):
-    """(ModelConfig, rope) from the config.json fields every family shares; `fields` are the family's own.
+def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu", tied_default=False, **fields):
+    """(ModelConfig, rope) from the config.json fields every family shares; `fields` are the family's own,
+    `rope` the family's (theta, scaling dict) where its config nests them, `act` the activation it computes.
     rope() computes the RoPE tensors {name: float32 array} the config describes: the loader calls it once the
     weights have confirmed the head dimension, so that no allocation is sized by the config alone. Unsupported
     options are refused by name, every value read is checked for its type and range."""
@@ -167,7 +170,7 @@ def hf_config(c, arch, rope_layout, **fields):
     if not 0 < partial <= 1:
         raise RefllamaError(f"{c.path}: field 'partial_rotary_factor' must be in (0, 1], got {partial}")
     rope_dim = int(HD * partial)
-    theta, s = rope_parameters(c)
+    theta, s = rope or rope_parameters(c)
     where = f"{c.path}: rope scaling"
     kind = s.get("rope_type", s.get("type", "default")) if s else "default"
     n_ctx = c.need("max_position_embeddings", int)
@@ -189,16 +192,16 @@ def hf_config(c, arch, rope_layout, **fields):
     elif kind != "default":
         raise RefllamaError(f"{c.path}: unsupported rope scaling type {shown(kind)} "
                             "(supported: default, linear, llama3, longrope)")
-    act = c.get("hidden_act", "silu", kind=(str,))
-    if act != "silu":
-        raise RefllamaError(f"{c.path}: unsupported hidden_act {shown(act)} (supported: silu)")
+    if c.get(act_key, act, kind=(str,)) != act:
+        raise RefllamaError(f"{c.path}: unsupported {act_key} {shown(c.get(act_key))} (supported: {act})")
     cfg = ModelConfig(**{
         "arch": arch, "n_layer": c.need("num_hidden_layers", int), "n_embd": D, "n_head": H,
         "n_head_kv": c.get("num_key_value_heads", H, kind=(int,)), "head_dim": HD,
         "n_ff": c.need("intermediate_size", int), "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx,
         "rms_eps": float(c.need("rms_norm_eps")), "rope_base": theta, "rope_dim": rope_dim,
         "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor), "rope_ctx_orig": ctx_orig,
-        "rope_layout": rope_layout, "tied_output": c.get("tie_word_embeddings", False, kind=(bool,)), **fields})
+        "rope_layout": rope_layout, "tied_output": c.get("tie_word_embeddings", tied_default, kind=(bool,)),
+        **fields})
     return cfg.checked(c.path), lambda: {k: f().astype(np.float32) for k, f in rope.items()}
 
 
@@ -234,6 +237,8 @@ def read_weights(arch, cfg, side, fetch, has, place):
         t = fetch(prefix + name, shape_of(row, d))
         if side == "hf" and row.hf_permute:
             t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
+        if side == "hf" and row.hf_add:
+            t = t + np.float32(row.hf_add)
         if row.split:
             sizes = [size(e, d) for _, e in row.split]
             parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])

@@ -49,6 +49,7 @@ LAYER_WEIGHTS = (  # a block's, after blk.N. / model.layers.N.
     Weight("ffn_up_bias", "F", "ffn_up.bias", "mlp.up_proj.bias", required=False),
     Weight("ffn_down_bias", "D", "ffn_down.bias", "mlp.down_proj.bias", required=False),
 )
+INPUTS = ("inp_embd",)  # the stages before the first block
 STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "kq_soft_max", "kqv_out",
           "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out")
 
@@ -107,7 +108,7 @@ def attend(q, k, v, lw, cfg, i, start_pos, cache, mask):  # q [T, H, HD], k, v [
     """Scores, softmax, weighted values and output projection, after q and k have their positions."""
     k_all, v_all = cache.store(i, start_pos, k, v)  # [KVH, S, HD] each, S = start_pos + T
     kq = tap("kq", i, attention_scores(q, k_all))  # [H, T, S]
-    p = tap("kq_soft_max", i, attention_weights(kq, mask, cfg.head_dim))  # [H, T, S]
+    p = tap("kq_soft_max", i, attention_weights(kq, mask, cfg.kq_scale))  # [H, T, S]
     attn = tap("kqv_out", i, attention_mix(p, v_all))  # [T, H*HD]
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 

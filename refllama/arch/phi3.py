@@ -25,7 +25,7 @@ LAYER_WEIGHTS = (
            split=(("ffn_gate", "F"), ("ffn_up", "F"))),
     Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight"),
 )
-STAGES = llama.STAGES
+INPUTS, STAGES = llama.INPUTS, llama.STAGES
 forward = llama.forward
 
 

@@ -23,7 +23,7 @@ LAYER_WEIGHTS = (
     Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight"),
     Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight"),
 )
-STAGES = llama.STAGES
+INPUTS, STAGES = llama.INPUTS, llama.STAGES
 forward = llama.forward
 
 

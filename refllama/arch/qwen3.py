@@ -27,6 +27,7 @@ LAYER_WEIGHTS = (
     Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight"),
     Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight"),
 )
+INPUTS = llama.INPUTS
 STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed", *llama.STAGES[4:])
 
 

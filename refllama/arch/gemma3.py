@@ -1,0 +1,178 @@
+"""Gemma 3 (text): the first family whose block has stages Llama lacks, so its forward is its own.
+
+What differs from Llama, as llama.cpp's src/models/gemma3.cpp and transformers' modeling_gemma3.py compute it:
+  - the embeddings are scaled by sqrt(D) (`inp_scaled`);
+  - RMSNorm multiplies by (1 + w): HF files store w, llama.cpp's converter stores 1 + w, so HF norms get +1 at load;
+  - four norms per block: before and after attention (`attn_post_norm`), before and after the feed-forward
+    (`ffn_post_norm`), and the residual adds the post-normed output (`sa_out`, `l_out`);
+  - a per-head RMSNorm of q and k before RoPE (`Qcur_normed`, `Kcur_normed`), as Qwen3;
+  - GeGLU: gelu_tanh(gate) * up (`ffn_geglu`);
+  - the softmax scale is query_pre_attn_scalar^-1/2 rather than HD^-1/2;
+  - local layers see a sliding window of keys with their own RoPE base (10000), global layers see every key
+    with the model's base (1e6) and its RoPE scaling, in a pattern (5 local, then 1 global, by default);
+  - the output is tied to the embeddings; logits may be soft-capped (none of the released Gemma 3 text models).
+"""
+
+import math
+
+from ..errors import RefllamaError, shown
+from ..layers import ROPE, causal_mask, embedding, geglu, linear, rms_norm, softcap
+from ..trace import tap
+from ..xp import array_module
+from . import llama
+from .common import Weight, gguf_config, hf_config, rope_parameters
+
+NAME = "gemma3"
+HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
+ROPE_LAYOUT = "half"  # NEOX: llama_model_rope_type lists gemma3 among the NEOX families, and its converter
+SWA_PATTERN = 6  # every 6th layer global: llama.cpp's default (load_swa_pattern(ml, 6)) and transformers'
+LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa default, transformers' rope_local_base_freq
+
+WEIGHTS = (
+    llama.WEIGHTS[0],  # token_embd
+    Weight("output_norm", "D", "output_norm.weight", "model.norm.weight", hf_add=1.0),
+    llama.WEIGHTS[2],  # output (absent: tied to token_embd)
+)
+LAYER_WEIGHTS = (
+    Weight("attn_norm", "D", "attn_norm.weight", "input_layernorm.weight", hf_add=1.0),
+    Weight("attn_q", "H*HD, D", "attn_q.weight", "self_attn.q_proj.weight"),
+    Weight("attn_k", "KVH*HD, D", "attn_k.weight", "self_attn.k_proj.weight"),
+    Weight("attn_v", "KVH*HD, D", "attn_v.weight", "self_attn.v_proj.weight"),
+    Weight("attn_q_norm", "HD", "attn_q_norm.weight", "self_attn.q_norm.weight", hf_add=1.0),
+    Weight("attn_k_norm", "HD", "attn_k_norm.weight", "self_attn.k_norm.weight", hf_add=1.0),
+    Weight("attn_output", "D, H*HD", "attn_output.weight", "self_attn.o_proj.weight"),
+    Weight("attn_post_norm", "D", "post_attention_norm.weight", "post_attention_layernorm.weight", hf_add=1.0),
+    Weight("ffn_norm", "D", "ffn_norm.weight", "pre_feedforward_layernorm.weight", hf_add=1.0),
+    Weight("ffn_gate", "F, D", "ffn_gate.weight", "mlp.gate_proj.weight"),
+    Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight"),
+    Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight"),
+    Weight("ffn_post_norm", "D", "post_ffw_norm.weight", "post_feedforward_layernorm.weight", hf_add=1.0),
+)
+INPUTS = ("inp_embd", "inp_scaled")
+STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope", "kq",
+          "kq_soft_max", "kqv_out", "attn_out", "attn_post_norm", "sa_out", "ffn_norm", "ffn_gate", "ffn_up",
+          "ffn_geglu", "ffn_out", "ffn_post_norm", "l_out")
+# llama.cpp's gemma3 graph scales q by the softmax scale before kq (its kq is refllama's times kq_scale)
+LLAMACPP_Q_SCALED = True
+
+
+def config_from_gguf(g):
+    """llama.cpp reads the window, a pattern (an array of per-layer flags, or a period; default 6) and the local
+    RoPE base (`rope.freq_base_swa`, default 10000: its converter does not write it). It has no field for
+    query_pre_attn_scalar: it takes HD^-1/2, or (D/H)^-1/2 for the 62-layer 27B, as Gemma's reference code does."""
+    arch = "gemma3"
+    n_layer = int(g.integer(f"{arch}.block_count"))
+    window = int(g.integer(f"{arch}.attention.sliding_window", 0, low=0))
+    swa, base_swa = None, None
+    if window:
+        key = f"{arch}.attention.sliding_window_pattern"
+        flags = g.array(key, (7,), "bools")  # 7: GGUF's bool type
+        if flags is not None:
+            if len(flags) != n_layer:
+                raise RefllamaError(f"{g.path}: metadata field '{key}' has {len(flags)} entries for {n_layer} layers")
+            swa = tuple(bool(f) for f in flags)
+        else:
+            period = int(g.integer(key, SWA_PATTERN, low=0))
+            swa = tuple(period == 0 or i % period < period - 1 for i in range(n_layer))
+        base_swa = g.real(f"{arch}.rope.freq_base_swa", LOCAL_ROPE_BASE, positive=True)
+    n_embd, n_head = int(g.integer(f"{arch}.embedding_length")), int(g.integer(f"{arch}.attention.head_count"))
+    head_dim = int(g.integer(f"{arch}.attention.key_length", n_embd // n_head))
+    scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_dim)
+    cap = g.real(f"{arch}.final_logit_softcapping", 0.0, low=0.0) or None
+    return gguf_config(g, ROPE_LAYOUT, sliding_window=window or None, swa_layers=swa, rope_base_swa=base_swa,
+                       attn_scale=scale, logit_softcap=cap)
+
+
+def config_from_hf(c):
+    """Gemma3ForCausalLM's config.json, transformers 5 (`rope_parameters` per layer type, `layer_types`) or 4
+    (`rope_theta`, `rope_local_base_freq`, `rope_scaling`, `sliding_window_pattern`)."""
+    act = c.get("hidden_activation", "gelu_pytorch_tanh", kind=(str,))
+    if act != "gelu_pytorch_tanh":
+        raise RefllamaError(f"{c.path}: unsupported hidden_activation {shown(act)} (supported: gelu_pytorch_tanh)")
+    if c.get("attn_logit_softcapping", kind=(int, float)) is not None:
+        raise RefllamaError(f"{c.path}: unsupported option 'attn_logit_softcapping' (Gemma 2's, not Gemma 3's)")
+    if c.get("use_bidirectional_attention", False, kind=(bool,)):
+        raise RefllamaError(f"{c.path}: unsupported option 'use_bidirectional_attention': true (Gemma 3)")
+    n_layer = c.need("num_hidden_layers", int)
+    params = c.get("rope_parameters", kind=(dict,))
+    if params is not None and "full_attention" in params:  # transformers 5: one set per layer type
+        full, local = params["full_attention"], params.get("sliding_attention") or {}
+        if not isinstance(full, dict) or not isinstance(local, dict):
+            raise RefllamaError(f"{c.path}: rope_parameters' full_attention and sliding_attention must be objects")
+        theta, base_swa = float(full.get("rope_theta", 1e6)), float(local.get("rope_theta", LOCAL_ROPE_BASE))
+        if local.get("rope_type", "default") != "default":
+            raise RefllamaError(f"{c.path}: unsupported rope_type {shown(local.get('rope_type'))} for sliding_attention")
+        rope = (theta, full)
+    else:
+        theta, scaling = rope_parameters(c) if c.get("rope_theta") is not None or params else (1e6, {})
+        base_swa = float(c.get("rope_local_base_freq", LOCAL_ROPE_BASE, kind=(int, float)))
+        rope = (theta, scaling)
+    window = c.get("sliding_window", kind=(int,))
+    types = c.get("layer_types", kind=(list,))
+    if types is None:
+        period = c.get("sliding_window_pattern", SWA_PATTERN, kind=(int,))
+        types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(n_layer)]
+    if not all(t in ("sliding_attention", "full_attention") for t in types):
+        raise RefllamaError(f"{c.path}: field 'layer_types' must list sliding_attention or full_attention per layer")
+    swa = tuple(t == "sliding_attention" for t in types) if window else None
+    scalar = c.get("query_pre_attn_scalar", 256, kind=(int, float))
+    cap = c.get("final_logit_softcapping", kind=(int, float))
+    return hf_config(c, NAME, ROPE_LAYOUT, rope=rope, act_key="hidden_activation", act="gelu_pytorch_tanh",
+                     tied_default=True, sliding_window=window or None, swa_layers=swa,
+                     rope_base_swa=base_swa if window else None, attn_scale=float(scalar) ** -0.5,
+                     logit_softcap=float(cap) if cap else None)
+
+
+def forward(w, cfg, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
+    """Gemma 3's forward: as llama's, with the embeddings scaled, local and global layers, and the block below."""
+    T = len(tokens)
+    cache.check_room(T)
+    xp = array_module(w["output_norm"])
+    S = start_pos + T
+    span = slice(start_pos, S)
+    rope = {False: (cache.cos[span], cache.sin[span]), True: None}  # [T, R/2] each, by "is local"
+    mask = {False: causal_mask(start_pos, T, S, xp), True: None}  # [T, S]
+    if cfg.swa_layers is not None:
+        rope[True] = (cache.cos_swa[span], cache.sin_swa[span])
+        mask[True] = causal_mask(start_pos, T, S, xp, cfg.sliding_window)
+
+    x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
+    # llama.cpp scales by sqrtf(D), transformers by a float32 tensor of sqrt(D): the same float32 number
+    x = tap("inp_scaled", None, x * xp.float32(math.sqrt(cfg.n_embd)))
+    for i, lw in enumerate(w["layers"]):
+        local = bool(cfg.swa_layers and cfg.swa_layers[i])
+        x = block(x, lw, cfg, i, start_pos, cache, *rope[local], mask[local])  # [T, D]
+    cache.n_past = S
+
+    if last_only:
+        x = x[-1:]  # [1, D]
+    x = tap("result_norm", None, rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
+    logits = linear(x, w["output"])  # [T, V]
+    if cfg.logit_softcap:
+        logits = softcap(logits, cfg.logit_softcap)
+    return tap("result_output", None, logits)
+
+
+def block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] -> [T, D], layer i
+    T, eps = len(x), cfg.rms_eps
+    H, KVH, HD = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    rope = ROPE[cfg.rope_layout]
+    h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], eps))  # [T, D]
+    q = tap("Qcur", i, linear(h, lw["attn_q"]).reshape(T, H, HD))  # [T, H, HD]
+    k = tap("Kcur", i, linear(h, lw["attn_k"]).reshape(T, KVH, HD))  # [T, KVH, HD]
+    v = tap("Vcur", i, linear(h, lw["attn_v"]).reshape(T, KVH, HD))
+    q = tap("Qcur_normed", i, rms_norm(q, lw["attn_q_norm"], eps))  # each head normed over its HD dims
+    k = tap("Kcur_normed", i, rms_norm(k, lw["attn_k_norm"], eps))
+    q = tap("Qcur_rope", i, rope(q, cos, sin))
+    k = tap("Kcur_rope", i, rope(k, cos, sin))
+    h = llama.attend(q, k, v, lw, cfg, i, start_pos, cache, mask)  # [T, D], attn_out
+    h = tap("attn_post_norm", i, rms_norm(h, lw["attn_post_norm"], eps))
+    x = tap("sa_out", i, x + h)  # the attention residual
+
+    h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], eps))  # [T, D]
+    gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"]))  # [T, F]
+    up = tap("ffn_up", i, linear(h, lw["ffn_up"]))  # [T, F]
+    h = tap("ffn_geglu", i, geglu(gate, up))  # [T, F]
+    h = tap("ffn_out", i, linear(h, lw["ffn_down"]))  # [T, D]
+    h = tap("ffn_post_norm", i, rms_norm(h, lw["ffn_post_norm"], eps))
+    return tap("l_out", i, x + h)
