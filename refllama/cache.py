@@ -33,7 +33,7 @@ class Cache:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
         kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
         n_tables = 2 if cfg.rope_base_swa else 1
-        tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and their cos/sin on the way to two float32 tables
+        tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and cos/sin on the way to float32
         check_memory(kv + tables, f"a KV cache of {n_ctx} positions", "pass a smaller context size (-c)", xp=xp)
         self.n_ctx = n_ctx
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)

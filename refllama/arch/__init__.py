@@ -11,13 +11,23 @@ llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare an
 
 from ..errors import RefllamaError, shown
 from . import gemma3, llama, phi3, qwen2, qwen3
-from .common import INPUT_STAGES, KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, Weight, freq_factors, pair_order, permute_qk
+from .common import (
+    INPUT_STAGES,
+    KV_STAGES,
+    LAYOUTS,
+    QK_STAGES,
+    TOKEN_AXIS,
+    Weight,
+    freq_factors,
+    pair_order,
+    permute_qk,
+)
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
-__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "INPUT_STAGES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS", "Weight", "for_gguf",
-           "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
+__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "INPUT_STAGES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS",
+           "Weight", "for_gguf", "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
 
 
 def get(name):

@@ -101,7 +101,8 @@ def config_from_hf(c):
             raise RefllamaError(f"{c.path}: rope_parameters' full_attention and sliding_attention must be objects")
         theta, base_swa = float(full.get("rope_theta", 1e6)), float(local.get("rope_theta", LOCAL_ROPE_BASE))
         if local.get("rope_type", "default") != "default":
-            raise RefllamaError(f"{c.path}: unsupported rope_type {shown(local.get('rope_type'))} for sliding_attention")
+            raise RefllamaError(f"{c.path}: unsupported rope_type {shown(local.get('rope_type'))} for "
+                                "sliding_attention")
         rope = (theta, full)
     else:
         theta, scaling = rope_parameters(c) if c.get("rope_theta") is not None or params else (1e6, {})
