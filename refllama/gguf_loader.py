@@ -272,7 +272,8 @@ def load_gguf(path, placement=None):
     g = GGUFFile(path)
     arch = archs.for_gguf(g.string("general.architecture", required=True), g.path)
     cfg = arch.config_from_gguf(g)
-    tokenizer, template = from_gguf(g), g.string("tokenizer.chat_template")
+    tokenizer = from_gguf(g)
+    template = g.string("tokenizer.chat_template") or getattr(arch, "CHAT_TEMPLATE", None)
     # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     placement = placement or Placement()

