@@ -39,8 +39,11 @@ def test_table_is_made_from_this_model(gemma3):
     assert len(TABLE["cases"]) == 188
 
 
-@pytest.mark.parametrize("case", TABLE["cases"],
-                         ids=lambda c: f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}")
+def case_id(c):
+    return f"{c['text'][:24]!r}-bos{int(c['add_special'])}-special{int(c['parse_special'])}"
+
+
+@pytest.mark.parametrize("case", TABLE["cases"], ids=case_id)
 def test_ids_equal_llamacpp(gemma3, case):
     got = gemma3.tokenize(case["text"], add_special=case["add_special"], parse_special=case["parse_special"])
     assert got == case["ids"]

@@ -1,6 +1,6 @@
-"""GGUF families made by llama.cpp's own converter (tools/make_tiny_gguf.py): tiny random Llama, Qwen2, Qwen3 and
-Phi-3 models, F32 and Q8_0, checked against transformers (the HF weights they were converted from) and llama.cpp
-(its logits on both files, every stage of every layer on the F32 file, F32 KV cache)."""
+"""GGUF families made by llama.cpp's own converter (tools/make_tiny_gguf.py): tiny random Llama, Qwen2, Qwen3,
+Phi-3 and Gemma 3 models, F32 and Q8_0, checked against transformers (the HF weights they were converted from) and
+llama.cpp (its logits on both files, every stage of every layer on the F32 file, F32 KV cache)."""
 
 import json
 import subprocess
@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 import refllama
-from refllama.compare import metrics
+from refllama import arch
+from refllama.compare import compare
 from refllama.dump import Dump
+from refllama.tolerances import band
 
 DATA = Path(__file__).parent / "data"
-FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half"}  # llama.cpp's pair layouts
+FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half",
+            "gemma3": "half"}  # llama.cpp's pair layouts
 N_CTX = 256  # Phi-3's original context: its short factors, which llama.cpp and transformers both take here
 F32_TOL = 1e-5  # of the reference's range: llama.cpp on F32 weights and an F32 cache computes in float32
 
@@ -50,24 +53,32 @@ def test_f32_logits_and_hidden_states_match_transformers(family):
     with refllama.trace(m) as t:
         logits = m.logits(r["token_ids"].tolist())
     assert rel_err(logits, r["hf_logits"]) < F32_TOL
-    ours = [t["inp_embd"]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
+    ours = [t[m.arch.INPUTS[-1]]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
     for i, (a, b) in enumerate(zip(ours, r["hf_hidden_states"])):
         assert rel_err(a, b) < F32_TOL, f"hidden state {i}"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_f32_every_stage_of_every_layer_matches_llamacpp(family, tmp_path):
-    """refllama's dump against llama.cpp's, q/k in the same layout (no permutation), at float32 agreement."""
+    """refllama's dump against llama.cpp's, q/k in the same layout (no permutation), at float32 agreement: end to
+    end, and each stage recomputed by refllama from llama.cpp's own inputs. Gemma 3 end to end only within
+    llama.cpp's float16 GELU table's error (GGML_GELU_FP16, the `llama.cpp F32` row of ffn_geglu), which every later
+    stage carries; every other stage of it, recomputed from llama.cpp's inputs, agrees at float32."""
     m, r = load(family), ref(family)
     theirs = Dump(DATA / f"gguf-{family}" / "llamacpp-f32")
     assert theirs.layout == m.config.rope_layout
-    ours = Dump(m.dump(r["token_ids"].tolist(), tmp_path / "ours"))
-    assert set(theirs.names) <= set(ours.names) and len(theirs.names) == 3 + 17 * m.config.n_layer + (
-        2 * m.config.n_layer if family == "qwen3" else 0)
-    for name in theirs.names:
-        err = metrics(ours[name], theirs[name])["max_rel"]
-        assert err <= F32_TOL, f"{name}: max_rel {err:.2e}"
-    assert rel_err(m.logits(r["token_ids"].tolist()), r["llamacpp_logits_f32"]) < F32_TOL
+    ours = m.dump(r["token_ids"].tolist(), tmp_path / "ours")
+    a = arch.get(family)
+    assert set(theirs.names) <= set(Dump(ours).names)
+    assert len(theirs.names) == len(a.INPUTS) + 2 + len(a.STAGES) * m.config.n_layer
+    e2e_tol = 5e-3 if family == "gemma3" else F32_TOL  # measured 4.6e-3 (kq_soft_max), carried from ffn_geglu
+    rows = compare(ours, DATA / f"gguf-{family}" / "llamacpp-f32", m).rows
+    assert len(rows) == len(theirs.names)
+    for row in rows:
+        assert row["max_rel"] <= e2e_tol, f"{row['name']}: max_rel {row['max_rel']:.2e}"
+        local, tol = row["local_REF"], band("llama.cpp F32", row["stage"])
+        assert local["max_rel"] <= tol[0] and local["nmse"] <= tol[1], f"{row['name']} recomputed: {local}"
+    assert rel_err(m.logits(r["token_ids"].tolist()), r["llamacpp_logits_f32"]) < e2e_tol
 
 
 def test_phi3_takes_its_long_rope_factors_beyond_the_original_context_as_llamacpp_does():
@@ -85,11 +96,14 @@ def test_phi3_takes_its_long_rope_factors_beyond_the_original_context_as_llamacp
 @pytest.mark.parametrize("family", FAMILIES)
 def test_q8_0_logits_match_llamacpp(family, backend):
     """On Q8_0 weights llama.cpp rounds the activations to Q8_0 too before its integer dot products; refllama keeps
-    them float32 (both backends), so the two differ by that rounding: at most 6.4e-3 of the logit range here."""
+    them float32 (both backends), so the two differ by that rounding: at most 6.4e-3 of the logit range here. The
+    tiny Gemma 3 amplifies it (embeddings times 8, four (1 + w) norms a block of w ~ 1, a float16 GELU): 8.9e-2,
+    top-1 equal at 35 of 39 positions; its F32 file agrees at every stage (above)."""
     m, r = load(family, "q8_0", backend), ref(family)
     logits = m.logits(r["token_ids"].tolist())
-    assert rel_err(logits, r["llamacpp_logits_q8_0"]) < 2e-2
-    assert (logits.argmax(-1) == r["llamacpp_logits_q8_0"].argmax(-1)).mean() >= 0.9
+    tol, agree = (0.1, 0.85) if family == "gemma3" else (2e-2, 0.9)
+    assert rel_err(logits, r["llamacpp_logits_q8_0"]) < tol
+    assert (logits.argmax(-1) == r["llamacpp_logits_q8_0"].argmax(-1)).mean() >= agree
 
 
 def patched(family, tmp_path, old, new):
@@ -116,7 +130,7 @@ def test_unknown_architecture_lists_the_supported_ones(tmp_path):
     path = tmp_path / "other.gguf"
     path.write_bytes(data[:at] + b"qwen9" + data[at + 5:])
     line = error_of(path)
-    assert "unsupported general.architecture 'qwen9'" in line and "llama, qwen2, qwen3, phi3" in line
+    assert "unsupported general.architecture 'qwen9'" in line and "llama, qwen2, qwen3, phi3, gemma3" in line
 
 
 @pytest.mark.parametrize("family, old, new", [
@@ -139,5 +153,5 @@ def test_the_llamacpp_dump_tool_reads_each_files_architecture(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "tools"))
     import dump_llamacpp
 
-    for family in ("llama", "qwen2", "qwen3", "phi3"):
+    for family in FAMILIES:
         assert dump_llamacpp.arch_of(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf").NAME == family

@@ -15,7 +15,8 @@ from refllama.convert import convert
 from refllama.hf_loader import Checkpoint
 
 DATA = Path(__file__).parent / "data"
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}  # -> arch
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+            "gemma3": "gemma3"}  # -> arch
 N_CTX = 64  # Phi-3's original context: LongRoPE's short factors, which transformers takes for a 16-token sequence
 TOL = 1e-5  # of the logit range: both sides compute in float32 from the same stored weights (measured ~2e-7)
 
@@ -36,9 +37,42 @@ def test_logits_and_hidden_states_match_transformers(name):
         logits = m.logits(r["token_ids"].tolist())
     assert rel_err(logits, r["logits"]) < TOL
     hs = r["hidden_states"]  # 0: embeddings, i: block i-1's output, last: after the final norm
-    ours = [t["inp_embd"]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
+    ours = [t[m.arch.INPUTS[-1]]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
     for i, (a, b) in enumerate(zip(ours, hs)):
         assert rel_err(a, b) < TOL, f"hidden state {i}"
+
+
+def test_each_gemma3_difference_is_needed():
+    """Gemma 3's config as transformers reads it, and each of its departures from Llama matters: the (1 + w) norms,
+    the window of the local layers, their RoPE base, the global layers' linear scaling, query_pre_attn_scalar
+    (48 here, not head_dim), the soft-capped logits."""
+    m, r = refllama.load(DATA / "tiny-gemma3"), reference("gemma3")
+    c = m.config
+    assert c.swa_layers == (True, False, True, False) and c.sliding_window == 5 and c.rope_base_swa == 10000.0
+    assert (c.rope_base, c.rope_scale, c.kq_scale, c.logit_softcap) == (1e6, 4.0, 48 ** -0.5, 5.0)
+    ids = r["token_ids"].tolist()
+    assert rel_err(m.logits(ids), r["logits"]) < TOL
+    for change in (dict(sliding_window=None, swa_layers=None), dict(rope_base_swa=1e6), dict(rope_scale=1.0),
+                   dict(attn_scale=None), dict(logit_softcap=None)):
+        assert rel_err(without(m, **change).logits(ids), r["logits"]) > 1e-3, change
+    for lw in m.weights["layers"]:
+        lw["attn_norm"] = lw["attn_norm"] - 1  # as stored in the HF file, without Gemma's + 1
+    assert rel_err(m.logits(ids), r["logits"]) > 1e-3
+
+
+def test_gemma3_transformers_4_config_loads_the_same(tmp_path):
+    """v4 Gemma 3 configs: rope_theta, rope_local_base_freq, rope_scaling and sliding_window_pattern at the top."""
+    d = copy_model("gemma3", tmp_path)
+
+    def to_v4(c):
+        rope = c.pop("rope_parameters")
+        c["rope_theta"], c["rope_local_base_freq"] = rope["full_attention"]["rope_theta"], 10000.0
+        c["rope_scaling"] = {"rope_type": "linear", "factor": rope["full_attention"]["factor"]}
+        c["sliding_window_pattern"] = 2
+        del c["layer_types"]
+    edit_config(d, to_v4)
+    ids = reference("gemma3")["token_ids"].tolist()
+    np.testing.assert_array_equal(refllama.load(d).logits(ids), refllama.load(DATA / "tiny-gemma3").logits(ids))
 
 
 def without(m, **changes):

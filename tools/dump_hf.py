@@ -7,7 +7,10 @@ its modules give the stages, named as llama.cpp names them:
   output -> kqv_out, attn_out; post_attention_layernorm input and output -> ffn_inp, ffn_norm; gate/up_proj
   (Phi-3: gate_up_proj, split) -> ffn_gate/ffn_up; down_proj input and output -> ffn_swiglu, ffn_out;
   decoder layer -> l_out;
-  norm -> result_norm; lm_head -> result_output.
+  norm -> result_norm; the model's logits (after Gemma's soft-capping, as llama.cpp names them) -> result_output.
+Gemma 3: embed_tokens' rows and its scaled output -> inp_embd, inp_scaled; post_attention_layernorm -> attn_post_norm;
+  pre_feedforward_layernorm input and output -> sa_out, ffn_norm; down_proj input -> ffn_geglu;
+  post_feedforward_layernorm -> ffn_post_norm (its q_norm/k_norm see q, k as [H, T, HD]: transposed back).
 Inside attention a registered attention function records the query and key after RoPE (Qcur_rope,
 Kcur_rope) and the softmax weights of transformers' own eager attention (kq_soft_max); kq, the unscaled
 scores, is query @ key^T computed here from transformers' tensors, since eager attention never keeps it.
@@ -46,8 +49,9 @@ def capture(hf, ids, decode_steps=0):
     stages, hooks = {}, []
     H, KVH = hf.config.num_attention_heads, hf.config.num_key_value_heads
 
-    def keep(name, t, heads=None):
+    def keep(name, t, heads=None, heads_first=False):
         a = t.detach().float().numpy()[0]  # drop the batch axis
+        a = a.transpose(1, 0, 2) if heads_first else a  # [H, T, HD] -> [T, H, HD]
         stages[name] = a.reshape(a.shape[0], heads, -1) if heads else a
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
@@ -64,8 +68,8 @@ def capture(hf, ids, decode_steps=0):
     AttentionMaskInterface.register("refllama_dump", eager_mask)  # the causal mask eager attention gets
     hf.set_attn_implementation("refllama_dump")
 
-    def out_hook(name, heads=None):
-        return lambda mod, inp, out: keep(name, out[0] if isinstance(out, tuple) else out, heads)
+    def out_hook(name, heads=None, heads_first=False):
+        return lambda mod, inp, out: keep(name, out[0] if isinstance(out, tuple) else out, heads, heads_first)
 
     def in_hook(name):
         return lambda mod, inp: keep(name, inp[0])
@@ -78,7 +82,15 @@ def capture(hf, ids, decode_steps=0):
 
     m = hf.model
     HD = hf.config.hidden_size // H if getattr(hf.config, "head_dim", None) is None else hf.config.head_dim
-    hooks.append(m.embed_tokens.register_forward_hook(out_hook("inp_embd")))
+    gemma = hasattr(m.layers[0], "pre_feedforward_layernorm")
+    def embeddings(mod, inp, out):  # Gemma 3: the embedding module scales its rows by sqrt(D)
+        keep("inp_embd", mod.weight[inp[0]])
+        keep("inp_scaled", out)
+
+    if gemma:
+        hooks.append(m.embed_tokens.register_forward_hook(embeddings))
+    else:
+        hooks.append(m.embed_tokens.register_forward_hook(out_hook("inp_embd")))
     for i, layer in enumerate(m.layers):
         a, f = layer.self_attn, layer.mlp
         if hasattr(a, "qkv_proj"):  # Phi-3: q, k, v fused
@@ -88,9 +100,9 @@ def capture(hf, ids, decode_steps=0):
             hooks += [a.q_proj.register_forward_hook(out_hook(f"Qcur-{i}", H)),
                       a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
                       a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH))]
-        if hasattr(a, "q_norm"):  # Qwen3: per-head norms of q and k
-            hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}")),
-                      a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}"))]
+        if hasattr(a, "q_norm"):  # Qwen3, Gemma 3: per-head norms of q and k
+            hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}", heads_first=gemma)),
+                      a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}", heads_first=gemma))]
         if hasattr(f, "gate_up_proj"):  # Phi-3: gate and up fused, gate first
             F = hf.config.intermediate_size
             hooks.append(f.gate_up_proj.register_forward_hook(split_hook([(f"ffn_gate-{i}", None),
@@ -101,21 +113,29 @@ def capture(hf, ids, decode_steps=0):
         hooks += [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}")),
                   a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
                   a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
-                  layer.post_attention_layernorm.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
-                  layer.post_attention_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
-                  f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}")),
                   f.down_proj.register_forward_hook(out_hook(f"ffn_out-{i}")),
                   layer.register_forward_hook(out_hook(f"l_out-{i}"))]
-    hooks += [m.norm.register_forward_hook(out_hook("result_norm")),
-              hf.lm_head.register_forward_hook(out_hook("result_output"))]
+        if gemma:
+            hooks += [layer.post_attention_layernorm.register_forward_hook(out_hook(f"attn_post_norm-{i}")),
+                      layer.pre_feedforward_layernorm.register_forward_pre_hook(in_hook(f"sa_out-{i}")),
+                      layer.pre_feedforward_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
+                      f.down_proj.register_forward_pre_hook(in_hook(f"ffn_geglu-{i}")),
+                      layer.post_feedforward_layernorm.register_forward_hook(out_hook(f"ffn_post_norm-{i}"))]
+        else:
+            hooks += [layer.post_attention_layernorm.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
+                      layer.post_attention_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
+                      f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}"))]
+    hooks.append(m.norm.register_forward_hook(out_hook("result_norm")))
     decode, decode_ids = [], []
     with torch.no_grad():
         out = hf(torch.tensor([ids]), use_cache=True)
+        keep("result_output", out.logits)
         prefill = dict(stages)
         for _ in range(decode_steps):
             decode_ids.append(int(out.logits[0, -1].argmax()))
             stages.clear()
             out = hf(torch.tensor([decode_ids[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            keep("result_output", out.logits)
             decode.append(dict(stages))
     for h in hooks:
         h.remove()

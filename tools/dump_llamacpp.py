@@ -60,7 +60,8 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("result_output", "MUL_MAT"): "result_output",
             # Gemma 3's graph
             ("inp_scaled", "SCALE"): "inp_scaled", ("attn_post_norm", "MUL"): "attn_post_norm",
-            ("sa_out", "ADD"): "sa_out", ("ffn_geglu", "GEGLU"): "ffn_geglu", ("ffn_post_norm", "MUL"): "ffn_post_norm"}
+            ("sa_out", "ADD"): "sa_out", ("ffn_geglu", "GEGLU"): "ffn_geglu", ("ffn_post_norm", "MUL"): "ffn_post_norm",
+            ("result_output", "SCALE"): "result_output"}  # logits soft-capped: scale, tanh, scale
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"

@@ -1,4 +1,4 @@
-"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3}/: tiny random models made by transformers, converted to GGUF by
+"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3,gemma3}/: tiny random models made by transformers, converted to GGUF by
 llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references beside them:
   - transformers' logits and hidden states (float32, eager attention, from the HF weights);
   - llama.cpp's token ids for a text, its logits on both files, and a dump of every stage of every layer on the
@@ -10,6 +10,7 @@ converter recognises a pre-tokenizer by hashing a real tokenizer's output, which
 Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary.
 
     python tools/make_tiny_gguf.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
+    python tools/make_tiny_gguf.py --llama-cpp ... gemma3      # one family
 Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
 """
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dump_hf  # noqa: E402
@@ -56,6 +57,14 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                               rope_scaling={"type": "longrope",
                                             "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
                                             "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]})),
+    # gemma3: 5 local layers (a window of 4 keys, RoPE base 10000) then a global one (base 1e6, linear scaling 2),
+    # soft-capped logits; query_pre_attn_scalar = head_dim, the one llama.cpp's GGUF reading can express
+    "gemma3": (Gemma3TextConfig, dict(COMMON, head_dim=32, num_hidden_layers=6, rms_norm_eps=1e-6,
+                                      tie_word_embeddings=True, sliding_window=4, query_pre_attn_scalar=32,
+                                      final_logit_softcapping=30.0, rope_parameters={
+                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                          "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                             "rope_theta": 1000000.0}})),
 }
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
           "Hello world! It's a small model, isn't it? Ça va très bien. ") * 4
@@ -98,11 +107,12 @@ def save_hf(name, d, tok):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--llama-cpp", required=True, help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist")
+    p.add_argument("families", nargs="*", choices=[[], *FAMILIES], help="the families to make (default: all)")
     args = p.parse_args()
     import llama_cpp
 
     tok = tiny_tokenizer()
-    for name in FAMILIES:
+    for name in args.families or FAMILIES:
         out = OUT / f"gguf-{name}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)

@@ -1,10 +1,11 @@
-"""Write tests/data/tiny-{llama,mistral,qwen2,qwen3,phi3}/: tiny random models saved by transformers, with
+"""Write tests/data/tiny-{llama,mistral,qwen2,qwen3,phi3,gemma3}/: tiny random models saved by transformers, with
 transformers' logits and hidden states for a fixed token sequence (reference.npz) beside each.
 
 Each exercises what its family changes from Llama: llama (Llama 3.1 RoPE scaling, tied embeddings, head_dim
 set apart from hidden/heads, float32), mistral (sliding window shorter than the sequence, bfloat16),
 qwen2 (q/k/v biases, float16), qwen3 (q/k norms, head_dim apart from hidden/heads, bfloat16), phi3 (fused qkv
-and gate_up projections, LongRoPE short factors).
+and gate_up projections, LongRoPE short factors), gemma3 (Gemma3ForCausalLM: (1 + w) norms stored as w, local and
+global layers with their own RoPE, a query_pre_attn_scalar apart from head_dim, soft-capped logits, bfloat16).
 References are computed in float32 (from the stored weights) with eager attention.
 
     python tools/make_tiny_models.py [NAME ...]   # seconds; needs torch==2.13.0 and transformers (README)
@@ -18,7 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    LlamaConfig,
+    MistralConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 T = 16
 MODELS = {
@@ -44,6 +53,13 @@ MODELS = {
         pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
         rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0],
                       "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]})),
+    "gemma3": (Gemma3TextConfig, torch.bfloat16, dict(
+        hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        intermediate_size=96, vocab_size=120, max_position_embeddings=128, rms_norm_eps=1e-6, sliding_window=5,
+        sliding_window_pattern=2, query_pre_attn_scalar=48, final_logit_softcapping=5.0, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=2, eos_token_id=1,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
 }
 
 
