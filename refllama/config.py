@@ -26,7 +26,7 @@ class ModelConfig:
     n_ctx_train: int
     rms_eps: float
     rope_base: float
-    rope_dim: int  # R: leading dims of each head that rotate (== HD unless partial rotary)
+    rope_dim: int  # R: leading dims of each head that rotate (== HD unless partial rotary; 0: no RoPE, GPT-2)
     rope_layout: str  # q/k pair layout, llama.cpp's per architecture: "interleaved" (NORM) or "half" (NEOX)
     rope_scale: float = 1.0  # linear scaling: positions are divided by this
     rope_attn_factor: float = 1.0  # cos/sin multiplied by this (LongRoPE's attention factor)
@@ -45,8 +45,7 @@ class ModelConfig:
     def checked(self, path):
         """This config, or an error naming the first value no forward pass can run with (from file `path`)."""
         rules = {
-            "count": ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size", "n_ctx_train",
-                      "rope_dim"),
+            "count": ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size", "n_ctx_train"),
             "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor"),
             "optional": ("rope_base_swa", "attn_scale", "logit_softcap"),
         }
@@ -64,7 +63,7 @@ class ModelConfig:
         if self.n_head % self.n_head_kv:
             raise RefllamaError(f"{path}: {self.n_head} query heads do not divide into {self.n_head_kv} key/value "
                                 "heads")
-        if self.rope_dim > self.head_dim or self.rope_dim % 2:
+        if not isinstance(self.rope_dim, int) or not 0 <= self.rope_dim <= self.head_dim or self.rope_dim % 2:
             raise RefllamaError(f"{path}: rope dimension {self.rope_dim} must be even and at most the head "
                                 f"dimension {self.head_dim}")
         if self.swa_layers is not None and (len(self.swa_layers) != self.n_layer or not self.sliding_window):

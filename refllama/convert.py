@@ -51,7 +51,12 @@ def hf_tensors(cfg, w, dtype):
     return {k: np.ascontiguousarray(v, dtype=dtype) for k, v in out.items()}
 
 
+EXPORTABLE = ("llama", "qwen2", "qwen3", "phi3")  # the families whose config.json this writes
+
+
 def hf_config(cfg, tok, dtype_name, w):
+    if cfg.arch not in EXPORTABLE:
+        raise RefllamaError(f"export of {cfg.arch} models is not supported (supported: {', '.join(EXPORTABLE)})")
     if any(k in w for k in ("rope_freqs", "rope_factors_short")):
         raise RefllamaError("export supports plain and linear RoPE only (this model has per-frequency factors)")
     rope = {"rope_theta": cfg.rope_base, "rope_type": "default"}

@@ -11,9 +11,12 @@ its modules give the stages, named as llama.cpp names them:
 Gemma 3: embed_tokens' rows and its scaled output -> inp_embd, inp_scaled; post_attention_layernorm -> attn_post_norm;
   pre_feedforward_layernorm input and output -> sa_out, ffn_norm; down_proj input -> ffn_geglu;
   post_feedforward_layernorm -> ffn_post_norm (its q_norm/k_norm see q, k as [H, T, HD]: transposed back).
-Inside attention a registered attention function records the query and key after RoPE (Qcur_rope,
-Kcur_rope) and the softmax weights of transformers' own eager attention (kq_soft_max); kq, the unscaled
-scores, is query @ key^T computed here from transformers' tensors, since eager attention never keeps it.
+GPT-2: wte, wpe and their sum (the dropout's output) -> inp_embd, pos_embd, inpL; ln_1 -> attn_norm; c_attn (split)
+  -> Qcur/Kcur/Vcur; c_proj input and output -> kqv_out, attn_out; ln_2 input and output -> ffn_inp, ffn_norm;
+  c_fc -> ffn_up; mlp.c_proj input and output -> ffn_gelu, ffn_out; ln_f -> result_norm.
+Inside attention a registered attention function, transformers' eager attention written out, records the query and
+key after RoPE (Qcur_rope, Kcur_rope), the unscaled scores query @ key^T (kq, which eager attention never keeps) and
+the softmax weights (kq_soft_max).
 
 transformers' GGUF loader undoes the q/k row permutation that llama.cpp's converter applied, so its q/k
 are in the half-split pair layout: the manifest records qk_layout "half", and refllama's Dump reader
@@ -32,7 +35,6 @@ import torch
 import transformers
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.models.llama.modeling_llama import eager_attention_forward
 
 import refllama
 from refllama.api import default_model_path
@@ -47,7 +49,8 @@ def capture(hf, ids, decode_steps=0):
     """Stages of one forward pass of `ids` (batch of one), as numpy float32, then of `decode_steps` greedy decode
     steps, one token each through transformers' KV cache: (prefill stages, [each step's stages], decoded ids)."""
     stages, hooks = {}, []
-    H, KVH = hf.config.num_attention_heads, hf.config.num_key_value_heads
+    H = hf.config.num_attention_heads
+    KVH = getattr(hf.config, "num_key_value_heads", None) or H
 
     def keep(name, t, heads=None, heads_first=False):
         a = t.detach().float().numpy()[0]  # drop the batch axis
@@ -58,11 +61,17 @@ def capture(hf, ids, decode_steps=0):
         i = module.layer_idx
         keep(f"Qcur_rope-{i}", query.transpose(1, 2))  # [1, H, T, HD] -> [T, H, HD]
         keep(f"Kcur_rope-{i}", key[:, :, -query.shape[2]:].transpose(1, 2))  # this step's keys: [T, KVH, HD]
-        k = key.repeat_interleave(module.num_key_value_groups, dim=1)
-        keep(f"kq-{i}", query @ k.transpose(2, 3))  # [H, T, S]
-        out, weights = eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        k = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+        v = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
+        scores = query @ k.transpose(2, 3)  # [1, H, T, S]
+        keep(f"kq-{i}", scores)
+        if attention_mask is not None:
+            scores = scores * scaling + attention_mask[:, :, :, :k.shape[-2]]
+        else:
+            scores = scores * scaling
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         keep(f"kq_soft_max-{i}", weights)  # [H, T, S]
-        return out, weights
+        return (weights @ v).transpose(1, 2).contiguous(), weights
 
     AttentionInterface.register("refllama_dump", attention)
     AttentionMaskInterface.register("refllama_dump", eager_mask)  # the causal mask eager attention gets
@@ -80,6 +89,49 @@ def capture(hf, ids, decode_steps=0):
                 keep(name[0], part, name[1])
         return hook
 
+    if hf.config.model_type == "gpt2":
+        hooks += gpt2_hooks(hf.transformer, keep, out_hook, in_hook, split_hook, H)
+    else:
+        hooks += llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH)
+    decode, decode_ids = [], []
+    with torch.no_grad():
+        out = hf(torch.tensor([ids]), use_cache=True)
+        keep("result_output", out.logits)
+        prefill = dict(stages)
+        for _ in range(decode_steps):
+            decode_ids.append(int(out.logits[0, -1].argmax()))
+            stages.clear()
+            out = hf(torch.tensor([decode_ids[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            keep("result_output", out.logits)
+            decode.append(dict(stages))
+    for h in hooks:
+        h.remove()
+    hf.set_attn_implementation("eager")
+    return prefill, decode, decode_ids
+
+
+def gpt2_hooks(m, keep, out_hook, in_hook, split_hook, H):
+    D = m.config.n_embd
+    hooks = [m.wte.register_forward_hook(out_hook("inp_embd")), m.wpe.register_forward_hook(out_hook("pos_embd")),
+             m.drop.register_forward_hook(out_hook("inpL")), m.ln_f.register_forward_hook(out_hook("result_norm"))]
+    for i, layer in enumerate(m.h):
+        a, f = layer.attn, layer.mlp
+        hooks += [layer.ln_1.register_forward_hook(out_hook(f"attn_norm-{i}")),
+                  a.c_attn.register_forward_hook(split_hook([(f"Qcur-{i}", H), (f"Kcur-{i}", H), (f"Vcur-{i}", H)],
+                                                            [D, D, D])),
+                  a.c_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
+                  a.c_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
+                  layer.ln_2.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
+                  layer.ln_2.register_forward_hook(out_hook(f"ffn_norm-{i}")),
+                  f.c_fc.register_forward_hook(out_hook(f"ffn_up-{i}")),
+                  f.c_proj.register_forward_pre_hook(in_hook(f"ffn_gelu-{i}")),
+                  f.c_proj.register_forward_hook(out_hook(f"ffn_out-{i}")),
+                  layer.register_forward_hook(out_hook(f"l_out-{i}"))]
+    return hooks
+
+
+def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
+    hooks = []
     m = hf.model
     HD = hf.config.hidden_size // H if getattr(hf.config, "head_dim", None) is None else hf.config.head_dim
     gemma = hasattr(m.layers[0], "pre_feedforward_layernorm")
@@ -126,21 +178,7 @@ def capture(hf, ids, decode_steps=0):
                       layer.post_attention_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
                       f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}"))]
     hooks.append(m.norm.register_forward_hook(out_hook("result_norm")))
-    decode, decode_ids = [], []
-    with torch.no_grad():
-        out = hf(torch.tensor([ids]), use_cache=True)
-        keep("result_output", out.logits)
-        prefill = dict(stages)
-        for _ in range(decode_steps):
-            decode_ids.append(int(out.logits[0, -1].argmax()))
-            stages.clear()
-            out = hf(torch.tensor([decode_ids[-1:]]), past_key_values=out.past_key_values, use_cache=True)
-            keep("result_output", out.logits)
-            decode.append(dict(stages))
-    for h in hooks:
-        h.remove()
-    hf.set_attn_implementation("eager")
-    return prefill, decode, decode_ids
+    return hooks
 
 
 def greedy(hf, ids, n):

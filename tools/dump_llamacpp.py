@@ -61,10 +61,15 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             # Gemma 3's graph
             ("inp_scaled", "SCALE"): "inp_scaled", ("attn_post_norm", "MUL"): "attn_post_norm",
             ("sa_out", "ADD"): "sa_out", ("ffn_geglu", "GEGLU"): "ffn_geglu", ("ffn_post_norm", "MUL"): "ffn_post_norm",
-            ("result_output", "SCALE"): "result_output"}  # logits soft-capped: scale, tanh, scale
+            ("result_output", "SCALE"): "result_output",  # logits soft-capped: scale, tanh, scale
+            # GPT-2's: learned positions, LayerNorm (its bias ADD last), biases after each product
+            ("pos_embd", "GET_ROWS"): "pos_embd", ("inpL", "ADD"): "inpL", ("attn_norm", "ADD"): "attn_norm",
+            ("wqkv_b", "ADD"): "wqkv", ("ffn_norm", "ADD"): "ffn_norm", ("ffn_up_b", "ADD"): "ffn_up",
+            ("ffn_gelu", "GELU"): "ffn_gelu", ("ffn_out", "ADD"): "ffn_out", ("result_norm", "ADD"): "result_norm"}
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
+OUTPUT_BIAS = r"blk\.\d+\.attn_output\.bias"  # its bias, added by an unnamed ADD (GPT-2)
 DTYPES = {"f32": np.float32, "f16": np.float16}
 
 
@@ -124,7 +129,9 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
             weight = re.fullmatch(UNNAMED, ctypes.cast(t.src[0], ctypes.POINTER(GGMLTensor)).contents.name.decode())
             stage, layer = ("attn_out", weight.group(1)) if weight else (None, "")
         if stage is None and op == "ADD" and (t.src[0] in attn_out or t.src[1] in attn_out):
-            stage, layer = "ffn_inp", attn_out.get(t.src[0], attn_out.get(t.src[1]))  # unnamed outside llama's graph
+            bias = re.fullmatch(OUTPUT_BIAS, ctypes.cast(t.src[1], ctypes.POINTER(GGMLTensor)).contents.name.decode())
+            stage = "attn_out" if bias else "ffn_inp"  # unnamed outside llama's graph
+            layer = attn_out.get(t.src[0], attn_out.get(t.src[1]))
         if stage == "attn_out" or (op == "GET_ROWS" and t.src[0] in attn_out):  # the last block's rows picked
             attn_out[ptr] = layer if stage else attn_out[t.src[0]]
         if ask or stage is None:

@@ -7,10 +7,11 @@ llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare an
     phi3                    NEOX                     llama's forward, fused qkv and gate/up split at load, LongRoPE
     gemma3                  NEOX                     its own forward: scaled embeddings, four norms a block, GeGLU,
                                                      local (sliding-window) and global layers
+    gpt2                    no RoPE                  its own forward: learned positions, LayerNorm, biases, GELU MLP
 """
 
 from ..errors import RefllamaError, shown
-from . import gemma3, llama, phi3, qwen2, qwen3
+from . import gemma3, gpt2, llama, phi3, qwen2, qwen3
 from .common import (
     INPUT_STAGES,
     KV_STAGES,
@@ -23,7 +24,7 @@ from .common import (
     permute_qk,
 )
 
-ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3)}
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "INPUT_STAGES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS",

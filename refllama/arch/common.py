@@ -31,11 +31,12 @@ class Weight(NamedTuple):
     hf_permute: str | None = None  # "H" or "KVH": HF's per-head q/k rows go to llama.cpp's NORM pairs at load
     split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
     hf_add: float = 0.0  # added to the HF tensor at load (Gemma's norms: HF stores w for a (1 + w) weight)
+    hf_transpose: bool = False  # HF stores it [in, out] (GPT-2's Conv1D): transposed at load
 
 
 def dims(cfg):
     return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
-            "V": cfg.vocab_size, "R": cfg.rope_dim}
+            "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train}
 
 
 def size(expr, d):
@@ -72,7 +73,7 @@ def permute_qk(a, to, rope_dim=None, axis=-1):
     rope_dim (default HD) are the leading dims that rotate (partial rotary). The helper for anyone whose engine
     keeps the other layout; refllama's loaders and dump reader use it too."""
     hd = a.shape[axis]
-    return np.take(a, pair_order(hd, rope_dim or hd, to), axis=axis)
+    return np.take(a, pair_order(hd, hd if rope_dim is None else rope_dim, to), axis=axis)
 
 
 def permute_rows(w, n_heads, rope_dim, to):  # [n*HD, ...] -> same, each head's rows reordered
@@ -234,7 +235,10 @@ def read_weights(arch, cfg, side, fetch, has, place):
         name = getattr(row, side)
         if name is None or (not row.required and not has(prefix + name)):
             return
-        t = fetch(prefix + name, shape_of(row, d))
+        shape = shape_of(row, d)
+        t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
+        if side == "hf" and row.hf_transpose:
+            t = np.ascontiguousarray(t.T)
         if side == "hf" and row.hf_permute:
             t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
         if side == "hf" and row.hf_add:
@@ -256,6 +260,6 @@ def read_weights(arch, cfg, side, fetch, has, place):
     for i in range(cfg.n_layer):
         lw = {}
         for row in arch.LAYER_WEIGHTS:
-            take(row, (GGUF_LAYER if side == "gguf" else HF_LAYER).format(i=i), lw)
+            take(row, (GGUF_LAYER if side == "gguf" else getattr(arch, "HF_LAYER", HF_LAYER)).format(i=i), lw)
         w["layers"].append(lw)
     return w
