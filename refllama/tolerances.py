@@ -11,6 +11,8 @@ REFERENCE_KINDS = ("llama.cpp", "float32", "llama.cpp F32")
 _ROWS = {  # stage: ((llama.cpp), (float32), (llama.cpp F32))
     "inp_embd": ((1e-3, 1e-6), (1e-6, 1e-12), (1e-5, 1e-10)),
     "inp_scaled": ((1e-3, 1e-6), (1e-6, 1e-12), (1e-5, 1e-10)),
+    "pos_embd": ((1e-3, 1e-6), (1e-6, 1e-12), (1e-5, 1e-10)),
+    "inpL": ((1e-3, 1e-6), (1e-6, 1e-12), (1e-5, 1e-10)),
     "attn_norm": ((1.5e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "Qcur": ((1e-1, 5e-3), (5e-4, 1e-8), (1e-5, 1e-10)),
     "Kcur": ((1e-1, 5e-3), (5e-4, 1e-8), (1e-5, 1e-10)),
@@ -29,6 +31,7 @@ _ROWS = {  # stage: ((llama.cpp), (float32), (llama.cpp F32))
     "ffn_up": ((1.5e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "ffn_swiglu": ((2e-1, 2e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "ffn_geglu": ((2e-1, 2e-2), (5e-4, 1e-8), (1e-3, 1e-6)),
+    "ffn_gelu": ((2e-1, 2e-2), (5e-4, 1e-8), (1e-3, 1e-6)),
     "ffn_out": ((2e-1, 2e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "ffn_post_norm": ((1.5e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),
     "l_out": ((3e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10)),

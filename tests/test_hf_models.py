@@ -16,7 +16,7 @@ from refllama.hf_loader import Checkpoint
 
 DATA = Path(__file__).parent / "data"
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-            "gemma3": "gemma3"}  # -> arch
+            "gemma3": "gemma3", "gpt2": "gpt2"}  # -> arch
 N_CTX = 64  # Phi-3's original context: LongRoPE's short factors, which transformers takes for a 16-token sequence
 TOL = 1e-5  # of the logit range: both sides compute in float32 from the same stored weights (measured ~2e-7)
 
@@ -176,8 +176,8 @@ def test_missing_rope_theta_is_named(tmp_path):
 
 def test_unknown_architecture_and_rope_scaling_are_named(tmp_path):
     d = copy_model("llama", tmp_path)
-    edit_config(d, lambda c: c.update(architectures=["GPT2LMHeadModel"]))
-    expect_error(d, "architectures", "GPT2LMHeadModel")
+    edit_config(d, lambda c: c.update(architectures=["FalconForCausalLM"]))
+    expect_error(d, "architectures", "FalconForCausalLM")
     d = copy_model("qwen2", tmp_path)
     edit_config(d, lambda c: c["rope_parameters"].update(rope_type="yarn"))
     expect_error(d, "rope scaling type 'yarn'")

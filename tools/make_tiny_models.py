@@ -1,11 +1,12 @@
-"""Write tests/data/tiny-{llama,mistral,qwen2,qwen3,phi3,gemma3}/: tiny random models saved by transformers, with
+"""Write tests/data/tiny-{llama,mistral,qwen2,qwen3,phi3,gemma3,gpt2}/: tiny random models saved by transformers, with
 transformers' logits and hidden states for a fixed token sequence (reference.npz) beside each.
 
 Each exercises what its family changes from Llama: llama (Llama 3.1 RoPE scaling, tied embeddings, head_dim
 set apart from hidden/heads, float32), mistral (sliding window shorter than the sequence, bfloat16),
 qwen2 (q/k/v biases, float16), qwen3 (q/k norms, head_dim apart from hidden/heads, bfloat16), phi3 (fused qkv
 and gate_up projections, LongRoPE short factors), gemma3 (Gemma3ForCausalLM: (1 + w) norms stored as w, local and
-global layers with their own RoPE, a query_pre_attn_scalar apart from head_dim, soft-capped logits, bfloat16).
+global layers with their own RoPE, a query_pre_attn_scalar apart from head_dim, soft-capped logits, bfloat16), gpt2
+(GPT2LMHeadModel: Conv1D weights stored [in, out], learned positions, LayerNorm, an n_inner apart from 4 D, float16).
 References are computed in float32 (from the stored weights) with eager attention.
 
     python tools/make_tiny_models.py [NAME ...]   # seconds; needs torch==2.13.0 and transformers (README)
@@ -22,6 +23,7 @@ import transformers
 from transformers import (
     AutoModelForCausalLM,
     Gemma3TextConfig,
+    GPT2Config,
     LlamaConfig,
     MistralConfig,
     Phi3Config,
@@ -60,6 +62,9 @@ MODELS = {
         pad_token_id=0, bos_token_id=2, eos_token_id=1,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
+    "gpt2": (GPT2Config, torch.float16, dict(
+        n_embd=48, n_layer=2, n_head=4, n_inner=80, n_positions=64, vocab_size=100, layer_norm_epsilon=1e-5,
+        activation_function="gelu_new", bos_token_id=0, eos_token_id=0)),
 }
 
 
@@ -70,7 +75,7 @@ def random_model(config, dtype=torch.float32):
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype).eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "norm" in n:
+            if "norm" in n or ".ln_" in n:  # GPT-2 calls its norms ln_1, ln_2, ln_f
                 p.copy_(1 + 0.2 * torch.randn_like(p))
             elif n.endswith("bias"):
                 p.copy_(0.5 * torch.randn_like(p))
