@@ -1,6 +1,6 @@
 """GGUF families made by llama.cpp's own converter (tools/make_tiny_gguf.py): tiny random Llama, Qwen2, Qwen3,
-Phi-3, Gemma 3 and GPT-2 models, F32 and Q8_0, checked against transformers (the HF weights they were converted from) and
-llama.cpp (its logits on both files, every stage of every layer on the F32 file, F32 KV cache)."""
+Phi-3, Gemma 3 and GPT-2 models, F32 and Q8_0, checked against transformers (the HF weights they were converted
+from) and llama.cpp (its logits on both files, every stage of every layer on the F32 file, F32 KV cache)."""
 
 import json
 import subprocess

@@ -1,5 +1,5 @@
-"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3,gemma3,gpt2}/: tiny random models made by transformers, converted to GGUF by
-llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references beside them:
+"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3,gemma3,gpt2}/: tiny random models made by transformers, converted to
+GGUF by llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references beside them:
   - transformers' logits and hidden states (float32, eager attention, from the HF weights);
   - llama.cpp's token ids for a text, its logits on both files, and a dump of every stage of every layer on the
     F32 file (llama-cpp-python, F32 KV cache, flash attention off: on F32 weights llama.cpp computes in float32).
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GPT2Config, Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dump_hf  # noqa: E402
@@ -66,8 +66,9 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                                           "full_attention": {"rope_type": "linear", "factor": 2.0,
                                                              "rope_theta": 1000000.0}})),
     # gpt2: learned positions, LayerNorm with biases, fused biased qkv, GELU MLP (the converter writes F = 4 D)
+    # (n_ctx: GPT-2 configs on the Hub carry it, and the converter reads it)
     "gpt2": (GPT2Config, dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256, vocab_size=V,
-                              layer_norm_epsilon=1e-5,  # n_ctx: GPT-2 configs on the Hub carry it; the converter reads it
+                              layer_norm_epsilon=1e-5,
                               bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)),
 }
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "

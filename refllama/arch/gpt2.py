@@ -12,8 +12,16 @@ HF stores its projections as Conv1D weights, [in, out]: they are transposed at l
 
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
-from ..layers import attention_mix, attention_scores, attention_weights, causal_mask, embedding, gelu_tanh, layer_norm
-from ..layers import linear
+from ..layers import (
+    attention_mix,
+    attention_scores,
+    attention_weights,
+    causal_mask,
+    embedding,
+    gelu_tanh,
+    layer_norm,
+    linear,
+)
 from ..trace import tap
 from ..xp import array_module
 from .common import Weight
