@@ -104,7 +104,10 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=())
             n_tokens = a.shape[axis]
             keep = list(rows.get(name, range(n_tokens))) if at is None else [at]
             a = np.take(a, keep, axis=axis) if at is None and len(keep) != n_tokens else a
-            a = np.ascontiguousarray(a.astype(dtypes.get(name, np.float32)))
+            dtype = np.dtype(dtypes.get(name, np.float32))
+            if dtype == np.float16 and np.abs(a[np.isfinite(a)]).max(initial=0) > np.finfo(np.float16).max:
+                dtype = np.dtype(np.float32)  # float16 storage only where the values fit (Gemma's residual stream)
+            a = np.ascontiguousarray(a.astype(dtype))
             fname = name.replace("/", "_") + ("" if at is None else f"@{at}") + ".npy"
             np.save(tmp / fname, a)
             tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),

@@ -129,8 +129,9 @@ def test_missing_metadata_field(tmp_path, field):
 
 
 def test_unsupported_architecture(tmp_path):
-    meta = {k.replace("llama.", "gpt2."): v for k, v in tiny_metadata().items()}
-    _expect_error(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors(), arch="gpt2"), "general.architecture 'gpt2'")
+    meta = {k.replace("llama.", "falcon."): v for k, v in tiny_metadata().items()}
+    _expect_error(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors(), arch="falcon"),
+                  "general.architecture 'falcon'")
 
 
 def test_unsupported_rope_scaling(tmp_path):

@@ -1,4 +1,4 @@
-"""One table for the default model on this machine: load time, prefill and decode speed, peak memory,
+"""One table for a model (the default, or -m GGUF) on this machine: load time, prefill and decode speed, peak memory,
 for refllama (numpy, numba) and, when installed, llama.cpp (llama-cpp-python) and transformers (fp32).
 
 Each engine runs in its own process with the same thread count, on the same GGUF file and the same 128
@@ -10,7 +10,7 @@ times in that process and the best time of each counts:
   decode   128 tokens one at a time after the prompt, tokens per second
   peak RSS the process's maximum resident memory
 
-    python tools/bench.py [--threads N] [--repeat 3] [--engines numpy,numba,llama.cpp,transformers]
+    python tools/bench.py [-m MODEL.gguf] [--threads N] [--repeat 3] [--engines numpy,numba,llama.cpp,transformers]
 """
 
 import argparse
@@ -32,15 +32,15 @@ def process_age():
     return float(open("/proc/uptime").read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def run_refllama(backend, threads, ids):
+def run_refllama(backend, path, threads, ids):
     import numpy as np
 
     import refllama
-    from refllama.arch.llama import forward
 
     refllama.set_threads(threads, backend)
-    m = refllama.load(backend=backend, n_ctx=N_PROMPT + N_DECODE)
+    m = refllama.load(path, backend=backend, n_ctx=N_PROMPT + N_DECODE)
     load = process_age()
+    forward = m.arch.forward
 
     def generate():
         t0 = time.perf_counter()
@@ -53,13 +53,11 @@ def run_refllama(backend, threads, ids):
     return load, generate
 
 
-def run_llamacpp(threads, ids):
+def run_llamacpp(path, threads, ids):
     import llama_cpp
     import numpy as np
 
-    from refllama.api import default_model_path
-
-    llm = llama_cpp.Llama(default_model_path(), n_ctx=N_PROMPT + N_DECODE, n_batch=N_PROMPT, n_threads=threads,
+    llm = llama_cpp.Llama(path, n_ctx=N_PROMPT + N_DECODE, n_batch=N_PROMPT, n_threads=threads,
                           n_threads_batch=threads, verbose=False)
     load = process_age()
 
@@ -79,14 +77,12 @@ def run_llamacpp(threads, ids):
     return load, generate
 
 
-def run_transformers(threads, ids):
+def run_transformers(path, threads, ids):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from refllama.api import default_model_path
-
     torch.set_num_threads(threads)
-    d, f = os.path.split(default_model_path())
+    d, f = os.path.split(path)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     load = process_age()
 
@@ -103,9 +99,11 @@ def run_transformers(threads, ids):
     return load, generate
 
 
-def child(engine, threads, ids, repeat):
-    runs = {"numpy": lambda: run_refllama("numpy", threads, ids), "numba": lambda: run_refllama("numba", threads, ids),
-            "llama.cpp": lambda: run_llamacpp(threads, ids), "transformers": lambda: run_transformers(threads, ids)}
+def child(engine, path, threads, ids, repeat):
+    runs = {"numpy": lambda: run_refllama("numpy", path, threads, ids),
+            "numba": lambda: run_refllama("numba", path, threads, ids),
+            "llama.cpp": lambda: run_llamacpp(path, threads, ids),
+            "transformers": lambda: run_transformers(path, threads, ids)}
     load, generate = runs[engine]()
     times = [generate() for _ in range(repeat)]  # the best of `repeat`: the least disturbed by other work
     prefill, decode = min(t[0] for t in times), min(t[1] for t in times)
@@ -114,14 +112,12 @@ def child(engine, threads, ids, repeat):
                       "decode_tok_s": N_DECODE / decode, "peak_rss_mb": peak_mb}))
 
 
-def prompt_ids():
+def prompt_ids(g):
     """The prompt's first N_PROMPT token ids (refllama's tokenizer, equal to llama.cpp's: tests/test_tokenizer.py),
     computed here once so that no engine's process pays for a second tokenizer."""
-    from refllama.api import default_model_path
-    from refllama.gguf_loader import GGUFFile
     from refllama.tokenizer import from_gguf
 
-    return from_gguf(GGUFFile(default_model_path())).encode(TEXT)[:N_PROMPT]
+    return from_gguf(g).encode(TEXT)[:N_PROMPT]
 
 
 def installed(engine):
@@ -136,31 +132,38 @@ def installed(engine):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", help="GGUF file (default: the installed SmolLM2)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--engines", default="numpy,numba,llama.cpp,transformers")
     p.add_argument("--repeat", type=int, default=3, help="prefill + decode runs per engine; the best time counts")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     args = p.parse_args()
+    from refllama import arch
+    from refllama.api import default_model_path
+    from refllama.gguf_loader import GGUFFile
+
+    path = args.model or default_model_path()
     if args.child:
-        return child(args.child, args.threads, json.loads(args.ids), args.repeat)
-    ids = json.dumps(prompt_ids())
+        return child(args.child, path, args.threads, json.loads(args.ids), args.repeat)
+    g = GGUFFile(path)
+    cfg = arch.for_gguf(g.string("general.architecture", required=True), path).config_from_gguf(g)
+    name = g.string("general.name", os.path.basename(path))
+    ids = json.dumps(prompt_ids(g))
     rows = {}
     for engine in args.engines.split(","):
         if not installed(engine):
             print(f"{engine}: not installed, skipped", file=sys.stderr)
             continue
-        r = subprocess.run([sys.executable, __file__, "--child", engine, "--threads", str(args.threads), "--ids", ids,
-                            "--repeat", str(args.repeat)],
+        r = subprocess.run([sys.executable, __file__, "--child", engine, "-m", path, "--threads", str(args.threads),
+                            "--ids", ids, "--repeat", str(args.repeat)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{engine}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
             continue
         rows[engine] = json.loads(r.stdout.strip().splitlines()[-1])
-    from refllama.api import default_model_path
-
-    gguf_mb = os.path.getsize(default_model_path()) / 2**20
-    print(f"SmolLM2-135M-Instruct Q4_1 ({gguf_mb:.0f} MB), {args.threads} threads, {os.cpu_count()} cores, "
+    gguf_mb = os.path.getsize(path) / 2**20
+    print(f"{name} ({os.path.basename(path)}, {gguf_mb:.0f} MB), {args.threads} threads, {os.cpu_count()} cores, "
           f"{N_PROMPT}-token prompt, {N_DECODE} decoded tokens, best of {args.repeat}\n")
     print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) |")
     print("| --- | --- | --- | --- | --- |")
@@ -176,7 +179,7 @@ def main():
     ratio("numba", "llama.cpp", "prefill_tok_s")
     ratio("numpy", "transformers", "decode_tok_s")
     if "numba" in rows:
-        kv_mb = (N_PROMPT + N_DECODE) * 30 * 2 * 3 * 64 * 4 / 2**20
+        kv_mb = (N_PROMPT + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20
         ratio_mem = rows["numba"]["peak_rss_mb"] / (2 * gguf_mb + kv_mb)
         print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {ratio_mem:.3f}x")
 

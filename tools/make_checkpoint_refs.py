@@ -1,4 +1,6 @@
-"""Regenerate checkpoints/ref/: llama.cpp and transformers dumps of SmolLM2 for the checkpoint suite's prompts.
+"""Regenerate checkpoints/ref/: llama.cpp and transformers dumps of SmolLM2 for the checkpoint suite's prompts
+(with --gemma3, checkpoints/ref-gemma3/: Gemma 3 270M's, three prompts, blocks 0, 1, 3 (local), 5 (global) and 17
+(the last)).
 
 Kept: blocks 0, 1, 15 and 29 (with each one's input), embeddings, final norm; the first 8 and last 12
 token positions of longer prompts (K and V: all); logits for the last 4 positions; 16 greedy tokens; the same
@@ -7,8 +9,10 @@ transformers' stages are stored as float32 (it agrees with refllama to ~1e-6, wh
 llama.cpp's as float16 (its own activations differ from fp32 by ~1e-3 to 1e-2 of their range, Q8_1 inside).
 
     python tools/make_checkpoint_refs.py      # ~3 minutes on 2 cores; needs both reference tools (README)
+    python tools/make_checkpoint_refs.py --gemma3   # ~3 minutes; needs the Gemma 3 package too
 """
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dump_hf  # noqa: E402
 import dump_llamacpp  # noqa: E402
+
+from refllama.api import gemma3_path  # noqa: E402
 
 LONG = (
     "The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
@@ -38,16 +44,30 @@ PROMPTS = {
     "long": (LONG, False),
     "unicode": ("Übersetze: «Ça va très bien» — 東京は日本の首都です。Emoji: 🤖🚀. Answer:", False),
 }
+GEMMA3_PROMPTS = {  # no long prompt: it would not reach the 512-token window, and the budget is SmolLM2's
+    "short": PROMPTS["short"],
+    "chat": ("<start_of_turn>user\nGive me two tips for learning a new language.<end_of_turn>\n<start_of_turn>model\n",
+             True),
+    "unicode": PROMPTS["unicode"],
+}
 STORAGE = ["--layers", "0,1,15,-1", "--max-rows", "20", "--logit-rows", "4", "--greedy", "16", "--decode-steps", "4"]
+# Gemma 3 270M's vocabulary is 262144 tokens, a logits row 1 MB in float32: fewer rows and decode steps
+GEMMA3_STORAGE = ["--layers", "0,1,3,5,-1", "--max-rows", "12", "--logit-rows", "1", "--greedy", "16",
+                  "--decode-steps", "2"]
 
 
 def main():
-    root = Path(__file__).resolve().parent.parent / "checkpoints" / "ref"
-    for name, (text, special) in PROMPTS.items():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gemma3", action="store_true", help="Gemma 3 270M's references (checkpoints/ref-gemma3/)")
+    args = p.parse_args()
+    root = Path(__file__).resolve().parent.parent / "checkpoints" / ("ref-gemma3" if args.gemma3 else "ref")
+    prompts, storage = (GEMMA3_PROMPTS, GEMMA3_STORAGE) if args.gemma3 else (PROMPTS, STORAGE)
+    model = ["-m", gemma3_path()] if args.gemma3 else []
+    for name, (text, special) in prompts.items():
         for tool, sub, extra in ((dump_llamacpp, "llamacpp", ["--float16"]), (dump_hf, "hf", [])):
             out = root / sub / name
             shutil.rmtree(out, ignore_errors=True)
-            tool.main(["-p", text, "-o", str(out), *STORAGE, *extra] + (["--special"] if special else []))
+            tool.main([*model, "-p", text, "-o", str(out), *storage, *extra] + (["--special"] if special else []))
 
 
 if __name__ == "__main__":

