@@ -14,6 +14,7 @@ import refllama
 from refllama import arch
 from refllama.compare import compare
 from refllama.dump import Dump
+from refllama.gguf_loader import Field, GGUFFile
 from refllama.tolerances import band
 
 DATA = Path(__file__).parent / "data"
@@ -105,6 +106,28 @@ def test_q8_0_logits_match_llamacpp(family, backend):
     tol, agree = (0.1, 0.85) if family == "gemma3" else (2e-2, 0.9)
     assert rel_err(logits, r["llamacpp_logits_q8_0"]) < tol
     assert (logits.argmax(-1) == r["llamacpp_logits_q8_0"].argmax(-1)).mean() >= agree
+
+
+@pytest.mark.parametrize("pattern, local", [
+    (Field(4, False, 3), (True, True, False, True, True, False)),  # a period, as load_swa_pattern reads it
+    (Field(7, True, [True, False, False, True, True, True]), (True, False, False, True, True, True)),  # flags
+    (Field(4, False, 0), (True,) * 6),  # 0: every layer local
+])
+def test_gemma3_sliding_window_pattern_from_metadata(pattern, local):
+    g = GGUFFile(DATA / "gguf-gemma3" / "gemma3-f32.gguf")
+    assert arch.gemma3.config_from_gguf(g).swa_layers == (True,) * 5 + (False,)  # none given: llama.cpp's 6
+    g.fields["gemma3.attention.sliding_window_pattern"] = pattern
+    assert arch.gemma3.config_from_gguf(g).swa_layers == local
+    g.fields["gemma3.attention.sliding_window"] = Field(4, False, 0)  # no window: every layer global, one base
+    cfg = arch.gemma3.config_from_gguf(g)
+    assert cfg.swa_layers is None and cfg.sliding_window is None and cfg.rope_base_swa is None
+
+
+def test_gemma3_pattern_of_the_wrong_length_is_named():
+    g = GGUFFile(DATA / "gguf-gemma3" / "gemma3-f32.gguf")
+    g.fields["gemma3.attention.sliding_window_pattern"] = Field(7, True, [True, False])
+    with pytest.raises(refllama.RefllamaError, match="sliding_window_pattern' has 2 entries for 6 layers"):
+        arch.gemma3.config_from_gguf(g)
 
 
 def patched(family, tmp_path, old, new):

@@ -75,8 +75,8 @@ def config_from_gguf(g):
     swa, base_swa = None, None
     if window:
         key = f"{arch}.attention.sliding_window_pattern"
-        flags = g.array(key, (7,), "bools")  # 7: GGUF's bool type
-        if flags is not None:
+        if g.has(key) and g.fields[key].is_array:
+            flags = g.array(key, (7,), "bools")  # 7: GGUF's bool type
             if len(flags) != n_layer:
                 raise RefllamaError(f"{g.path}: metadata field '{key}' has {len(flags)} entries for {n_layer} layers")
             swa = tuple(bool(f) for f in flags)
