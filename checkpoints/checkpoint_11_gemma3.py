@@ -43,3 +43,28 @@ def test_every_stage_isolated_and_end_to_end(gemma3_model, ref, tmp_path):
     assert all("local_REF" in r and "local_MINE" in r for r in rep.rows), "a stage was not recomputed"
     bad = [(r["name"], r["max_rel"], r.get("local_REF")) for r in rep.rows if not r["ok"] or r["carried"]]
     assert not bad, f"{bad[:3]}: {rep.where + rep.hints}"
+
+
+@pytest.mark.parametrize("breakage, stage, hint", [
+    # SiLU where Gemma's GeGLU has GELU: named, with the activation it matches
+    ("geglu", "ffn_geglu-0", "matches silu(ffn_gate)"),
+    ("post_norm", "attn_post_norm-0", None),  # the attention output added without its norm
+])
+def test_a_gemma_bug_is_named_at_its_stage(gemma3_path, breakage, stage, hint, monkeypatch, tmp_path):
+    """refllama broken while it dumps (an engine with the bug), then compared, with the clean model re-running
+    each side's stages, against transformers' reference: the broken stage is named, MINE adds the error."""
+    import refllama.arch.gemma3 as gemma3
+    from refllama.layers import rms_norm, swiglu
+
+    m = refllama.load(gemma3_path, backend="numba", n_ctx=512)
+    ref = HERE / "ref-gemma3" / "hf" / "short"
+    with monkeypatch.context() as mp:
+        if breakage == "geglu":
+            mp.setattr(gemma3, "geglu", swiglu)
+        else:
+            mp.setattr(gemma3, "rms_norm", lambda x, w, eps: x if w is m.weights["layers"][0]["attn_post_norm"]
+                       else rms_norm(x, w, eps))
+        ours = m.dump(Dump(ref).prompt_ids, tmp_path / "broken", layers=BLOCKS)
+    rep = compare(ours, ref, m)
+    assert rep.first is not None and rep.first["name"] == stage and rep.first["adds"] == ["MINE"], rep.first
+    assert hint is None or any(hint in h for h in rep.hints), rep.hints

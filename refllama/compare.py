@@ -393,21 +393,21 @@ def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
                 if o.shape == bad.shape and close(bad, o):
                     out.append(f"hint: equals the expected {other_name}: the two are swapped, or read from one "
                                "another's weights")
-    inputs = _inputs_of(stage, layer, bad_dump, positions)
-    if stage == "ffn_swiglu" and inputs:
+    inputs = _inputs_of(stage, layer, bad_dump, positions, cfg)
+    if stage in GATED and inputs:
         gate, up = inputs
-        err = {label: metrics(f(gate) * up, bad)["nmse"] for label, f in ACTIVATIONS.items()}
+        err = {label: metrics(f(gate) * up, bad)["nmse"] for label, f in ACTIVATIONS.items() if label != GATED[stage]}
         best = min(err, key=err.get)
         if err[best] <= exact:
-            out.append(f"hint: matches {best}(ffn_gate) * ffn_up; the model's is silu")
+            out.append(f"hint: matches {best}(ffn_gate) * ffn_up; the model's is {GATED[stage]}")
     if stage == "kq_soft_max" and inputs and cfg is not None:
         (kq,) = inputs
         mask = np.where(visible(stage, positions, kq.shape), 0.0, -np.inf)
-        hd = cfg.head_dim
+        hd, scale = cfg.head_dim, cfg.kq_scale
         for label, s in (("1/HD", 1 / hd), ("1 (no scale)", 1.0), ("1/sqrt(HD)", hd ** -0.5)):
             p = _softmax(np.nan_to_num(kq) * s + mask)
-            if close(p[m], b) and label != "1/sqrt(HD)":
-                out.append(f"hint: matches softmax(kq * {label}); the model's scale is 1/sqrt(HD) = {hd ** -0.5:.4g}")
+            if close(p[m], b) and s != scale:
+                out.append(f"hint: matches softmax(kq * {label}); the model's scale is {scale:.4g}")
     if stage in ("attn_norm", "ffn_norm", "result_norm") and inputs and cfg is not None:
         (x,) = inputs
         ms = np.mean(x.astype(np.float64) ** 2, axis=-1)
@@ -451,10 +451,13 @@ def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
 
 def _inputs_of(stage, layer, dump, positions, cfg=None):
     """The dump's own inputs of a stage whose hints need them, at `positions`, or None."""
-    q = "Qcur_normed" if cfg is not None and "Qcur_normed" in archs.get(cfg.arch).STAGES else "Qcur"
-    names = {"ffn_swiglu": [f"ffn_gate-{layer}", f"ffn_up-{layer}"], "kq_soft_max": [f"kq-{layer}"],
-             "attn_norm": ["inp_embd" if layer == 0 else f"l_out-{(layer or 0) - 1}"],
-             "ffn_norm": [f"ffn_inp-{layer}"],
+    arch = archs.get(cfg.arch) if cfg is not None else archs.llama
+    q = "Qcur_normed" if "Qcur_normed" in arch.STAGES else "Qcur"
+    residual = "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"  # the feed-forward's input (Gemma 3: sa_out)
+    gate_up = [f"ffn_gate-{layer}", f"ffn_up-{layer}"]
+    names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "kq_soft_max": [f"kq-{layer}"],
+             "attn_norm": [arch.INPUTS[-1] if layer == 0 else f"l_out-{(layer or 0) - 1}"],
+             "ffn_norm": [f"{residual}-{layer}"],
              "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"]}.get(stage)
     if not names or not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
         return None
@@ -482,7 +485,9 @@ def _float16(x):
 
 
 ROUNDINGS = {"bfloat16": _bfloat16, "float16": _float16}
-ACTIVATIONS = {  # what engines put where SwiGLU's silu belongs
+GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh"}  # a gated unit's stage: the activation of its gate
+ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
+    "silu": lambda x: x / (1 + np.exp(-x)),
     "gelu": _gelu,
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
     "relu": lambda x: np.maximum(x, 0),
