@@ -24,7 +24,7 @@ from .common import Weight, gguf_config, hf_config, rope_parameters
 
 NAME = "gemma3"
 HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
-ROPE_LAYOUT = "half"  # NEOX: llama_model_rope_type lists gemma3 among the NEOX families, and its converter
+ROPE_LAYOUT = "half"  # NEOX: llama_model_rope_type lists gemma3 among the NEOX families
 SWA_PATTERN = 6  # every 6th layer global: llama.cpp's default (load_swa_pattern(ml, 6)) and transformers'
 LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa default, transformers' rope_local_base_freq
 
@@ -69,7 +69,7 @@ def config_from_gguf(g):
     """llama.cpp reads the window, a pattern (an array of per-layer flags, or a period; default 6) and the local
     RoPE base (`rope.freq_base_swa`, default 10000: its converter does not write it). It has no field for
     query_pre_attn_scalar: it takes HD^-1/2, or (D/H)^-1/2 for the 62-layer 27B, as Gemma's reference code does."""
-    arch = "gemma3"
+    arch = NAME
     n_layer = int(g.integer(f"{arch}.block_count"))
     window = int(g.integer(f"{arch}.attention.sliding_window", 0, low=0))
     swa, base_swa = None, None

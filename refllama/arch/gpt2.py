@@ -93,7 +93,7 @@ def config_from_hf(c):
     cfg = _config(c.path, c.need("n_layer", int), D, c.need("n_head", int), c.get("n_inner", 4 * D, kind=(int,)),
                   c.need("vocab_size", int), c.need("n_positions", int), float(c.need("layer_norm_epsilon")),
                   c.get("tie_word_embeddings", True, kind=(bool,)))
-    return cfg, dict
+    return cfg, lambda: {}  # no RoPE tables
 
 
 def forward(w, cfg, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
