@@ -24,8 +24,21 @@ _GPT2 = ("gpt-2", "gpt2", "jais", "roberta-bpe")
 _DIGITS_GPT2 = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
 _REGEX = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), _LLAMA3),
           **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2)}
-# control tokens llama.cpp treats as end of generation wherever they appear in a vocabulary
-_EOG_TEXTS = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<EOT>"}
+# Texts llama.cpp's vocabulary loader (llama-vocab.cpp) recognises whatever type the file gives them: each is forced to
+# control type (so matched in a text only when special tokens are parsed), and those of _EOG_TEXTS and the FIM pad,
+# repo and file-separator tokens end generation. (llama.cpp keeps the first FIM token of each role it meets: for a
+# vocabulary with two candidates of one role, refllama's end-of-generation set would hold both.)
+_EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "[e~[",
+              "<｜end▁of▁sentence｜>"}
+_FIM_EOG_TEXTS = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
+                  "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"}
+_FIM_TEXTS = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+              "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+              "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>",
+              "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"}
+_NORMAL_S_MARKERS = {"<|tool_response>", "<|plamo:eos|>"}  # one of these ends generation: "</s>" is normal (Gemma 4)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 STRING, INTEGERS, FLOATS = 8, (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)  # GGUF value types
 
@@ -96,6 +109,14 @@ def from_gguf(g):
     is reported as the file's."""
     model, tokens, types, vocab = _vocabulary(g)
     n = len(tokens)
+    roles = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
+    named = {vocab[t] for t in (_EOG_TEXTS | _FIM_EOG_TEXTS) & vocab.keys()}  # end generation by their text
+    eog = named | {g.token_id(f"tokenizer.ggml.{k}_token_id", n) for k in roles} - {None}
+    if "</s>" in vocab and {tokens[i] for i in eog} & _NORMAL_S_MARKERS:
+        named.discard(vocab["</s>"])
+        eog.discard(vocab["</s>"])
+    forced = named | {vocab[t] for t in _FIM_TEXTS & vocab.keys()}
+    types = [CONTROL if i in forced else t for i, t in enumerate(types)]
     try:
         if model == "gpt2":
             pre = g.string("tokenizer.ggml.pre", "default")
@@ -125,15 +146,13 @@ def from_gguf(g):
         raise
     except BaseException as e:  # tokenizers' Exception, or on a Rust panic pyo3's PanicException (a BaseException)
         raise RefllamaError(f"{g.path}: corrupt vocabulary ({shown(str(e), 120)})") from None
-    eog = {g.token_id(f"tokenizer.ggml.{k}_token_id", n) for k in ("eos", "eot", "eom")}
-    eog |= {i for i, t in enumerate(types) if t == CONTROL and tokens[i] in _EOG_TEXTS}
     return Tokenizer(
         tok,
         bos_id=g.token_id("tokenizer.ggml.bos_token_id", n),
         eos_id=g.token_id("tokenizer.ggml.eos_token_id", n),
         add_bos=g.flag("tokenizer.ggml.add_bos_token", add_bos_default),
         add_eos=g.flag("tokenizer.ggml.add_eos_token", False),
-        eog_ids=frozenset(i for i in eog if i is not None),
+        eog_ids=frozenset(eog),
     )
 
 

@@ -36,7 +36,7 @@ def test_hyperparameters_as_llamacpp_reads_them(gemma3):
 
 def test_table_is_made_from_this_model(gemma3):
     assert TABLE["model_sha256"] == refllama.dump.file_sha256(gemma3.path)
-    assert len(TABLE["cases"]) == 188
+    assert len(TABLE["cases"]) == 1388  # 47 chosen strings and 300 random ones, 4 modes each
 
 
 def case_id(c):
@@ -50,7 +50,11 @@ def test_ids_equal_llamacpp(gemma3, case):
 
 
 def test_end_of_generation_tokens_are_llamacpps(gemma3):
-    assert {gemma3.tokenizer.token_text(i) for i in gemma3.tokenizer.eog_ids} == {"<eos>", "<end_of_turn>"}
+    """llama.cpp forces `</s>` (a plain token in Gemma's file) to control type and ends generation at it too."""
+    assert sorted(gemma3.tokenizer.eog_ids) == TABLE["eog"]
+    assert {gemma3.tokenizer.token_text(i) for i in gemma3.tokenizer.eog_ids} == {"<eos>", "<end_of_turn>", "</s>"}
+    assert gemma3.tokenize("a </s> b", add_special=False) != gemma3.tokenize("a </s> b", add_special=False,
+                                                                             parse_special=True)
 
 
 def test_numba_keeps_every_matrix_quantized(gemma3_numba):

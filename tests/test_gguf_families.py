@@ -43,9 +43,11 @@ def test_each_family_runs_as_its_architecture_with_llamacpps_pair_layout(family)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_token_ids_equal_llamacpps(family):
-    text = json.loads((DATA / f"gguf-{family}" / "reference.json").read_text())["text"]
-    assert load(family).tokenize(text) == ref(family)["token_ids"].tolist()
+def test_token_ids_and_end_of_generation_set_equal_llamacpps(family):
+    r = json.loads((DATA / f"gguf-{family}" / "reference.json").read_text())
+    m = load(family)
+    assert m.tokenize(r["text"]) == ref(family)["token_ids"].tolist()
+    assert sorted(m.tokenizer.eog_ids) == r["llamacpp_eog"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

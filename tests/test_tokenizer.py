@@ -27,6 +27,11 @@ def test_ids_equal_llamacpp(model, case):
     assert got == case["ids"]
 
 
+def test_end_of_generation_tokens_are_llamacpps(model):
+    """llama_vocab_is_eog over the vocabulary: SmolLM2's holds <reponame>, which llama.cpp takes for a FIM token."""
+    assert sorted(model.tokenizer.eog_ids) == TABLE["eog"] == [0, 2, 4]
+
+
 def test_special_tokens_only_parsed_when_asked(model):
     assert model.tokenize("<|im_start|>", parse_special=True) == [1]
     assert len(model.tokenize("<|im_start|>", parse_special=False)) > 1

@@ -31,6 +31,7 @@ from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Phi3Config, 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dump_hf  # noqa: E402
 import dump_llamacpp  # noqa: E402
+import make_tokenizer_table  # noqa: E402
 from make_tiny_models import random_model  # noqa: E402
 
 from refllama.arch import get  # noqa: E402
@@ -153,7 +154,7 @@ def main():
         write_dump(out / "hf", {n: theirs[n] for n in names},
                    {**dump_hf.PRODUCER, "greedy": dump_hf.greedy(model, ids, GREEDY), **common})
         (out / "reference.json").write_text(json.dumps({
-            "text": TEXT, "tool": "tools/make_tiny_gguf.py",
+            "text": TEXT, "tool": "tools/make_tiny_gguf.py", "llamacpp_eog": make_tokenizer_table.eog_ids(f32),
             "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",
             "transformers": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager",
             "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, F32 KV cache, flash attention off"},
