@@ -77,8 +77,12 @@ def default_threads():
     return max(1, min(cores, cores - busy))
 
 
+THREADS_SET = set()  # the backends whose threads were set in this process (by the caller, or by a first load)
+
+
 def set_threads(n=None, backend="numpy"):
-    """Threads for this process's products (None or 0: default_threads()); returns n.
+    """Threads for this process's products (None or 0: default_threads()); returns n. `refllama.load` calls it for
+    its backend unless the caller has: call it (or pass `load(threads=...)`) to choose.
 
     numpy and cupy: BLAS gets n threads. numba: the Numba kernels (every weight product) get n, BLAS (only
     attention's small products) 1. Both pools spin while they wait for work; on 2 cores, two pools of 2 took
@@ -94,4 +98,5 @@ def set_threads(n=None, backend="numpy"):
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     else:
         threadpool_limits(limits=n)
+    THREADS_SET.add(backend)
     return n
