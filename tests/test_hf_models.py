@@ -60,6 +60,20 @@ def test_each_gemma3_difference_is_needed():
     assert rel_err(m.logits(ids), r["logits"]) > 1e-3
 
 
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda c: c.update(hidden_activation="silu"), "unsupported hidden_activation 'silu'"),
+    (lambda c: (c.pop("layer_types"), c.update(sliding_window_pattern=0)), "'sliding_window_pattern' must be at least"),
+    (lambda c: c.update(layer_types=["full_attention"]), "one entry per layer (1 entries for 4 layers)"),
+    (lambda c: c["rope_parameters"]["sliding_attention"].update(rope_type="yarn"), "rope_type 'yarn' for sliding"),
+    (lambda c: c.update(attn_logit_softcapping=50.0), "unsupported option 'attn_logit_softcapping'"),
+    (lambda c: c["rope_parameters"]["sliding_attention"].update(rope_theta=-1), "rope_base_swa must be a finite"),
+])
+def test_a_bad_gemma3_config_is_named(tmp_path, edit, fragment):
+    d = copy_model("gemma3", tmp_path)
+    edit_config(d, edit)
+    expect_error(d, "config.json", fragment)
+
+
 def test_gemma3_transformers_4_config_loads_the_same(tmp_path):
     """v4 Gemma 3 configs: rope_theta, rope_local_base_freq, rope_scaling and sliding_window_pattern at the top."""
     d = copy_model("gemma3", tmp_path)

@@ -95,9 +95,6 @@ def config_from_gguf(g):
 def config_from_hf(c):
     """Gemma3ForCausalLM's config.json, transformers 5 (`rope_parameters` per layer type, `layer_types`) or 4
     (`rope_theta`, `rope_local_base_freq`, `rope_scaling`, `sliding_window_pattern`)."""
-    act = c.get("hidden_activation", "gelu_pytorch_tanh", kind=(str,))
-    if act != "gelu_pytorch_tanh":
-        raise RefllamaError(f"{c.path}: unsupported hidden_activation {shown(act)} (supported: gelu_pytorch_tanh)")
     if c.get("attn_logit_softcapping", kind=(int, float)) is not None:
         raise RefllamaError(f"{c.path}: unsupported option 'attn_logit_softcapping' (Gemma 2's, not Gemma 3's)")
     if c.get("use_bidirectional_attention", False, kind=(bool,)):
@@ -121,6 +118,8 @@ def config_from_hf(c):
     types = c.get("layer_types", kind=(list,))
     if types is None:
         period = c.get("sliding_window_pattern", SWA_PATTERN, kind=(int,))
+        if period < 1:
+            raise RefllamaError(f"{c.path}: field 'sliding_window_pattern' must be at least 1, got {period}")
         types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(n_layer)]
     if not all(t in ("sliding_attention", "full_attention") for t in types):
         raise RefllamaError(f"{c.path}: field 'layer_types' must list sliding_attention or full_attention per layer")
