@@ -60,7 +60,9 @@ def causal_mask(start_pos, T, S, xp, window=None):  # -> [T, S] additive: 0 wher
     last `window` of them (j > position - window), as Mistral's attention does."""
     q_pos = start_pos + xp.arange(T)[:, None]
     k_pos = xp.arange(S)[None, :]
-    visible = k_pos <= q_pos if window is None else (k_pos <= q_pos) & (k_pos > q_pos - window)
+    visible = k_pos <= q_pos
+    if window is not None and window < S:  # a window as long as the keys hides none of them
+        visible &= k_pos > q_pos - window
     return xp.where(visible, 0.0, -xp.inf).astype(xp.float32)
 
 

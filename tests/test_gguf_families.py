@@ -132,6 +132,31 @@ def test_gemma3_pattern_of_the_wrong_length_is_named():
         arch.gemma3.config_from_gguf(g)
 
 
+def test_a_window_longer_than_any_context_hides_nothing():
+    """Found by tools/fuzz.py (hf seed 600264): a sliding_window of 1e30 overflowed the mask's arithmetic."""
+    from refllama.layers import causal_mask
+
+    np.testing.assert_array_equal(causal_mask(3, 4, 7, np, 10 ** 30), causal_mask(3, 4, 7, np))
+    assert np.isinf(causal_mask(3, 4, 7, np, 2)[0, :2]).all() and (causal_mask(3, 4, 7, np, 2)[0, 2:4] == 0).all()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_block_count_past_the_files_tensors_is_refused_before_any_table_is_sized(family):
+    """Found by tools/fuzz.py (gguf seed 700873): Gemma 3's block_count 2^32 - 1 sized its per-layer window table."""
+    g = GGUFFile(DATA / f"gguf-{family}" / f"{family}-f32.gguf")
+    g.fields[f"{family}.block_count"] = Field(4, False, 2 ** 32 - 1)
+    with pytest.raises(refllama.RefllamaError, match="block_count' is 4294967295, more blocks than the file's"):
+        arch.get(family).config_from_gguf(g)
+
+
+def test_gpt2_heads_that_do_not_split_the_width_are_named():
+    """Found by tools/fuzz.py (gguf seed 501758): head_count 7 for a width of 64 reached a reshape."""
+    g = GGUFFile(DATA / "gguf-gpt2" / "gpt2-f32.gguf")
+    g.fields["gpt2.attention.head_count"] = Field(4, False, 7)
+    with pytest.raises(refllama.RefllamaError, match="embedding length 64 does not split into 7 heads"):
+        arch.gpt2.config_from_gguf(g)
+
+
 def patched(family, tmp_path, old, new):
     """The F32 file with one header string changed (same length), as a corrupt or foreign file would have it."""
     data = (DATA / f"gguf-{family}" / f"{family}-f32.gguf").read_bytes()

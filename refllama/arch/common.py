@@ -80,6 +80,16 @@ def permute_rows(w, n_heads, rope_dim, to):  # [n*HD, ...] -> same, each head's 
     return permute_qk(w.reshape(n_heads, -1, *w.shape[1:]), to, rope_dim, axis=1).reshape(w.shape)
 
 
+def block_count(g, arch):
+    """`{arch}.block_count`, at most the file's tensor count (each block has tensors): a per-layer table sized by a
+    corrupt count would be allocated before any tensor was found missing."""
+    n = int(g.integer(f"{arch}.block_count"))
+    if n > len(g.tensors):
+        raise RefllamaError(f"{g.path}: metadata field '{arch}.block_count' is {n}, more blocks than the file's "
+                            f"{len(g.tensors)} tensors")
+    return n
+
+
 def gguf_config(g, rope_layout, **fields):
     """ModelConfig from the `{arch}.*` metadata keys every family shares, as llama.cpp reads them, each checked for
     its type and range; `fields` are the family's own."""
@@ -103,7 +113,7 @@ def gguf_config(g, rope_layout, **fields):
                             "linear)")
     window = count("attention.sliding_window", 0, low=0)
     return ModelConfig(**{
-        "arch": arch, "n_layer": count("block_count"), "n_embd": n_embd, "n_head": n_head,
+        "arch": arch, "n_layer": block_count(g, arch), "n_embd": n_embd, "n_head": n_head,
         "n_head_kv": count("attention.head_count_kv", n_head), "head_dim": head_dim,
         "n_ff": count("feed_forward_length"), "vocab_size": vocab, "n_ctx_train": count("context_length"),
         "rms_eps": real("attention.layer_norm_rms_epsilon"),

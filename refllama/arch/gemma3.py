@@ -20,7 +20,7 @@ from ..layers import ROPE, causal_mask, embedding, geglu, linear, rms_norm, soft
 from ..trace import tap
 from ..xp import array_module
 from . import llama
-from .common import Weight, gguf_config, hf_config, rope_parameters
+from .common import Weight, block_count, gguf_config, hf_config, rope_parameters
 
 NAME = "gemma3"
 HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
@@ -70,7 +70,7 @@ def config_from_gguf(g):
     RoPE base (`rope.freq_base_swa`, default 10000: its converter does not write it). It has no field for
     query_pre_attn_scalar: it takes HD^-1/2, or (D/H)^-1/2 for the 62-layer 27B, as Gemma's reference code does."""
     arch = NAME
-    n_layer = int(g.integer(f"{arch}.block_count"))
+    n_layer = block_count(g, arch)
     window = int(g.integer(f"{arch}.attention.sliding_window", 0, low=0))
     swa, base_swa = None, None
     if window:

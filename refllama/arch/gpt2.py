@@ -24,7 +24,7 @@ from ..layers import (
 )
 from ..trace import tap
 from ..xp import array_module
-from .common import Weight
+from .common import Weight, block_count
 
 NAME = "gpt2"
 HF_ARCHITECTURES = ("GPT2LMHeadModel",)
@@ -62,6 +62,8 @@ LLAMACPP_FUSED = {"wqkv": ("Qcur", "Kcur", "Vcur")}
 
 
 def _config(path, n_layer, n_embd, n_head, n_ff, vocab, n_ctx, eps, tied):
+    if n_head < 1 or n_embd % n_head:
+        raise RefllamaError(f"{path}: embedding length {n_embd} does not split into {n_head} heads")
     return ModelConfig(arch=NAME, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head,
                        head_dim=n_embd // n_head, n_ff=n_ff, vocab_size=vocab, n_ctx_train=n_ctx, rms_eps=eps,
                        rope_base=1.0, rope_dim=0, rope_layout=ROPE_LAYOUT, tied_output=tied).checked(path)
@@ -74,7 +76,7 @@ def config_from_gguf(g):
     def count(name):
         return int(g.integer(f"gpt2.{name}"))
 
-    return _config(g.path, count("block_count"), count("embedding_length"), count("attention.head_count"),
+    return _config(g.path, block_count(g, NAME), count("embedding_length"), count("attention.head_count"),
                    count("feed_forward_length"), len(tokens), count("context_length"),
                    g.real("gpt2.attention.layer_norm_epsilon", positive=True), "output.weight" not in g.tensors)
 
