@@ -145,7 +145,7 @@ def _same_type_value(rng, vtype, value, item):
         if op == 0 and value:
             del value[int(rng.integers(len(value)))]
         elif op == 1:
-            value.append(value[-1] if value else 0)
+            value.append(value[-1] if value else "" if item == STRING else 0)
         elif op == 2 and value and item == STRING:
             i = int(rng.integers(len(value)))
             s = value[i]
@@ -226,7 +226,8 @@ def mutate_gguf(g, rng):
             n_tensors, n_kv + int(pick(rng, [-1, 1, 2 ** 40])))
         return f"counts = {g.counts}"
     if op == 10:  # a vocabulary inconsistency
-        i = next((i for i, kv in enumerate(g.kv) if kv[0] == "tokenizer.ggml.token_type" and kv[1] == ARRAY), None)
+        i = next((i for i, kv in enumerate(g.kv) if kv[0] == "tokenizer.ggml.token_type" and kv[1] == ARRAY
+                  and kv[3] != STRING), None)  # an earlier mutation may have made it an array of strings
         if i is not None:
             g.kv[i][2] = g.kv[i][2] + [1] * int(rng.integers(1, 4))
             return "token_type longer than tokens"
