@@ -16,10 +16,10 @@ What differs from Llama, as llama.cpp's src/models/gemma3.cpp and transformers' 
 import math
 
 from ..errors import RefllamaError, shown
-from ..layers import ROPE, causal_mask, embedding, geglu, linear, rms_norm, softcap
+from ..layers import causal_mask, embedding, geglu, linear, rms_norm, softcap
 from ..trace import tap
 from ..xp import array_module
-from . import llama
+from . import llama, qwen3
 from .common import Weight, block_count, gguf_config, hf_config, rope_parameters
 
 NAME = "gemma3"
@@ -163,18 +163,9 @@ def forward(w, cfg, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 
 
 
 def block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] -> [T, D], layer i
-    T, eps = len(x), cfg.rms_eps
-    H, KVH, HD = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-    rope = ROPE[cfg.rope_layout]
-    h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], eps))  # [T, D]
-    q = tap("Qcur", i, linear(h, lw["attn_q"]).reshape(T, H, HD))  # [T, H, HD]
-    k = tap("Kcur", i, linear(h, lw["attn_k"]).reshape(T, KVH, HD))  # [T, KVH, HD]
-    v = tap("Vcur", i, linear(h, lw["attn_v"]).reshape(T, KVH, HD))
-    q = tap("Qcur_normed", i, rms_norm(q, lw["attn_q_norm"], eps))  # each head normed over its HD dims
-    k = tap("Kcur_normed", i, rms_norm(k, lw["attn_k_norm"], eps))
-    q = tap("Qcur_rope", i, rope(q, cos, sin))
-    k = tap("Kcur_rope", i, rope(k, cos, sin))
-    h = llama.attend(q, k, v, lw, cfg, i, start_pos, cache, mask)  # [T, D], attn_out
+    eps = cfg.rms_eps
+    # attention as Qwen3's: q/k/v, per-head q/k norms, RoPE, attention, output projection (attn_out)
+    h = qwen3.attention_block(x, lw, cfg, i, start_pos, cache, cos, sin, mask)  # [T, D]
     h = tap("attn_post_norm", i, rms_norm(h, lw["attn_post_norm"], eps))
     x = tap("sa_out", i, x + h)  # the attention residual
 

@@ -12,18 +12,10 @@ HF stores its projections as Conv1D weights, [in, out]: they are transposed at l
 
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
-from ..layers import (
-    attention_mix,
-    attention_scores,
-    attention_weights,
-    causal_mask,
-    embedding,
-    gelu_tanh,
-    layer_norm,
-    linear,
-)
+from ..layers import causal_mask, embedding, gelu_tanh, layer_norm, linear
 from ..trace import tap
 from ..xp import array_module
+from . import llama
 from .common import Weight, block_count
 
 NAME = "gpt2"
@@ -127,11 +119,7 @@ def attention_block(x, lw, cfg, i, start_pos, cache, mask):  # [T, D] -> [T, D]
     q = tap("Qcur", i, linear(h, lw["attn_q"], lw["attn_q_bias"]).reshape(T, H, HD))  # [T, H, HD]
     k = tap("Kcur", i, linear(h, lw["attn_k"], lw["attn_k_bias"]).reshape(T, H, HD))
     v = tap("Vcur", i, linear(h, lw["attn_v"], lw["attn_v_bias"]).reshape(T, H, HD))
-    k_all, v_all = cache.store(i, start_pos, k, v)  # [H, S, HD] each: no RoPE, positions are in x already
-    kq = tap("kq", i, attention_scores(q, k_all))  # [H, T, S]
-    p = tap("kq_soft_max", i, attention_weights(kq, mask, cfg.kq_scale))  # [H, T, S]
-    attn = tap("kqv_out", i, attention_mix(p, v_all))  # [T, D]
-    return tap("attn_out", i, linear(attn, lw["attn_output"], lw["attn_output_bias"]))  # [T, D]
+    return llama.attend(q, k, v, lw, cfg, i, start_pos, cache, mask)  # no RoPE: positions are in x already
 
 
 def mlp_block(x, lw, cfg, i):  # [T, D] -> [T, D]
