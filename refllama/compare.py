@@ -21,7 +21,7 @@ import numpy as np
 from . import arch as archs
 from .dump import NUMERICS, Dump, forward_order, known_stages, model_sha256, split_name, stack_records
 from .errors import RefllamaError
-from .layers import ROPE
+from .layers import ROPE, silu
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 from .trace import recording, stage_name
 from .xp import to_numpy
@@ -487,7 +487,7 @@ def _float16(x):
 ROUNDINGS = {"bfloat16": _bfloat16, "float16": _float16}
 GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh"}  # a gated unit's stage: the activation of its gate
 ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
-    "silu": lambda x: x / (1 + np.exp(-x)),
+    "silu": silu,
     "gelu": _gelu,
     "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
     "relu": lambda x: np.maximum(x, 0),
