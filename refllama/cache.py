@@ -10,39 +10,56 @@ from .safety import check_memory
 from .xp import to_numpy
 
 
-def rope_tables(cfg, n_ctx, freq_factors=None, local=False):  # -> cos, sin: [n_ctx, R/2] float32
+def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):  # -> cos, sin: [n_ctx, R/2] f32
     """cos/sin of pos * theta_i with theta_i = base^(-2i/R), computed in float64 once, stored float32.
-    `local`: the tables of sliding-window layers where they have their own base (Gemma 3), unscaled."""
+    `local`: the tables of sliding-window layers where they have their own base (Gemma 3), unscaled.
+    numerics "ggml": the angles as ggml's rope computes them, in float32, theta_i = pos * s^i with s =
+    float32(base^(-2/R)) multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ
+    from the float64 angles by up to ~1e-5 radians."""
     half = cfg.rope_dim // 2
     base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
-    theta = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
-    if freq_factors is not None:  # llama3-style: per-frequency divisors stored in the model file
-        theta = theta / to_numpy(freq_factors).astype(np.float64)
-    pos = np.arange(n_ctx, dtype=np.float64) / scale  # linear scaling stretches positions
-    angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
+    ff = None if freq_factors is None else to_numpy(freq_factors).astype(np.float64)
+    if numerics == "ggml":
+        step = np.float32(base ** (-2.0 / cfg.rope_dim))
+        angle = np.empty((n_ctx, half), np.float32)
+        angle[:, 0] = np.arange(n_ctx, dtype=np.float32)
+        for i in range(1, half):
+            angle[:, i] = angle[:, i - 1] * step
+        if ff is not None:
+            angle = angle / ff.astype(np.float32)
+        angle = (angle * np.float32(1.0 / scale)).astype(np.float64)
+    else:
+        theta = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
+        if ff is not None:  # llama3-style: per-frequency divisors stored in the model file
+            theta = theta / ff
+        pos = np.arange(n_ctx, dtype=np.float64) / scale  # linear scaling stretches positions
+        angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
     scale = cfg.rope_attn_factor  # LongRoPE scales cos and sin (and so q.k) by this
     return (scale * np.cos(angle)).astype(np.float32), (scale * np.sin(angle)).astype(np.float32)
 
 
 class Cache:
     """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables (`cos_swa`, `sin_swa` too for models whose
-    sliding-window layers have a RoPE base of their own); `n_past` rows are valid."""
+    sliding-window layers have a RoPE base of their own); `n_past` rows are valid. K and V are float32, or float16
+    with numerics "ggml" (llama.cpp's default cache type; the attention products then round q and the softmax
+    weights to float16 too, refllama.layers)."""
 
-    def __init__(self, cfg, n_ctx, xp=np, freq_factors=None):
+    def __init__(self, cfg, n_ctx, xp=np, freq_factors=None, numerics="float32"):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
-        kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
+        dtype = xp.float16 if numerics == "ggml" else xp.float32
+        kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * np.dtype(dtype).itemsize
         n_tables = 2 if cfg.rope_base_swa else 1
         tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and cos/sin on the way to float32
         check_memory(kv + tables, f"a KV cache of {n_ctx} positions", "pass a smaller context size (-c)", xp=xp)
         self.n_ctx = n_ctx
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
-        self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
-        self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
-        cos, sin = rope_tables(cfg, n_ctx, freq_factors)
+        self.k = [xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.v = [xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)]
+        cos, sin = rope_tables(cfg, n_ctx, freq_factors, numerics=numerics)
         self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
         if cfg.rope_base_swa:
-            cos, sin = rope_tables(cfg, n_ctx, freq_factors, local=True)
+            cos, sin = rope_tables(cfg, n_ctx, freq_factors, local=True, numerics=numerics)
             self.cos_swa, self.sin_swa = xp.asarray(cos), xp.asarray(sin)
         self.n_past = 0
 

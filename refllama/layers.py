@@ -14,9 +14,10 @@ def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
 
 def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
     xp = array_module(x)
-    # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w
-    mean_sq = xp.square(x).sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]
-    return x * (1.0 / xp.sqrt(mean_sq + eps)) * w
+    # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w;
+    # the squares are summed in float64 as ggml sums them (transformers: float32, a difference in the last bit)
+    mean_sq = (xp.square(x).sum(axis=-1, keepdims=True, dtype=xp.float64) / x.shape[-1]).astype(xp.float32)
+    return x * (1.0 / xp.sqrt(mean_sq + xp.float32(eps))) * w
 
 
 def linear(x, w, b=None):  # [T, in], [out, in], [out] -> [T, out]
@@ -72,11 +73,19 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def as_operand(x, other):  # [...] f32, an array of dtype float32 or float16 -> [...] f32
+    """x as a product with `other` sees it: llama.cpp rounds the float32 operand of a float16 matrix (its KV cache)
+    to float16 first; the products are then exact in float32. A no-op when `other` is float32."""
+    return x if other.dtype == x.dtype else x.astype(other.dtype).astype(x.dtype)
+
+
 def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
     """Grouped-query scores: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
 
-    K is broadcast over the G = H / KVH query heads of its group, never copied per head.
+    K is broadcast over the G = H / KVH query heads of its group, never copied per head. A float16 K (numerics
+    "ggml") rounds q to float16 (as_operand); the sums are float32.
     """
+    q, k = as_operand(q, k), k.astype(q.dtype, copy=False)
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     q = q.transpose(1, 0, 2).reshape(KVH, H // KVH, T, HD)  # [KVH, G, T, HD]
@@ -89,6 +98,8 @@ def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S], rows 
 
 
 def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
+    """Each head's values weighted by its softmax row; a float16 V rounds the weights to float16 (as_operand)."""
+    p, v = as_operand(p, v), v.astype(p.dtype, copy=False)
     H, T, S = p.shape
     KVH, _, HD = v.shape
     out = p.reshape(KVH, H // KVH, T, S) @ v[:, None]  # [KVH, G, T, HD], V broadcast like K

@@ -11,6 +11,7 @@ from threadpoolctl import threadpool_limits
 from .errors import RefllamaError
 
 BACKENDS = ("numpy", "numba", "cupy")
+NUMERICS = ("float32", "ggml")  # float32 throughout, or llama.cpp's CPU arithmetic (refllama.ggml_numerics)
 
 
 def backend_module(name):

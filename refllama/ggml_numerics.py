@@ -1,0 +1,317 @@
+"""llama.cpp's CPU arithmetic (`numerics="ggml"`), written out in NumPy: the readable emulation.
+
+llama.cpp does not multiply a quantized weight by float32 activations. Before each product it rounds the
+activations to the weight type's "vec-dot type" (ggml-cpu.c, `type_traits_cpu`): 8-bit codes with a scale per
+block (Q8_0 for Q4_0, Q5_0 and Q8_0; Q8_1, which adds the block's scaled sum, for Q4_1 and Q5_1; Q8_K, blocks of
+256, for the K-quants). The product is then integer within a block and float across blocks. A float16 matrix
+(the KV cache, F16 weights) rounds its float32 operand to float16 likewise. This module does the same:
+  quantize_q8_0 / quantize_q8_1 / quantize_q8_K: the x86 rules (round half to even, scales as ggml keeps them);
+  IntWeights: a GGUF matrix as the integers its dot product multiplies, with its scales;
+  GgmlMatrix: `x @ w.T` = quantize x, integer sums per block, scale and add as llama.cpp does.
+The block sums are exact (integers below 2^24 summed in float32 by BLAS), so only the float steps after them can
+differ from llama.cpp, and those in the order of float32 additions. refllama.ggml_kernels does the same faster.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .errors import RefllamaError
+from .ggml_types import GGMLType as QT
+from .ggml_types import QuantizedTensor
+from .xp import array_module
+
+Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
+VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
+                QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
+QUANTIZED = frozenset(VEC_DOT_TYPE)
+GROUP = {QT.Q6_K: 16}  # values per integer sum: 32, but Q6_K's sub-blocks of 16
+SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 32, but the K-quants' 256
+
+
+def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nearest even, as F16C does)
+    return x.astype(np.float16).astype(np.float32)
+
+
+def quantize_q8_0(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/32] f32 (float16 values)
+    """Blocks of 32: d = amax / 127, q = round-half-even(x * (127 / amax)) (127 / amax, not 1 / d; 0 for an
+    all-zero block); d is stored as float16. ggml's x86 quantize_row_q8_0; the portable C one rounds half away."""
+    xp = array_module(x)
+    T, K = x.shape
+    b = x.reshape(T, K // 32, 32)
+    amax = xp.abs(b).max(axis=-1)  # [T, K/32]
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = xp.where(amax != 0, np.float32(127) / amax, np.float32(0))
+    q = xp.rint(b * inv[..., None]).astype(np.int8)  # [T, K/32, 32]
+    return q.reshape(T, K), d, round_f16(d)
+
+
+def quantize_q8_1(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/32], s [T, K/32] f32 (float16 values)
+    """Q8_0's codes and scale, and s = d * sum(q) per block, with the float32 d before its float16 rounding."""
+    T, K = x.shape
+    q, d32, d = quantize_q8_0(x)
+    s = d32 * q.reshape(T, K // 32, 32).sum(axis=-1, dtype=np.int32).astype(np.float32)
+    return q, d, round_f16(s)
+
+
+def quantize_q8_K(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/256] f32, bsums [T, K/16] int32
+    """Blocks of 256: `max` is the signed value of the first largest |x|; q = min(127, round-half-even(x * -127 /
+    max)), d = 1 / (-127 / max) in float32; bsums are the sums of each 16 codes. A zero block: d = 0, q = 0.
+    ggml's quantize_row_q8_K_ref, which its x86 build uses too."""
+    xp = array_module(x)
+    T, K = x.shape
+    b = x.reshape(T, K // 256, 256)
+    first = xp.abs(b).argmax(axis=-1)[..., None]  # argmax: the first index of the largest
+    mx = xp.take_along_axis(b, first, axis=-1)[..., 0]  # [T, K/256]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iscale = xp.where(mx != 0, np.float32(-127) / mx, np.float32(0))
+        d = xp.where(mx != 0, np.float32(1) / iscale, np.float32(0))
+    q = xp.minimum(127, xp.rint(b * iscale[..., None])).astype(np.int8).reshape(T, K)
+    return q, d, q.reshape(T, K // 16, 16).sum(axis=-1, dtype=np.int32)
+
+
+class IntWeights(NamedTuple):
+    """A quantized [N, K] matrix as ggml's dot product reads it: w = d * sc * code - dmin * m per group.
+
+    codes: [N, K] int8, the integers multiplied by the activation's codes (Q4_0: nibble - 8, Q5_0: 5 bits - 16,
+        Q6_K: 6 bits - 32, Q4_1/Q5_1/Q4_K/Q5_K: as stored, Q8_0: as stored);
+    d: [N, K/SUPER] f32, the float scale of each block (32 values; the K-quants' 256);
+    sc: [N, K/GROUP] f32 integers, the K-quants' sub-block scales (None elsewhere);
+    m: Q4_1/Q5_1: [N, K/32] f32, the offset of each block; Q4_K/Q5_K: [N, K/32] f32 integers, each sub-block's min;
+    dmin: Q4_K/Q5_K: [N, K/256] f32, the scale of the mins (None elsewhere).
+    """
+
+    qtype: QT
+    codes: np.ndarray
+    d: np.ndarray
+    sc: object = None
+    m: object = None
+    dmin: object = None
+
+
+def _f16(a):  # [..., 2] bytes -> [...] f32
+    return np.ascontiguousarray(a).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _nibbles(qs):  # [..., 16] bytes -> [..., 32] codes: byte j holds value j (low nibble) and j + 16 (high)
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
+
+
+def _high_bits(qh, n):  # [..., 4] bytes of a little-endian uint32 -> [..., n] its low n bits, bit j for value j
+    return (np.ascontiguousarray(qh).view("<u4") >> np.arange(n, dtype=np.uint32)) & 1
+
+
+def _k_scales(blocks):  # Q4_K/Q5_K [b, >=16] bytes -> sc, m [b, 8]: 6-bit scales and mins packed in 12 bytes
+    from gguf.quants import Q4_K
+
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+    return sc.reshape(-1, 8).astype(np.float32), m.reshape(-1, 8).astype(np.float32)
+
+
+def _k_codes(qs, n):  # [b, 128] bytes -> [b, 256]: each 64 values are 32 low nibbles, then the same 32 high
+    return (qs.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1) & 15).reshape(n, 256)
+
+
+def int_weights(raw, qtype, shape):
+    """IntWeights of a GGUF matrix's raw bytes [N, row bytes] (block layouts: ggml-common.h)."""
+    N, K = shape
+    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0):
+        b = np.asarray(raw).reshape(N, K // 32, -1)
+        d = _f16(b[..., 0:2])  # [N, K/32]
+        if qtype == QT.Q8_0:
+            return IntWeights(qtype, np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(N, K), d)
+        if qtype == QT.Q4_0:
+            return IntWeights(qtype, (_nibbles(b[..., 2:]).astype(np.int8) - 8).reshape(N, K), d)
+        if qtype == QT.Q5_0:
+            codes = _nibbles(b[..., 6:]) | (_high_bits(b[..., 2:6], 32) << 4).astype(np.uint8)
+            return IntWeights(qtype, (codes.astype(np.int8) - 16).reshape(N, K), d)
+        m = _f16(b[..., 2:4])
+        if qtype == QT.Q4_1:
+            return IntWeights(qtype, _nibbles(b[..., 4:]).astype(np.int8).reshape(N, K), d, m=m)
+        codes = _nibbles(b[..., 8:]) | (_high_bits(b[..., 4:8], 32) << 4).astype(np.uint8)
+        return IntWeights(qtype, codes.astype(np.int8).reshape(N, K), d, m=m)
+    n = N * K // 256
+    b = np.asarray(raw).reshape(n, -1)
+    d = _f16(b[:, 0:2]) if qtype != QT.Q6_K else _f16(b[:, 208:210])  # [n]
+    if qtype == QT.Q6_K:  # ql [128], qh [64], scales [16] int8, d: each 128 values take 64 ql bytes, 32 qh bytes
+        ql, qh = b[:, :128].reshape(n, 2, 1, 64), b[:, 128:192].reshape(n, 2, 1, 32)
+        lo = (ql >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15  # [n, 2, 2, 64]
+        hi = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3  # [n, 2, 4, 32]
+        codes = (lo.reshape(n, 2, 4, 32) | (hi << 4)).astype(np.int8) - 32
+        sc = b[:, 192:208].view(np.int8).astype(np.float32)
+        return IntWeights(qtype, codes.reshape(N, K), d.reshape(N, -1), sc=sc.reshape(N, -1))
+    dmin = _f16(b[:, 2:4])
+    sc, m = _k_scales(b)
+    if qtype == QT.Q4_K:
+        codes = _k_codes(b[:, 16:144], n)
+    else:  # Q5_K: qh [32]: bit i of byte l is the fifth bit of value l of the i-th group of 32
+        high = (b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+        codes = _k_codes(b[:, 48:176], n) | (high.reshape(n, 256) << 4)
+    return IntWeights(qtype, codes.astype(np.int8).reshape(N, K), d.reshape(N, -1), sc=sc.reshape(N, -1),
+                      m=m.reshape(N, -1), dmin=dmin.reshape(N, -1))
+
+
+def dequantize(w):  # IntWeights -> [N, K] f32, in ggml's order of float operations (dequantize_row_*)
+    N, K = w.codes.shape
+    codes = w.codes.astype(np.float32)
+    group, sup = GROUP.get(w.qtype, 32), SUPER.get(w.qtype, 32)
+    d = np.repeat(w.d, sup // group, axis=1)  # [N, K/group]
+    if w.sc is not None:
+        d = d * w.sc
+    x = codes.reshape(N, -1, group) * d[..., None]
+    if w.dmin is not None:
+        x = x - (np.repeat(w.dmin, 8, axis=1) * w.m)[..., None]
+    elif w.m is not None:
+        x = x + w.m[..., None]
+    return x.reshape(N, K)
+
+
+def block_sums(xq, codes_t, group):  # [T, K] int8, [K/group, group, N] f32 -> [K/group, T, N] f32
+    """Integer sums of x code times weight code over each group: exact, as every partial sum is an integer
+    below 2^24 (32 * 127 * 127 at most), which BLAS adds in float32 without rounding."""
+    xp = array_module(xq)
+    T, K = xq.shape
+    xg = xq.astype(np.float32).reshape(T, K // group, group).transpose(1, 0, 2)  # [K/group, T, group]
+    return xp.matmul(xg, codes_t)
+
+
+class GgmlMatrix:
+    """A quantized [N, K] matrix that multiplies as llama.cpp's CPU backend does. `x @ w.T` quantizes x to the
+    type's vec-dot type and sums as ggml_vec_dot_*; `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
+
+    ROWS_PER_PASS = 1 << 22  # bound the [K/group, T, N] sums of one pass to 16 MB per group
+
+    def __init__(self, raw, qtype, shape, xp=np):
+        self.qtype, self.shape, self.xp = qtype, tuple(shape), xp
+        w = int_weights(raw, qtype, shape)
+        group = GROUP.get(qtype, 32)
+        N, K = shape
+        self.group = group
+        self.codes_t = xp.asarray(w.codes.astype(np.float32).reshape(N, K // group, group).transpose(1, 2, 0))
+        self.w = IntWeights(qtype, None, *(None if a is None else xp.asarray(a) for a in w[2:]))
+
+    @property
+    def T(self):
+        return _Transposed(self)
+
+    @property
+    def nbytes(self):
+        return self.codes_t.nbytes + sum(a.nbytes for a in self.w[2:] if a is not None)
+
+    def matmul(self, x):  # [T, K] f32 -> [T, N] f32
+        N, K = self.shape
+        step = max(1, self.ROWS_PER_PASS // (N * K // self.group))
+        return self.xp.concatenate([self._matmul(x[t:t + step]) for t in range(0, len(x), step)])
+
+    def _matmul(self, x):
+        xp, w, vdt = self.xp, self.w, VEC_DOT_TYPE[self.qtype]
+        T = len(x)
+        if vdt == Q8_K:
+            xq, dx, bsums = quantize_q8_K(xp.ascontiguousarray(x, dtype=np.float32))
+        elif vdt == Q8_1:
+            xq, dx, sx = quantize_q8_1(xp.ascontiguousarray(x, dtype=np.float32))
+        else:
+            xq, _, dx = quantize_q8_0(xp.ascontiguousarray(x, dtype=np.float32))
+        if vdt == Q8_1:
+            return self._dot_lanes(xq, dx, sx)
+        sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
+        if vdt == Q8_0:  # per block of 32: d_x * d_w * sum
+            out = xp.zeros((T, self.shape[0]), np.float32)
+            for b in range(len(sums)):
+                out += (dx[:, b, None] * w.d[None, :, b]) * sums[b]
+            return out
+        # K-quants, per 256: d_x * d_w * (sum of sc * sum over each group) - d_x * dmin * (sum of m * x codes' sum)
+        per = 256 // self.group
+        out = xp.zeros((T, self.shape[0]), np.float32)
+        for B in range(len(sums) // per):
+            g = slice(B * per, (B + 1) * per)
+            isum = (sums[g].astype(np.float64) * w.sc.T[g, None, :]).sum(axis=0)  # [T, N] exact integers
+            out += (dx[:, B, None] * w.d[None, :, B]) * isum.astype(np.float32)
+            if w.dmin is not None:
+                xsum = bsums[:, 16 * B:16 * B + 16].reshape(T, 8, 2).sum(axis=-1).astype(np.float32)  # [T, 8]
+                msum = xsum @ w.m[:, 8 * B:8 * B + 8].T  # [T, N] exact integers
+                out -= (dx[:, B, None] * w.dmin[None, :, B]) * msum
+        return out
+
+    def _dot_lanes(self, xq, dx, sx):  # Q4_1/Q5_1 x Q8_1, in ggml's x86 order: [T, K] -> [T, N] f32
+        """ggml_vec_dot_q4_1_q8_1 on x86, step by step, so that the result is llama.cpp's to the bit: each block's
+        32 products are summed in 8 lanes of 4 (vpdpbusd); each lane accumulates fma(d_w * d_x, lane, acc) over
+        the blocks, the offsets fma(m_w, s_x, summs); the 8 lanes are added as ((0+4)+(2+6))+((1+5)+(3+7)), then
+        summs. fma is exact in float64 here (a float32 times an integer below 2^13 needs 37 bits), rounded once."""
+        xp, w = self.xp, self.w
+        T, N = len(xq), self.shape[0]
+        lanes = block_sums(xq, self.codes_t.reshape(-1, 4, N), 4)  # [K/4, T, N]: lane j of block b is 8b + j
+        acc = xp.zeros((8, T, N), np.float32)
+        summs = xp.zeros((T, N), np.float32)
+        for b in range(len(lanes) // 8):
+            d = (w.d[None, :, b] * dx[:, b, None]).astype(np.float64)  # [T, N]: d_w * d_x in float32
+            acc = (d * lanes[8 * b:8 * b + 8] + acc).astype(np.float32)
+            summs = (w.m[None, :, b].astype(np.float64) * sx[:, b, None] + summs).astype(np.float32)
+        r4 = acc[4:] + acc[:4]  # hsum_float_8: high half + low half, then pairs, then the two left
+        return ((r4[0] + r4[2]) + (r4[1] + r4[3])) + summs
+
+    def __getitem__(self, rows):  # [T] -> [T, K] f32, dequantized
+        N, K = self.shape
+        rows = self.xp.asarray(rows).reshape(-1)
+        codes = self.codes_t[:, :, rows].transpose(2, 0, 1).reshape(len(rows), K).astype(np.int8)
+        sub = IntWeights(self.qtype, codes, *(None if a is None else a[rows] for a in self.w[2:]))
+        return dequantize(sub)
+
+
+class _Transposed:
+    __array_ufunc__ = None  # makes `ndarray @ this` defer to __rmatmul__
+
+    def __init__(self, w):
+        self.w = w
+
+    def __rmatmul__(self, x):
+        return self.w.matmul(x)
+
+
+class F16Matrix:
+    """A float16 matrix: llama.cpp rounds the float32 operand to float16 and sums the products in float32."""
+
+    def __init__(self, w, xp=np):
+        self.w = xp.asarray(w, dtype=np.float16)
+        self.shape = self.w.shape
+
+    @property
+    def T(self):
+        return _Transposed(self)
+
+    @property
+    def nbytes(self):
+        return self.w.nbytes
+
+    def matmul(self, x):
+        return round_f16(x) @ self.w.T.astype(np.float32)
+
+    def __getitem__(self, rows):
+        return self.w[rows].astype(np.float32)
+
+
+class GgmlPlacement:
+    """Weights for `numerics="ggml"` on numpy (or cupy): quantized matrices as GgmlMatrix, float16 ones as
+    F16Matrix, the rest float32."""
+
+    keep = QUANTIZED | {QT.F16}
+
+    def __init__(self, xp=np):
+        self.xp = xp
+
+    def prepare(self, qtypes):
+        unsupported = {t for t in qtypes if t not in self.keep and t not in (QT.F32,)}
+        if unsupported:
+            names = ", ".join(sorted(t.name for t in unsupported))
+            raise RefllamaError(f"numerics 'ggml' has no emulation of {names} matrices (it has "
+                                f"{', '.join(sorted(t.name for t in self.keep))} and F32)")
+
+    def __call__(self, a):
+        if isinstance(a, QuantizedTensor):
+            if a.qtype == QT.F16:
+                from gguf.quants import dequantize as deq
+
+                return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
+            return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp)
+        return a if self.xp is np else self.xp.asarray(a)
