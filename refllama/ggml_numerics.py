@@ -29,6 +29,89 @@ GROUP = {QT.Q6_K: 16}  # values per integer sum: 32, but Q6_K's sub-blocks of 16
 SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 32, but the K-quants' 256
 
 
+def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
+    """float64 holds the product of two float32 numbers exactly; the sum is rounded twice (53 bits, then 24), which
+    differs from one rounding only when the 53-bit result is a float32 tie: never seen on llama.cpp's values."""
+    return (np.asarray(a).astype(np.float64) * b + c).astype(np.float32)
+
+
+def expf(x):  # [...] f32 -> [...] f32: ggml_v_expf (ggml-cpu/vec.h), its AVX-512 form
+    """exp(x) = 2^n * p(b), n = round(x / ln 2), b = x - n ln 2 (ln 2 in two parts), p a degree-5 polynomial:
+    within 1.5 ulp of the true exp, and what llama.cpp's softmax and SiLU use. (Its AVX2 form ends with
+    k + k * p(b) - 1 instead of a scaling, and rounds differently in the last bit.)"""
+    f = np.float32
+
+    def h(text):  # a C hex float literal, as float32
+        return f(float.fromhex(text))
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = fma(x, h("0x1.715476p+0"), h("0x1.8p23"))
+        n = z - h("0x1.8p23")
+        b = fma(-n, h("0x1.7f7d1cp-20"), fma(-n, h("0x1.62e4p-1"), x))
+        u = b * b
+        j = fma(fma(fma(h("0x1.0e4020p-7"), b, h("0x1.573e2ep-5")), u, fma(h("0x1.555e66p-3"), b, h("0x1.fffdb6p-2"))),
+                u, fma(h("0x1.ffffecp-1"), b, f(1.0)))
+        res = np.ldexp(j, np.nan_to_num(n, posinf=0, neginf=0).astype(np.int32))  # _mm512_scalef_ps
+        return np.where(np.abs(n) > 192, np.where(n <= 0, f(0), f(np.inf)), res).astype(np.float32)
+
+
+def reduce_add16(a):  # [..., 16] f32 -> [...] f32: _mm512_reduce_add_ps, halves added until one lane is left
+    a = a[..., 8:] + a[..., :8]
+    a = a[..., 4:] + a[..., :4]
+    a = a[..., 2:] + a[..., :2]
+    return a[..., 1] + a[..., 0]
+
+
+def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(x) = x / (1 + expf(-x)) in 16 lanes
+    """F a multiple of 16 (every model here); a remainder would take libm's expf in llama.cpp."""
+    return gate / (np.float32(1) + expf(-gate)) * up
+
+
+def softmax(x):  # [..., S] f32 -> [..., S]: ggml_vec_soft_max_f32 and the scaling after it
+    """e = expf(x - max); the sum of e in 16-lane groups (each group reduced in float32) accumulated in float64;
+    e times float32(1 / sum). Rows are padded with zeros to whole groups, as llama.cpp's masked padding is."""
+    S = x.shape[-1]
+    e = expf(x - x.max(axis=-1, keepdims=True))
+    pad = np.zeros((*e.shape[:-1], -S % 16), np.float32)
+    groups = reduce_add16(np.concatenate([e, pad], axis=-1).reshape(*e.shape[:-1], -1, 16))
+    inv = (1.0 / groups.astype(np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
+    return e * inv
+
+
+def f16_dots(a, b, many):  # [..., n] f32, [..., n] f32 (float16 values) -> [...] f32: sum of a * b as ggml sums
+    """A float16 product's sums. Products of float16 values are exact in float32, so only the order of additions
+    matters. `many` (a batch of 2+ tokens): llamafile's tinyBLAS, 16 lanes, lane l adding elements 16c + l over c,
+    then _mm512_reduce_add_ps. One token: ggml_vec_dot_f16, 4 x 16 lanes per 64 elements, lanes (0+2)+(1+3),
+    then the same reduction; n is a multiple of 64 (llama.cpp pads its KV view to 256 cells with zeros)."""
+    n = a.shape[-1]
+    width = 16 if many else 64
+    p = a * b
+    p = np.concatenate([p, np.zeros((*p.shape[:-1], -n % width), np.float32)], axis=-1)
+    chunks = p.reshape(*p.shape[:-1], -1, width)
+    acc = chunks[..., 0, :]
+    for c in range(1, chunks.shape[-2]):
+        acc = acc + chunks[..., c, :]
+    if not many:
+        acc = acc.reshape(*acc.shape[:-1], 4, 16)
+        acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+    return reduce_add16(acc)
+
+
+def scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f16 -> [H, T, S]: kq with llama.cpp's float16 cache
+    T, H, HD = q.shape
+    KVH, S, _ = k.shape
+    qh = round_f16(q).transpose(1, 0, 2).reshape(KVH, H // KVH, T, 1, HD)
+    return f16_dots(qh, k.astype(np.float32)[:, None, None], T > 1).reshape(H, T, S)
+
+
+def mix_f16(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]: kqv with llama.cpp's float16 cache
+    H, T, S = p.shape
+    KVH, _, HD = v.shape
+    ph = round_f16(p).reshape(KVH, H // KVH, T, 1, S)
+    vt = v.astype(np.float32).transpose(0, 2, 1)[:, None, None]  # [KVH, 1, 1, HD, S]
+    return f16_dots(ph, vt, T > 1).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
+
+
 def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nearest even, as F16C does)
     return x.astype(np.float16).astype(np.float32)
 

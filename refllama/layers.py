@@ -73,33 +73,37 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def as_operand(x, other):  # [...] f32, an array of dtype float32 or float16 -> [...] f32
-    """x as a product with `other` sees it: llama.cpp rounds the float32 operand of a float16 matrix (its KV cache)
-    to float16 first; the products are then exact in float32. A no-op when `other` is float32."""
-    return x if other.dtype == x.dtype else x.astype(other.dtype).astype(x.dtype)
-
-
 def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
     """Grouped-query scores: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
 
-    K is broadcast over the G = H / KVH query heads of its group, never copied per head. A float16 K (numerics
-    "ggml") rounds q to float16 (as_operand); the sums are float32.
+    K is broadcast over the G = H / KVH query heads of its group, never copied per head. A float16 K is the cache
+    of numerics "ggml": q is rounded to float16 and summed as llama.cpp sums (refllama.ggml_numerics).
     """
-    q, k = as_operand(q, k), k.astype(q.dtype, copy=False)
+    if k.dtype == "float16":  # numerics "ggml": llama.cpp's float16 KV cache, its order of sums too
+        from .ggml_numerics import scores_f16
+
+        return scores_f16(q, k)
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     q = q.transpose(1, 0, 2).reshape(KVH, H // KVH, T, HD)  # [KVH, G, T, HD]
     return (q @ k[:, None].transpose(0, 1, 3, 2)).reshape(H, T, S)  # [KVH, G, T, S] -> [H, T, S]
 
 
-def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
+def attention_weights(kq, mask, scale, numerics="float32"):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
     """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale)."""
+    if numerics == "ggml":
+        from .ggml_numerics import softmax as ggml_softmax
+
+        return ggml_softmax(kq * array_module(kq).float32(scale) + mask)
     return softmax(kq * scale + mask)
 
 
 def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
-    """Each head's values weighted by its softmax row; a float16 V rounds the weights to float16 (as_operand)."""
-    p, v = as_operand(p, v), v.astype(p.dtype, copy=False)
+    """Each head's values weighted by its softmax row; a float16 V (numerics "ggml") rounds the weights to float16."""
+    if v.dtype == "float16":  # numerics "ggml"
+        from .ggml_numerics import mix_f16
+
+        return mix_f16(p, v)
     H, T, S = p.shape
     KVH, _, HD = v.shape
     out = p.reshape(KVH, H // KVH, T, S) @ v[:, None]  # [KVH, G, T, HD], V broadcast like K
@@ -112,7 +116,11 @@ def silu(x):  # [...] -> [...]
     return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
 
 
-def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
+def swiglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
+    if numerics == "ggml":  # llama.cpp's SiLU: x / (1 + exp(-x)) with its own vectorized exp
+        from .ggml_numerics import swiglu as ggml_swiglu
+
+        return ggml_swiglu(gate, up)
     return silu(gate) * up
 
 

@@ -108,7 +108,7 @@ def attend(q, k, v, lw, cfg, i, start_pos, cache, mask):  # q [T, H, HD], k, v [
     """Scores, softmax, weighted values and output projection, after q and k have their positions."""
     k_all, v_all = cache.store(i, start_pos, k, v)  # [KVH, S, HD] each, S = start_pos + T
     kq = tap("kq", i, attention_scores(q, k_all))  # [H, T, S]
-    p = tap("kq_soft_max", i, attention_weights(kq, mask, cfg.kq_scale))  # [H, T, S]
+    p = tap("kq_soft_max", i, attention_weights(kq, mask, cfg.kq_scale, cfg.numerics))  # [H, T, S]
     attn = tap("kqv_out", i, attention_mix(p, v_all))  # [T, H*HD]
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 
@@ -117,6 +117,6 @@ def feed_forward_block(x, lw, cfg, i):  # [T, D] -> [T, D], layer i's SwiGLU fee
     h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
     gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"], lw.get("ffn_gate_bias")))  # [T, F]
     up = tap("ffn_up", i, linear(h, lw["ffn_up"], lw.get("ffn_up_bias")))  # [T, F]
-    h = tap("ffn_swiglu", i, swiglu(gate, up))  # [T, F]
+    h = tap("ffn_swiglu", i, swiglu(gate, up, cfg.numerics))  # [T, F]
     return tap("ffn_out", i, linear(h, lw["ffn_down"], lw.get("ffn_down_bias")))  # [T, D]
 
