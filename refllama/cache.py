@@ -15,11 +15,13 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):
     `local`: the tables of sliding-window layers where they have their own base (Gemma 3), unscaled.
     numerics "ggml": the angles as ggml's rope computes them, in float32, theta_i = pos * s^i with s =
     float32(base^(-2/R)) multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ
-    from the float64 angles by up to ~1e-5 radians."""
+    from the float64 angles by up to ~1e-5 radians; cos and sin as the C library's float32 functions give them."""
     half = cfg.rope_dim // 2
     base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
     ff = None if freq_factors is None else to_numpy(freq_factors).astype(np.float64)
     if numerics == "ggml":
+        from .ggml_numerics import cos_sin
+
         step = np.float32(base ** (-2.0 / cfg.rope_dim))
         angle = np.empty((n_ctx, half), np.float32)
         angle[:, 0] = np.arange(n_ctx, dtype=np.float32)
@@ -27,13 +29,13 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):
             angle[:, i] = angle[:, i - 1] * step
         if ff is not None:
             angle = angle / ff.astype(np.float32)
-        angle = (angle * np.float32(1.0 / scale)).astype(np.float64)
-    else:
-        theta = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
-        if ff is not None:  # llama3-style: per-frequency divisors stored in the model file
-            theta = theta / ff
-        pos = np.arange(n_ctx, dtype=np.float64) / scale  # linear scaling stretches positions
-        angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
+        cos, sin = cos_sin(angle * np.float32(1.0 / scale))
+        return cos * np.float32(cfg.rope_attn_factor), sin * np.float32(cfg.rope_attn_factor)
+    theta = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
+    if ff is not None:  # llama3-style: per-frequency divisors stored in the model file
+        theta = theta / ff
+    pos = np.arange(n_ctx, dtype=np.float64) / scale  # linear scaling stretches positions
+    angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
     scale = cfg.rope_attn_factor  # LongRoPE scales cos and sin (and so q.k) by this
     return (scale * np.cos(angle)).astype(np.float32), (scale * np.sin(angle)).astype(np.float32)
 

@@ -12,9 +12,11 @@ The block sums are exact (integers below 2^24 summed in float32 by BLAS), so onl
 differ from llama.cpp, and those in the order of float32 additions. refllama.ggml_kernels does the same faster.
 """
 
+import math
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from .errors import RefllamaError
 from .ggml_types import GGMLType as QT
@@ -110,6 +112,20 @@ def mix_f16(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]: kqv with lla
     ph = round_f16(p).reshape(KVH, H // KVH, T, 1, S)
     vt = v.astype(np.float32).transpose(0, 2, 1)[:, None, None]  # [KVH, 1, 1, HD, S]
     return f16_dots(ph, vt, T > 1).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
+
+
+def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope computes them (sincosf of float32 angles)
+    """The C library's float32 cosf/sinf, which are not always correctly rounded (glibc: 48 of 7264 of SmolLM2's
+    angles differ from cos in float64 rounded once); Numba's math.cos/sin on float32 call the same functions."""
+    return _cos_sin(np.ascontiguousarray(angle, dtype=np.float32))
+
+
+@njit(cache=True)
+def _cos_sin(angle):
+    c, s = np.empty_like(angle), np.empty_like(angle)
+    for i in np.ndindex(angle.shape):
+        c[i], s[i] = math.cos(angle[i]), math.sin(angle[i])
+    return c, s
 
 
 def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nearest even, as F16C does)
