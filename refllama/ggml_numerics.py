@@ -34,7 +34,7 @@ SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 
 def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
     """float64 holds the product of two float32 numbers exactly; the sum is rounded twice (53 bits, then 24), which
     differs from one rounding only when the 53-bit result is a float32 tie: never seen on llama.cpp's values."""
-    return (np.asarray(a).astype(np.float64) * b + c).astype(np.float32)
+    return (a.astype(np.float64) * b + c).astype(np.float32)
 
 
 def expf(x):  # [...] f32 -> [...] f32: ggml_v_expf (ggml-cpu/vec.h), its AVX-512 form
@@ -312,14 +312,9 @@ class GgmlMatrix:
             xq, dx, sx = quantize_q8_1(xp.ascontiguousarray(x, dtype=np.float32))
         else:
             xq, _, dx = quantize_q8_0(xp.ascontiguousarray(x, dtype=np.float32))
-        if vdt == Q8_1:
-            return self._dot_lanes(xq, dx, sx)
+        if vdt != Q8_K:
+            return self._dot_lanes(xq, dx, sx if vdt == Q8_1 else None)
         sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
-        if vdt == Q8_0:  # per block of 32: d_x * d_w * sum
-            out = xp.zeros((T, self.shape[0]), np.float32)
-            for b in range(len(sums)):
-                out += (dx[:, b, None] * w.d[None, :, b]) * sums[b]
-            return out
         # K-quants, per 256: d_x * d_w * (sum of sc * sum over each group) - d_x * dmin * (sum of m * x codes' sum)
         per = 256 // self.group
         out = xp.zeros((T, self.shape[0]), np.float32)
@@ -333,20 +328,20 @@ class GgmlMatrix:
                 out -= (dx[:, B, None] * w.dmin[None, :, B]) * msum
         return out
 
-    def _dot_lanes(self, xq, dx, sx):  # Q4_1/Q5_1 x Q8_1, in ggml's x86 order: [T, K] -> [T, N] f32
-        """ggml_vec_dot_q4_1_q8_1 on x86, step by step, so that the result is llama.cpp's to the bit: each block's
-        32 products are summed in 8 lanes of 4 (vpdpbusd); each lane accumulates fma(d_w * d_x, lane, acc) over
-        the blocks, the offsets fma(m_w, s_x, summs); the 8 lanes are added as ((0+4)+(2+6))+((1+5)+(3+7)), then
-        summs. fma is exact in float64 here (a float32 times an integer below 2^13 needs 37 bits), rounded once."""
+    def _dot_lanes(self, xq, dx, sx):  # blocks of 32 x Q8_0 or Q8_1 (sx), in ggml's x86 order: [T, K] -> [T, N]
+        """ggml_vec_dot_q4_1_q8_1 (and q4_0, q5_0, q5_1, q8_0 x q8_0) on x86, step by step, so that the result is
+        llama.cpp's to the bit: each block's 32 products are summed in 8 lanes of 4 (vpdpbusd); each lane
+        accumulates fma(d_w * d_x, lane, acc) over the blocks, Q8_1's offsets fma(m_w, s_x, summs); the 8 lanes
+        are added as ((0+4)+(2+6))+((1+5)+(3+7)), then summs."""
         xp, w = self.xp, self.w
         T, N = len(xq), self.shape[0]
         lanes = block_sums(xq, self.codes_t.reshape(-1, 4, N), 4)  # [K/4, T, N]: lane j of block b is 8b + j
         acc = xp.zeros((8, T, N), np.float32)
         summs = xp.zeros((T, N), np.float32)
         for b in range(len(lanes) // 8):
-            d = (w.d[None, :, b] * dx[:, b, None]).astype(np.float64)  # [T, N]: d_w * d_x in float32
-            acc = (d * lanes[8 * b:8 * b + 8] + acc).astype(np.float32)
-            summs = (w.m[None, :, b].astype(np.float64) * sx[:, b, None] + summs).astype(np.float32)
+            acc = fma(w.d[None, :, b] * dx[:, b, None], lanes[8 * b:8 * b + 8], acc)  # d_w * d_x in float32
+            if sx is not None:
+                summs = fma(w.m[None, :, b], sx[:, b, None], summs)
         r4 = acc[4:] + acc[:4]  # hsum_float_8: high half + low half, then pairs, then the two left
         return ((r4[0] + r4[2]) + (r4[1] + r4[3])) + summs
 

@@ -1,0 +1,234 @@
+"""numerics "ggml" on `--backend numba`: llama.cpp's integer dot products as Numba kernels.
+
+The same arithmetic as refllama.ggml_numerics (which says what each step is and why), fast: activations quantized
+to Q8_0/Q8_1 in Numba, and each row's dot product written in LLVM IR, because Numba's loops over int8 come out
+as widened 32-bit multiplies at half the speed of its float kernel. Per block of 32 weights the IR does what
+ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
+AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
+end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
+Q4_0, Q4_1 and Q8_0 have kernels here; other types use refllama.ggml_numerics' NumPy form.
+"""
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .ggml_numerics import GgmlMatrix, GgmlPlacement
+from .ggml_types import GGMLType as QT
+from .ggml_types import QuantizedTensor
+
+
+def host_has_vnni():
+    """Whether this CPU has 256-bit AVX-512 VNNI (vpdpbusd on ymm registers): compiling that instruction for a CPU
+    without it aborts the process, so the kernels' form is chosen from LLVM's view of the host."""
+    features = llvm.get_host_cpu_features()
+    return bool(features.get("avx512vnni") and features.get("avx512vl"))
+
+
+VNNI = host_has_vnni()
+BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}
+I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V8I32, V8F32, V32I8 = ir.VectorType(I32, 8), ir.VectorType(F32, 8), ir.VectorType(I8, 32)
+
+
+def _splat(builder, value, vtype):
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(I32, vtype.count),
+                                                                                  [0] * vtype.count))
+
+
+def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
+    if vnni:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", fnty=ir.FunctionType(
+            V8I32, [V8I32, V8I32, V8I32]))
+        return builder.call(fn, [ir.Constant(V8I32, None), builder.bitcast(u, V8I32), builder.bitcast(y, V8I32)])
+    v32 = ir.VectorType(I32, 32)
+    p = builder.mul(builder.zext(u, v32), builder.sext(y, v32))
+    parts = [builder.shuffle_vector(p, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(I32, 8),
+                                                                                  list(range(k, 32, 4))))
+             for k in range(4)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _load(builder, addr, ty):
+    return builder.load(builder.inttoptr(addr, ty.as_pointer()), align=1)
+
+
+def _f16(builder, addr):  # a float16 at addr -> float
+    return builder.fpext(builder.bitcast(_load(builder, addr, I16), ir.HalfType()), F32)
+
+
+def _row_dot_ir(builder, args, qtype, vnni):
+    """IR of one row's dot product: (w, x, xd, xs, nb) -> float. w: the row's GGUF blocks; x: the token's Q8 codes;
+    xd, xs: its per-block d and s (float32)."""
+    w, x, xd, xs, nb = args
+    fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
+    fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+    entry = builder.block
+    loop = builder.append_basic_block("loop")
+    done = builder.append_basic_block("done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    i = builder.phi(I64)
+    acc = builder.phi(V8F32)
+    summs = builder.phi(F32)
+    blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
+    y = _load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+    dw = _f16(builder, blk)
+    if qtype == QT.Q8_0:  # ggml's sign trick: |w| (unsigned) times y with w's sign
+        q = _load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8)
+        zero = ir.Constant(V32I8, None)
+        neg = builder.icmp_signed("<", q, zero)
+        u = builder.select(neg, builder.sub(zero, q), q)
+        y = builder.select(neg, builder.sub(zero, y), builder.select(builder.icmp_signed("==", q, zero), zero, y))
+        lanes = _lanes(builder, u, y, vnni)
+    else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
+        off = 4 if qtype == QT.Q4_1 else 2
+        qs = _load(builder, builder.add(blk, ir.Constant(I64, off)), ir.VectorType(I8, 16))
+        v16 = ir.VectorType(I8, 16)
+        lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
+        hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
+        u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+        lanes = _lanes(builder, u, y, vnni)
+        if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
+            lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
+    dx = _load(builder, builder.add(xd, builder.mul(i, ir.Constant(I64, 4))), F32)
+    d = _splat(builder, builder.fmul(dw, dx), V8F32)
+    acc1 = builder.call(fma8, [d, builder.sitofp(lanes, V8F32), acc])
+    if qtype == QT.Q4_1:
+        sx = _load(builder, builder.add(xs, builder.mul(i, ir.Constant(I64, 4))), F32)
+        summs1 = builder.call(fma1, [_f16(builder, builder.add(blk, ir.Constant(I64, 2))), sx, summs])
+    else:
+        summs1 = summs
+    i1 = builder.add(i, ir.Constant(I64, 1))
+    i.add_incoming(ir.Constant(I64, 0), entry)
+    i.add_incoming(i1, loop)
+    acc.add_incoming(ir.Constant(V8F32, None), entry)
+    acc.add_incoming(acc1, loop)
+    summs.add_incoming(ir.Constant(F32, 0.0), entry)
+    summs.add_incoming(summs1, loop)
+    builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
+    builder.position_at_end(done)
+    undef = ir.Constant(V8F32, ir.Undefined)
+    r4 = builder.fadd(builder.shuffle_vector(acc1, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
+                      builder.shuffle_vector(acc1, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
+    lane = [builder.extract_element(r4, ir.Constant(I32, k)) for k in range(4)]  # hsum_float_8's order
+    total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
+    return builder.fadd(total, summs1)
+
+
+def _make_dot(qtype, vnni):
+    @intrinsic
+    def row_dot(typingctx, w, x, xd, xs, nb):
+        sig = types.float32(types.int64, types.int64, types.int64, types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):
+            return _row_dot_ir(builder, args, qtype, vnni)
+
+        return sig, codegen
+
+    return row_dot
+
+
+@njit(cache=True)
+def _round_f16(x):  # float32 -> float32 holding the nearest float16 (ties to even), as F16C's conversion
+    """Veltkamp's split keeps 11 significant bits of a float32 (8193 = 2^13 + 1); below float16's normal range the
+    spacing is fixed at 2^-24; from 65520 on, infinity."""
+    a = abs(x)
+    if a >= np.float32(65520.0):  # rounds to infinity
+        r = np.float32(np.inf)
+    elif a < np.float32(2.0 ** -14):
+        r = np.float32(np.rint(a * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24))
+    else:
+        t = a * np.float32(8193.0)
+        r = t - (t - a)
+    return -r if x < 0 else r
+
+
+@njit(cache=True)
+def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] f32: Q8_1 (Q8_0: xs unused)
+    T, K = X.shape
+    for t in range(T):
+        for b in range(K // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(X[t, b * 32 + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            total = 0
+            for j in range(32):
+                q = np.int32(np.rint(X[t, b * 32 + j] * inv))
+                xq[t, b * 32 + j] = q
+                total += q
+            xd[t, b] = _round_f16(d)
+            xs[t, b] = _round_f16(d * np.float32(total))
+
+
+def _make_matmul(qtype, vnni):
+    dot = _make_dot(qtype, vnni)
+    row_bytes = BLOCK_BYTES[qtype]
+
+    @njit(parallel=True)
+    def matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32
+        T, K = X.shape
+        N, nb = raw.shape[0], K // 32
+        xq = np.empty((T, K), np.int8)
+        xd = np.empty((T, nb), np.float32)
+        xs = np.empty((T, nb), np.float32)
+        quantize_q8(X, xq, xd, xs)
+        out = np.empty((T, N), np.float32)
+        w0, x0, d0, s0 = raw.ctypes.data, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+        n_chunks = min(N, 64)
+        for c in prange(n_chunks):
+            for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+                w = w0 + r * nb * row_bytes
+                for t in range(T):
+                    out[t, r] = dot(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb)
+        return out
+
+    return matmul
+
+
+KERNELS = {}  # (qtype, vnni) -> compiled matmul, made on first use
+
+
+def kernel(qtype, vnni=VNNI):
+    if (qtype, vnni) not in KERNELS:
+        KERNELS[qtype, vnni] = _make_matmul(qtype, vnni)
+    return KERNELS[qtype, vnni]
+
+
+class NumbaGgmlMatrix(GgmlMatrix):
+    """A Q4_0/Q4_1/Q8_0 matrix in its GGUF bytes: `x @ w.T` runs the IR kernel; rows dequantize as GgmlMatrix's."""
+
+    def __init__(self, raw, qtype, shape, vnni=VNNI):
+        self.qtype, self.shape, self.vnni = qtype, tuple(shape), vnni
+        self.raw = np.ascontiguousarray(raw)
+
+    @property
+    def nbytes(self):
+        return self.raw.nbytes
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.raw)
+
+    def __getitem__(self, rows):
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        return GgmlMatrix(self.raw[rows], self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
+
+
+class GgmlNumbaPlacement(GgmlPlacement):
+    """numerics "ggml" on numba: Q4_0, Q4_1 and Q8_0 matrices as NumbaGgmlMatrix, other types as GgmlMatrix."""
+
+    def prepare(self, qtypes):
+        super().prepare(qtypes)
+        x = np.zeros((2, 32), np.float32)
+        for qtype in set(qtypes) & set(BLOCK_BYTES):  # compile now, not at the first token
+            _ = x @ NumbaGgmlMatrix(np.zeros((1, BLOCK_BYTES[qtype]), np.uint8), qtype, (1, 32)).T
+
+    def __call__(self, a):
+        if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
+            return NumbaGgmlMatrix(a.raw, a.qtype, a.shape)
+        return super().__call__(a)
