@@ -19,7 +19,7 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):
     half = cfg.rope_dim // 2
     base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
     ff = None if freq_factors is None else to_numpy(freq_factors).astype(np.float64)
-    if numerics == "ggml":
+    if numerics != "float32":
         from .ggml_numerics import cos_sin
 
         step = np.float32(base ** (-2.0 / cfg.rope_dim))
@@ -49,7 +49,7 @@ class Cache:
     def __init__(self, cfg, n_ctx, xp=np, freq_factors=None, numerics="float32"):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
-        dtype = xp.float16 if numerics == "ggml" else xp.float32
+        dtype = xp.float32 if numerics == "float32" else xp.float16
         kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * np.dtype(dtype).itemsize
         n_tables = 2 if cfg.rope_base_swa else 1
         tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and cos/sin on the way to float32

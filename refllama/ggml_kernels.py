@@ -18,6 +18,7 @@ from numba.extending import intrinsic
 from .ggml_numerics import GgmlMatrix, GgmlPlacement
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
+from .quant import F16_TABLE
 
 
 def host_has_vnni():
@@ -232,3 +233,138 @@ class GgmlNumbaPlacement(GgmlPlacement):
         if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
             return NumbaGgmlMatrix(a.raw, a.qtype, a.shape)
         return super().__call__(a)
+
+
+@intrinsic
+def fma32(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f32): Numba does not fuse, and ggml's sums depend on where it does."""
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+        return builder.call(fn, args)
+
+    return sig, codegen
+
+
+EXPF = [np.float32(float.fromhex(c)) for c in (  # ggml_v_expf's constants, as refllama.ggml_numerics.expf
+    "0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1",
+    "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")]
+R, LOG2E, LN2_LO, LN2_HI, C5, C4, C3, C2, C1 = EXPF
+
+
+@njit(cache=True)
+def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (refllama.ggml_numerics.expf)
+    z = fma32(x, LOG2E, R)
+    n = z - R
+    b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
+    if abs(n) > np.float32(192.0):  # beyond the range where 2^n scales: 0 or infinity
+        return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
+    u = b * b
+    j = fma32(fma32(fma32(C5, b, C4), u, fma32(C3, b, C2)), u, fma32(C1, b, np.float32(1.0)))
+    return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # _mm512_scalef_ps: exact in float64, rounded once
+
+
+@njit(parallel=True, cache=True)
+def _swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: x / (1 + expf(-x)) * up, as ggml_vec_swiglu_f32
+    out = np.empty_like(gate)
+    T, F = gate.shape
+    for t in prange(T):
+        for i in range(F):
+            x = gate[t, i]
+            out[t, i] = x / (np.float32(1.0) + expf(-x)) * up[t, i]
+    return out
+
+
+@njit(cache=True)
+def _reduce16(a):  # 16 lanes -> their sum in _mm512_reduce_add_ps's order
+    for width in (8, 4, 2, 1):
+        for i in range(width):
+            a[i] = a[i] + a[width + i]
+    return a[0]
+
+
+@njit(parallel=True, cache=True)
+def _softmax(kq, mask, scale):
+    H, T, S = kq.shape
+    out = np.empty_like(kq)
+    for ht in prange(H * T):
+        h, t = ht // T, ht % T
+        w = np.empty(S, np.float32)
+        mx = np.float32(-np.inf)
+        for s in range(S):
+            w[s] = kq[h, t, s] * scale + mask[t, s]
+            mx = max(mx, w[s])
+        lanes = np.zeros(16, np.float32)
+        total = 0.0  # float64, as ggml_float
+        for s in range(S):
+            e = expf(w[s] - mx)
+            out[h, t, s] = e
+            lanes[s % 16] = e
+            if s % 16 == 15 or s == S - 1:  # a group of 16 (the last padded with zeros)
+                total += _reduce16(lanes)
+                lanes[:] = 0.0
+        inv = np.float32(1.0 / total)
+        for s in range(S):
+            out[h, t, s] *= inv
+    return out
+
+
+@njit(cache=True)
+def _f16_dot(a, b, n, many, table):  # a [n] f32 (float16 values), b [n] uint16 (float16 bits) -> f32, ggml's order
+    acc = np.zeros(64, np.float32)
+    width = 16 if many else 64  # tinyBLAS: 16 lanes; vec_dot_f16: 4 x 16 lanes
+    for i in range(n):
+        acc[i % width] += a[i] * table[b[i]]
+    if not many:
+        for lane in range(16):
+            acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
+    return _reduce16(acc)
+
+
+@njit(parallel=True, cache=True)
+def _scores_f16(q, k, table):  # [T, H, HD] f32, [KVH, S, HD] uint16 (float16 bits) -> [H, T, S]
+    T, H, HD = q.shape
+    KVH, S, _ = k.shape
+    out = np.empty((H, T, S), np.float32)
+    for ht in prange(H * T):
+        h, t = ht // T, ht % T
+        qh = np.empty(HD, np.float32)
+        for d in range(HD):
+            qh[d] = _round_f16(q[t, h, d])
+        for s in range(S):
+            out[h, t, s] = _f16_dot(qh, k[h // (H // KVH), s], HD, T > 1, table)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _mix_f16(p, v, table):  # [H, T, S] f32, [KVH, S, HD] uint16 (float16 bits) -> [T, H*HD]
+    H, T, S = p.shape
+    KVH, _, HD = v.shape
+    out = np.empty((T, H * HD), np.float32)
+    for ht in prange(H * T):
+        h, t = ht // T, ht % T
+        ph = np.empty(S, np.float32)
+        for s in range(S):
+            ph[s] = _round_f16(p[h, t, s])
+        for d in range(HD):
+            out[t, h * HD + d] = _f16_dot(ph, v[h // (H // KVH), :, d], S, T > 1, table)
+    return out
+
+
+# refllama.ggml_numerics' four elementwise and attention steps, as Numba kernels (the layers call these for
+# --backend numba with numerics "ggml"; tests/test_ggml_numerics.py holds them bit-equal to the NumPy forms)
+def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]
+    return _swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+
+
+def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]
+    return _softmax(kq, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
+
+
+def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f16 -> [H, T, S]
+    return _scores_f16(q, k.view(np.uint16), F16_TABLE)
+
+
+def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]
+    return _mix_f16(p, v.view(np.uint16), F16_TABLE)

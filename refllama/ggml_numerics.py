@@ -69,9 +69,11 @@ def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(x) 
     return gate / (np.float32(1) + expf(-gate)) * up
 
 
-def softmax(x):  # [..., S] f32 -> [..., S]: ggml_vec_soft_max_f32 and the scaling after it
-    """e = expf(x - max); the sum of e in 16-lane groups (each group reduced in float32) accumulated in float64;
-    e times float32(1 / sum). Rows are padded with zeros to whole groups, as llama.cpp's masked padding is."""
+def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml's soft_max of kq * scale + mask
+    """x = kq * float32(scale) + mask; e = expf(x - max); the sum of e in 16-lane groups (each group reduced in
+    float32) accumulated in float64; e times float32(1 / sum). Rows are padded with zeros to whole groups, as
+    llama.cpp's masked padding is."""
+    x = kq * np.float32(scale) + mask
     S = x.shape[-1]
     e = expf(x - x.max(axis=-1, keepdims=True))
     pad = np.zeros((*e.shape[:-1], -S % 16), np.float32)
@@ -99,14 +101,14 @@ def f16_dots(a, b, many):  # [..., n] f32, [..., n] f32 (float16 values) -> [...
     return reduce_add16(acc)
 
 
-def scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f16 -> [H, T, S]: kq with llama.cpp's float16 cache
+def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f16 -> [H, T, S]: kq with llama.cpp's float16 cache
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     qh = round_f16(q).transpose(1, 0, 2).reshape(KVH, H // KVH, T, 1, HD)
     return f16_dots(qh, k.astype(np.float32)[:, None, None], T > 1).reshape(H, T, S)
 
 
-def mix_f16(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]: kqv with llama.cpp's float16 cache
+def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]: kqv with llama.cpp's float16 cache
     H, T, S = p.shape
     KVH, _, HD = v.shape
     ph = round_f16(p).reshape(KVH, H // KVH, T, 1, S)

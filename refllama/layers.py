@@ -73,16 +73,26 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
+def ggml_ops(numerics):
+    """The module that computes a step in numerics other than float32: "ggml", refllama.ggml_numerics (NumPy, the
+    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba)."""
+    if numerics == "ggml":
+        from . import ggml_numerics
+
+        return ggml_numerics
+    from . import ggml_kernels
+
+    return ggml_kernels
+
+
+def attention_scores(q, k, numerics="float32"):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
     """Grouped-query scores: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
 
-    K is broadcast over the G = H / KVH query heads of its group, never copied per head. A float16 K is the cache
-    of numerics "ggml": q is rounded to float16 and summed as llama.cpp sums (refllama.ggml_numerics).
+    K is broadcast over the G = H / KVH query heads of its group, never copied per head. In numerics "ggml" K is
+    float16, q is rounded to float16 and the sums are in llama.cpp's order (ggml_ops).
     """
-    if k.dtype == "float16":  # numerics "ggml": llama.cpp's float16 KV cache, its order of sums too
-        from .ggml_numerics import scores_f16
-
-        return scores_f16(q, k)
+    if numerics != "float32":
+        return ggml_ops(numerics).attention_scores(q, k)
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     q = q.transpose(1, 0, 2).reshape(KVH, H // KVH, T, HD)  # [KVH, G, T, HD]
@@ -91,19 +101,16 @@ def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.
 
 def attention_weights(kq, mask, scale, numerics="float32"):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
     """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale)."""
-    if numerics == "ggml":
-        from .ggml_numerics import softmax as ggml_softmax
-
-        return ggml_softmax(kq * array_module(kq).float32(scale) + mask)
+    if numerics != "float32":  # llama.cpp's exp and order of sums
+        return ggml_ops(numerics).attention_weights(kq, mask, scale)
     return softmax(kq * scale + mask)
 
 
-def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
-    """Each head's values weighted by its softmax row; a float16 V (numerics "ggml") rounds the weights to float16."""
-    if v.dtype == "float16":  # numerics "ggml"
-        from .ggml_numerics import mix_f16
-
-        return mix_f16(p, v)
+def attention_mix(p, v, numerics="float32"):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
+    """Each head's values weighted by its softmax row; in numerics "ggml" V is float16 and the weights are rounded
+    to float16."""
+    if numerics != "float32":
+        return ggml_ops(numerics).attention_mix(p, v)
     H, T, S = p.shape
     KVH, _, HD = v.shape
     out = p.reshape(KVH, H // KVH, T, S) @ v[:, None]  # [KVH, G, T, HD], V broadcast like K
@@ -117,10 +124,8 @@ def silu(x):  # [...] -> [...]
 
 
 def swiglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
-    if numerics == "ggml":  # llama.cpp's SiLU: x / (1 + exp(-x)) with its own vectorized exp
-        from .ggml_numerics import swiglu as ggml_swiglu
-
-        return ggml_swiglu(gate, up)
+    if numerics != "float32":  # llama.cpp's SiLU: x / (1 + exp(-x)) with its own vectorized exp
+        return ggml_ops(numerics).swiglu(gate, up)
     return silu(gate) * up
 
 

@@ -1,5 +1,5 @@
 """One table for a model (the default, or -m GGUF) on this machine: load time, prefill and decode speed, peak memory,
-for refllama (numpy, numba) and, when installed, llama.cpp (llama-cpp-python) and transformers (fp32).
+for refllama (numpy, numba, and numba-ggml: numba with numerics "ggml") and, when installed, llama.cpp (llama-cpp-python) and transformers (fp32).
 
 Each engine runs in its own process with the same thread count, on the same GGUF file and the same 128
 prompt tokens (tokenized once, here), then decodes 128 tokens greedily; prefill + decode run --repeat
@@ -10,7 +10,7 @@ times in that process and the best time of each counts:
   decode   128 tokens one at a time after the prompt, tokens per second
   peak RSS the process's maximum resident memory
 
-    python tools/bench.py [-m MODEL.gguf] [--threads N] [--repeat 3] [--engines numpy,numba,llama.cpp,transformers]
+    python tools/bench.py [-m MODEL.gguf] [--threads N] [--repeat 3] [--engines numpy,numba,numba-ggml,llama.cpp,...]
 """
 
 import argparse
@@ -32,13 +32,13 @@ def process_age():
     return float(open("/proc/uptime").read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
-def run_refllama(backend, path, threads, ids):
+def run_refllama(backend, path, threads, ids, numerics="float32"):
     import numpy as np
 
     import refllama
 
     refllama.set_threads(threads, backend)
-    m = refllama.load(path, backend=backend, n_ctx=N_PROMPT + N_DECODE)
+    m = refllama.load(path, backend=backend, n_ctx=N_PROMPT + N_DECODE, numerics=numerics)
     load = process_age()
     forward = m.arch.forward
 
@@ -102,6 +102,7 @@ def run_transformers(path, threads, ids):
 def child(engine, path, threads, ids, repeat):
     runs = {"numpy": lambda: run_refllama("numpy", path, threads, ids),
             "numba": lambda: run_refllama("numba", path, threads, ids),
+            "numba-ggml": lambda: run_refllama("numba", path, threads, ids, "ggml"),
             "llama.cpp": lambda: run_llamacpp(path, threads, ids),
             "transformers": lambda: run_transformers(path, threads, ids)}
     load, generate = runs[engine]()
@@ -134,7 +135,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", help="GGUF file (default: the installed SmolLM2)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--engines", default="numpy,numba,llama.cpp,transformers")
+    p.add_argument("--engines", default="numpy,numba,numba-ggml,llama.cpp,transformers")
     p.add_argument("--repeat", type=int, default=3, help="prefill + decode runs per engine; the best time counts")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
@@ -175,8 +176,9 @@ def main():
         if a in rows and b in rows:
             print(f"- {a} / {b} {key.split('_')[0]}: {rows[a][key] / rows[b][key]:.2f}x")
     print()
-    ratio("numba", "llama.cpp", "decode_tok_s")
-    ratio("numba", "llama.cpp", "prefill_tok_s")
+    for mine in ("numba", "numba-ggml"):
+        ratio(mine, "llama.cpp", "decode_tok_s")
+        ratio(mine, "llama.cpp", "prefill_tok_s")
     ratio("numpy", "transformers", "decode_tok_s")
     if "numba" in rows:
         kv_mb = (N_PROMPT + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20

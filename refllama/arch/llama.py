@@ -107,9 +107,9 @@ def attention_block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] 
 def attend(q, k, v, lw, cfg, i, start_pos, cache, mask):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, D]
     """Scores, softmax, weighted values and output projection, after q and k have their positions."""
     k_all, v_all = cache.store(i, start_pos, k, v)  # [KVH, S, HD] each, S = start_pos + T
-    kq = tap("kq", i, attention_scores(q, k_all))  # [H, T, S]
+    kq = tap("kq", i, attention_scores(q, k_all, cfg.numerics))  # [H, T, S]
     p = tap("kq_soft_max", i, attention_weights(kq, mask, cfg.kq_scale, cfg.numerics))  # [H, T, S]
-    attn = tap("kqv_out", i, attention_mix(p, v_all))  # [T, H*HD]
+    attn = tap("kqv_out", i, attention_mix(p, v_all, cfg.numerics))  # [T, H*HD]
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 
 
