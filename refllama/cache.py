@@ -42,22 +42,23 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):
 
 class Cache:
     """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables (`cos_swa`, `sin_swa` too for models whose
-    sliding-window layers have a RoPE base of their own); `n_past` rows are valid. K and V are float32, or float16
-    with numerics "ggml" (llama.cpp's default cache type; the attention products then round q and the softmax
-    weights to float16 too, refllama.layers)."""
+    sliding-window layers have a RoPE base of their own); `n_past` rows are valid. With numerics "ggml" K and V are
+    rounded to float16 as they are stored (llama.cpp's default cache type; the attention products then round q and
+    the softmax weights to float16 too, refllama.ggml_numerics); the arrays stay float32, holding float16 values,
+    so that the products read them without a conversion."""
 
     def __init__(self, cfg, n_ctx, xp=np, freq_factors=None, numerics="float32"):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
-        dtype = xp.float32 if numerics == "float32" else xp.float16
-        kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * np.dtype(dtype).itemsize
+        kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
         n_tables = 2 if cfg.rope_base_swa else 1
         tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and cos/sin on the way to float32
         check_memory(kv + tables, f"a KV cache of {n_ctx} positions", "pass a smaller context size (-c)", xp=xp)
         self.n_ctx = n_ctx
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
-        self.k = [xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)]
-        self.v = [xp.zeros(shape, dtype=dtype) for _ in range(cfg.n_layer)]
+        self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
+        self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
+        self.f16 = numerics != "float32"
         cos, sin = rope_tables(cfg, n_ctx, freq_factors, numerics=numerics)
         self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
         if cfg.rope_base_swa:
@@ -76,6 +77,8 @@ class Cache:
 
     def store(self, layer, start_pos, k, v):  # k, v: [T, KVH, HD]; returns cached [KVH, S, HD] views
         end = start_pos + k.shape[0]
+        if self.f16:
+            k, v = k.astype(np.float16), v.astype(np.float16)
         self.k[layer][:, start_pos:end] = k.transpose(1, 0, 2)
         self.v[layer][:, start_pos:end] = v.transpose(1, 0, 2)
         return self.k[layer][:, :end], self.v[layer][:, :end]

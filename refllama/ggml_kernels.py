@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 from .ggml_numerics import GgmlMatrix, GgmlPlacement
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
-from .quant import F16_TABLE
+from .quant import fuse_layer
 
 
 def host_has_vnni():
@@ -61,10 +61,12 @@ def _f16(builder, addr):  # a float16 at addr -> float
     return builder.fpext(builder.bitcast(_load(builder, addr, I16), ir.HalfType()), F32)
 
 
-def _row_dot_ir(builder, args, qtype, vnni):
-    """IR of one row's dot product: (w, x, xd, xs, nb) -> float. w: the row's GGUF blocks; x: the token's Q8 codes;
-    xd, xs: its per-block d and s (float32)."""
-    w, x, xd, xs, nb = args
+def _row_dot_ir(builder, args, qtype, vnni, n_tok):
+    """IR of one row's dot products with n_tok tokens: (w, x, xd, xs, nb, x_step, d_step) -> n_tok floats. w: the
+    row's GGUF blocks; x: the first token's Q8 codes, xd, xs its per-block d and s (float32); the next token's are
+    x_step and d_step bytes further. Each block's weights are unpacked once for all the tokens, whose sums are
+    independent chains: each result is the same as a one-token call's."""
+    w, x, xd, xs, nb, x_step, d_step = args
     fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
     fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
     entry = builder.block
@@ -73,60 +75,71 @@ def _row_dot_ir(builder, args, qtype, vnni):
     builder.branch(loop)
     builder.position_at_end(loop)
     i = builder.phi(I64)
-    acc = builder.phi(V8F32)
-    summs = builder.phi(F32)
+    accs = [builder.phi(V8F32) for _ in range(n_tok)]
+    summs = [builder.phi(F32) for _ in range(n_tok)]
     blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
-    y = _load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
     dw = _f16(builder, blk)
+    mw = _f16(builder, builder.add(blk, ir.Constant(I64, 2))) if qtype == QT.Q4_1 else None
+    zero = ir.Constant(V32I8, None)
     if qtype == QT.Q8_0:  # ggml's sign trick: |w| (unsigned) times y with w's sign
         q = _load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8)
-        zero = ir.Constant(V32I8, None)
         neg = builder.icmp_signed("<", q, zero)
+        is_zero = builder.icmp_signed("==", q, zero)
         u = builder.select(neg, builder.sub(zero, q), q)
-        y = builder.select(neg, builder.sub(zero, y), builder.select(builder.icmp_signed("==", q, zero), zero, y))
-        lanes = _lanes(builder, u, y, vnni)
     else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
-        off = 4 if qtype == QT.Q4_1 else 2
-        qs = _load(builder, builder.add(blk, ir.Constant(I64, off)), ir.VectorType(I8, 16))
         v16 = ir.VectorType(I8, 16)
+        qs = _load(builder, builder.add(blk, ir.Constant(I64, 4 if qtype == QT.Q4_1 else 2)), v16)
         lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
         hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
         u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+    new_accs, new_summs = [], []
+    for k in range(n_tok):
+        xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
+        dk = builder.mul(ir.Constant(I64, k), d_step)
+        y = _load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+        if qtype == QT.Q8_0:
+            y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
         lanes = _lanes(builder, u, y, vnni)
         if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
             lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
-    dx = _load(builder, builder.add(xd, builder.mul(i, ir.Constant(I64, 4))), F32)
-    d = _splat(builder, builder.fmul(dw, dx), V8F32)
-    acc1 = builder.call(fma8, [d, builder.sitofp(lanes, V8F32), acc])
-    if qtype == QT.Q4_1:
-        sx = _load(builder, builder.add(xs, builder.mul(i, ir.Constant(I64, 4))), F32)
-        summs1 = builder.call(fma1, [_f16(builder, builder.add(blk, ir.Constant(I64, 2))), sx, summs])
-    else:
-        summs1 = summs
+        at = builder.add(builder.add(xd, dk), builder.mul(i, ir.Constant(I64, 4)))
+        d = _splat(builder, builder.fmul(dw, _load(builder, at, F32)), V8F32)
+        new_accs.append(builder.call(fma8, [d, builder.sitofp(lanes, V8F32), accs[k]]))
+        if qtype == QT.Q4_1:
+            at = builder.add(builder.add(xs, dk), builder.mul(i, ir.Constant(I64, 4)))
+            new_summs.append(builder.call(fma1, [mw, _load(builder, at, F32), summs[k]]))
+        else:
+            new_summs.append(summs[k])
     i1 = builder.add(i, ir.Constant(I64, 1))
     i.add_incoming(ir.Constant(I64, 0), entry)
     i.add_incoming(i1, loop)
-    acc.add_incoming(ir.Constant(V8F32, None), entry)
-    acc.add_incoming(acc1, loop)
-    summs.add_incoming(ir.Constant(F32, 0.0), entry)
-    summs.add_incoming(summs1, loop)
+    for phi, new, init in [(a, b, ir.Constant(V8F32, None)) for a, b in zip(accs, new_accs)] + \
+            [(a, b, ir.Constant(F32, 0.0)) for a, b in zip(summs, new_summs)]:
+        phi.add_incoming(init, entry)
+        phi.add_incoming(new, loop)
     builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
     builder.position_at_end(done)
     undef = ir.Constant(V8F32, ir.Undefined)
-    r4 = builder.fadd(builder.shuffle_vector(acc1, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
-                      builder.shuffle_vector(acc1, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
-    lane = [builder.extract_element(r4, ir.Constant(I32, k)) for k in range(4)]  # hsum_float_8's order
-    total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
-    return builder.fadd(total, summs1)
+    results = []
+    for acc, sm in zip(new_accs, new_summs):
+        r4 = builder.fadd(builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
+                          builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
+        lane = [builder.extract_element(r4, ir.Constant(I32, k)) for k in range(4)]  # hsum_float_8's order
+        total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
+        results.append(builder.fadd(total, sm))
+    return results
 
 
-def _make_dot(qtype, vnni):
+TILE = 4  # tokens per call in a batch: each block of weights unpacked once for 4 tokens
+
+
+def _make_dot(qtype, vnni, n_tok):
     @intrinsic
-    def row_dot(typingctx, w, x, xd, xs, nb):
-        sig = types.float32(types.int64, types.int64, types.int64, types.int64, types.int64)
+    def row_dot(typingctx, w, x, xd, xs, nb, x_step, d_step):
+        sig = types.UniTuple(types.float32, n_tok)(*[types.int64] * 7)
 
         def codegen(context, builder, signature, args):
-            return _row_dot_ir(builder, args, qtype, vnni)
+            return context.make_tuple(builder, signature.return_type, _row_dot_ir(builder, args, qtype, vnni, n_tok))
 
         return sig, codegen
 
@@ -168,7 +181,7 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] 
 
 
 def _make_matmul(qtype, vnni):
-    dot = _make_dot(qtype, vnni)
+    dot1, dot4 = _make_dot(qtype, vnni, 1), _make_dot(qtype, vnni, TILE)
     row_bytes = BLOCK_BYTES[qtype]
 
     @njit(parallel=True)
@@ -185,8 +198,11 @@ def _make_matmul(qtype, vnni):
         for c in prange(n_chunks):
             for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
                 w = w0 + r * nb * row_bytes
-                for t in range(T):
-                    out[t, r] = dot(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb)
+                for t in range(0, T - T % 4, 4):
+                    a, b, e, f = dot4(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)
+                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = a, b, e, f
+                for t in range(T - T % 4, T):
+                    out[t, r] = dot1(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)[0]
         return out
 
     return matmul
@@ -233,6 +249,19 @@ class GgmlNumbaPlacement(GgmlPlacement):
         if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
             return NumbaGgmlMatrix(a.raw, a.qtype, a.shape)
         return super().__call__(a)
+
+    def layer(self, lw):
+        fuse_layer(lw, concat_raw)
+
+
+def concat_raw(ms):
+    """One NumbaGgmlMatrix of the rows of several of one type and width, or None."""
+    first = ms[0]
+    if not all(isinstance(m, NumbaGgmlMatrix) and m.qtype == first.qtype and m.shape[1] == first.shape[1]
+               for m in ms):
+        return None
+    return NumbaGgmlMatrix(np.concatenate([m.raw for m in ms]), first.qtype,
+                           (sum(m.shape[0] for m in ms), first.shape[1]), first.vnni)
 
 
 @intrinsic
@@ -311,44 +340,65 @@ def _softmax(kq, mask, scale):
 
 
 @njit(cache=True)
-def _f16_dot(a, b, n, many, table):  # a [n] f32 (float16 values), b [n] uint16 (float16 bits) -> f32, ggml's order
-    acc = np.zeros(64, np.float32)
-    width = 16 if many else 64  # tinyBLAS: 16 lanes; vec_dot_f16: 4 x 16 lanes
-    for i in range(n):
-        acc[i % width] += a[i] * table[b[i]]
-    if not many:
+def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values) -> out [m]: sum_i a[i] * bt[i, j]
+    """Dot products of a with each column of bt, added in ggml's order (ggml_numerics.f16_dots says which): lane l
+    holds elements l, l + W, l + 2W, ..., W = 16 for a batch (tinyBLAS), 64 for one token (vec_dot_f16, whose
+    n % 64 leftovers are added in float64 after its lanes, unless llama.cpp `padded` the row with zeros to whole
+    lanes). Vectorized over the m columns."""
+    n, m = bt.shape
+    W = 16 if many else 64
+    body = n if many or padded else n - n % 64
+    lanes = np.zeros((W, m), np.float32)
+    for c in range(0, body, W):
+        for lane in range(min(W, body - c)):
+            x = a[c + lane]
+            for j in range(m):
+                lanes[lane, j] += x * bt[c + lane, j]
+    if not many:  # (0 + 2) + (1 + 3) of the four 16-lane accumulators
         for lane in range(16):
-            acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
-    return _reduce16(acc)
+            for j in range(m):
+                lanes[lane, j] = (lanes[lane, j] + lanes[32 + lane, j]) + (lanes[16 + lane, j] + lanes[48 + lane, j])
+    for width in (8, 4, 2, 1):  # _mm512_reduce_add_ps
+        for lane in range(width):
+            for j in range(m):
+                lanes[lane, j] += lanes[width + lane, j]
+    for j in range(m):
+        total = np.float64(lanes[0, j])
+        for i in range(body, n):
+            total += np.float64(a[i] * bt[i, j])
+        out[j] = np.float32(total)
 
 
 @njit(parallel=True, cache=True)
-def _scores_f16(q, k, table):  # [T, H, HD] f32, [KVH, S, HD] uint16 (float16 bits) -> [H, T, S]
+def _scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     out = np.empty((H, T, S), np.float32)
+    kt = np.empty((KVH, HD, S), np.float32)  # transposed, so that the sums run along S
+    for g in prange(KVH):
+        for s in range(S):
+            for d in range(HD):
+                kt[g, d, s] = k[g, s, d]
     for ht in prange(H * T):
         h, t = ht // T, ht % T
         qh = np.empty(HD, np.float32)
         for d in range(HD):
             qh[d] = _round_f16(q[t, h, d])
-        for s in range(S):
-            out[h, t, s] = _f16_dot(qh, k[h // (H // KVH), s], HD, T > 1, table)
+        _f16_sums(qh, kt[h // (H // KVH)], out[h, t], T > 1 and HD % 16 == 0, False)  # else tinyBLAS declines
     return out
 
 
 @njit(parallel=True, cache=True)
-def _mix_f16(p, v, table):  # [H, T, S] f32, [KVH, S, HD] uint16 (float16 bits) -> [T, H*HD]
+def _mix_f16(p, vf):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H, HD]
     H, T, S = p.shape
-    KVH, _, HD = v.shape
-    out = np.empty((T, H * HD), np.float32)
+    KVH, _, HD = vf.shape
+    out = np.empty((T, H, HD), np.float32)
     for ht in prange(H * T):
         h, t = ht // T, ht % T
         ph = np.empty(S, np.float32)
         for s in range(S):
             ph[s] = _round_f16(p[h, t, s])
-        for d in range(HD):
-            out[t, h * HD + d] = _f16_dot(ph, v[h // (H // KVH), :, d], S, T > 1, table)
+        _f16_sums(ph, vf[h // (H // KVH)], out[t, h], T > 1, True)  # llama.cpp pads S to 256 with zeros
     return out
 
 
@@ -362,9 +412,9 @@ def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]
     return _softmax(kq, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
 
 
-def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f16 -> [H, T, S]
-    return _scores_f16(q, k.view(np.uint16), F16_TABLE)
+def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
+    return _scores_f16(np.ascontiguousarray(q), k)
 
 
-def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]
-    return _mix_f16(p, v.view(np.uint16), F16_TABLE)
+def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
+    return _mix_f16(p, v).reshape(p.shape[1], -1)

@@ -82,38 +82,45 @@ def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml'
     return e * inv
 
 
-def f16_dots(a, b, many):  # [..., n] f32, [..., n] f32 (float16 values) -> [...] f32: sum of a * b as ggml sums
+def f16_dots(a, b, many, padded):  # [..., n] f32, [..., n] f32 (float16 values) -> [...]: sum of a * b as ggml sums
     """A float16 product's sums. Products of float16 values are exact in float32, so only the order of additions
     matters. `many` (a batch of 2+ tokens): llamafile's tinyBLAS, 16 lanes, lane l adding elements 16c + l over c,
-    then _mm512_reduce_add_ps. One token: ggml_vec_dot_f16, 4 x 16 lanes per 64 elements, lanes (0+2)+(1+3),
-    then the same reduction; n is a multiple of 64 (llama.cpp pads its KV view to 256 cells with zeros)."""
+    then _mm512_reduce_add_ps. One token (or n not a multiple of 16, which tinyBLAS declines): ggml_vec_dot_f16,
+    4 x 16 lanes per 64 elements, lanes (0+2)+(1+3), the same reduction, then the n % 64 leftovers added in
+    float64, unless the row is `padded`: llama.cpp's KV view is 256 cells long, zeros past the keys in use, so the
+    sums over S (kqv) fill whole lanes."""
     n = a.shape[-1]
+    many = many and (padded or n % 16 == 0)
     width = 16 if many else 64
+    body = n if many or padded else n - n % 64
     p = a * b
-    p = np.concatenate([p, np.zeros((*p.shape[:-1], -n % width), np.float32)], axis=-1)
-    chunks = p.reshape(*p.shape[:-1], -1, width)
+    head = np.concatenate([p[..., :body], np.zeros((*p.shape[:-1], -body % width), np.float32)], axis=-1)
+    chunks = head.reshape(*p.shape[:-1], -1, width)
     acc = chunks[..., 0, :]
     for c in range(1, chunks.shape[-2]):
         acc = acc + chunks[..., c, :]
     if not many:
         acc = acc.reshape(*acc.shape[:-1], 4, 16)
         acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-    return reduce_add16(acc)
+    total = reduce_add16(acc).astype(np.float64)
+    for i in range(body, n):
+        total = total + p[..., i]
+    return total.astype(np.float32)
 
 
-def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f16 -> [H, T, S]: kq with llama.cpp's float16 cache
+def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] f32 (float16 values) -> [H, T, S]: kq, llama.cpp's way
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     qh = round_f16(q).transpose(1, 0, 2).reshape(KVH, H // KVH, T, 1, HD)
-    return f16_dots(qh, k.astype(np.float32)[:, None, None], T > 1).reshape(H, T, S)
+    return f16_dots(qh, k[:, None, None], T > 1, False).reshape(H, T, S)
 
 
-def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f16 -> [T, H*HD]: kqv with llama.cpp's float16 cache
+def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] f32 (float16 values) -> [T, H*HD]: kqv, llama.cpp's way
     H, T, S = p.shape
     KVH, _, HD = v.shape
     ph = round_f16(p).reshape(KVH, H // KVH, T, 1, S)
-    vt = v.astype(np.float32).transpose(0, 2, 1)[:, None, None]  # [KVH, 1, 1, HD, S]
-    return f16_dots(ph, vt, T > 1).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
+    vt = v.transpose(0, 2, 1)[:, None, None]  # [KVH, 1, 1, HD, S]
+    return f16_dots(ph, vt, T > 1, True).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
 
 
 def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope computes them (sincosf of float32 angles)

@@ -286,6 +286,81 @@ class _Transposed:
         return self.w.matmul(x)
 
 
+class Fused:
+    """Matrices that multiply the same input, multiplied as one matrix (q/k/v; gate/up): one kernel call instead of
+    three or two per layer. The forward still multiplies each part by name: the first part's product computes them
+    all, and each part takes its columns of it (the whole product is kept until every part has taken its own)."""
+
+    def __init__(self, whole, sizes):
+        self.whole, self.sizes = whole, sizes
+        self.x = self.out = None
+        self.left = 0
+
+    def parts(self):
+        starts = np.cumsum((0, *self.sizes))
+        return [FusedPart(self, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+
+    def columns(self, x, a, b):  # [T, K] -> [T, b - a]: this part's share of x @ whole.T
+        if self.x is not x or self.left == 0:
+            self.x, self.out, self.left = x, self.whole.matmul(x), len(self.sizes)
+        out = self.out[:, a:b]
+        self.left -= 1
+        if self.left == 0:
+            self.x = self.out = None
+        return out
+
+
+class FusedPart:
+    __array_ufunc__ = None
+
+    def __init__(self, fused, a, b):
+        self.fused, self.a, self.b = fused, a, b
+        self.shape = (b - a, fused.whole.shape[1])
+
+    @property
+    def T(self):
+        return _Transposed(self)
+
+    @property
+    def nbytes(self):
+        return self.fused.whole.nbytes * (self.b - self.a) // self.fused.whole.shape[0]
+
+    def matmul(self, x):
+        return self.fused.columns(x, self.a, self.b)
+
+
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # a layer's products of one input
+
+
+def fuse_layer(lw, concat):
+    """Replace each group of FUSED in a layer's weights by parts of one matrix, where `concat` can join them (it
+    returns None where it cannot: different types or widths)."""
+    for names in FUSED:
+        if all(n in lw for n in names):
+            whole = concat([lw[n] for n in names])
+            if whole is not None:
+                lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts()))
+
+
+def concat_quant(ms):
+    """One QuantMatrix of the rows of several with the same form, or None."""
+    first = ms[0]
+
+    def same(m):
+        return (isinstance(m, QuantMatrix) and type(m.form) is type(first.form) and m.shape[1] == first.shape[1]
+                and m.form.scale.dtype == first.form.scale.dtype
+                and (isinstance(m.form, Q4Form) or m.form.group == first.form.group))
+
+    if not all(same(m) for m in ms):
+        return None
+    whole = object.__new__(QuantMatrix)
+    whole.qtype, whole.shape = first.qtype, (sum(m.shape[0] for m in ms), first.shape[1])
+    arrays = [np.concatenate([m.form[i] for m in ms]) for i in range(2)]
+    extra = np.concatenate([m.form[2] for m in ms]) if isinstance(first.form, Q4Form) else first.form[2]
+    whole.form = type(first.form)(*arrays, extra)
+    return whole
+
+
 class NumbaPlacement:
     """Weights for the numba backend: matrices of the QUANTIZED types kept in their GGUF bytes and repacked for the
     kernels as they are read (each memory map dropped once repacked), the rest float32 NumPy."""
@@ -298,6 +373,9 @@ class NumbaPlacement:
 
     def __call__(self, a):
         return QuantMatrix(a.raw, a.qtype, a.shape) if isinstance(a, QuantizedTensor) else a
+
+    def layer(self, lw):
+        fuse_layer(lw, concat_quant)
 
 
 def warm_up(qtypes):

@@ -271,5 +271,7 @@ def read_weights(arch, cfg, side, fetch, has, place):
         lw = {}
         for row in arch.LAYER_WEIGHTS:
             take(row, (GGUF_LAYER if side == "gguf" else getattr(arch, "HF_LAYER", HF_LAYER)).format(i=i), lw)
+        if hasattr(place, "layer"):  # a backend that joins a layer's matrices (refllama.quant.fuse_layer)
+            place.layer(lw)
         w["layers"].append(lw)
     return w
