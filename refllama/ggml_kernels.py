@@ -184,7 +184,6 @@ def _make_matmul(qtype, vnni):
     dot1, dot4 = _make_dot(qtype, vnni, 1), _make_dot(qtype, vnni, TILE)
     row_bytes = BLOCK_BYTES[qtype]
 
-    @njit(parallel=True)
     def matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32
         T, K = X.shape
         N, nb = raw.shape[0], K // 32
@@ -205,7 +204,8 @@ def _make_matmul(qtype, vnni):
                     out[t, r] = dot1(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)[0]
         return out
 
-    return matmul
+    matmul.__qualname__ = f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}"  # its own entry in Numba's cache
+    return njit(parallel=True, cache=True)(matmul)
 
 
 KERNELS = {}  # (qtype, vnni) -> compiled matmul, made on first use
