@@ -48,6 +48,8 @@ def choose_column(mine, ref, override=None):
     if override:
         return Column(override, "set by --tolerance")
     sides = f"MINE {mine.numerics}, REF {ref.numerics}"
+    if mine.numerics == ref.numerics == "ggml":
+        return Column("ggml", f"{sides}: both compute llama.cpp's CPU arithmetic, equal to float32 rounding")
     coarse = max(mine.numerics, ref.numerics, key=COARSENESS.index)
     if coarse == "ggml":
         return Column("llama.cpp", f"{sides}: llama.cpp's 8-bit activations and f16 KV cache")
@@ -147,9 +149,10 @@ class Forced:
         return Dump.axis_of(split_name(name)[0])
 
 
-def find_model(path, mine, ref):
+def find_model(path, mine, ref, numerics=None):
     """The model both dumps ran (its sha256 is the one they record): `path`, else a `model_path` they give, else
-    the installed SmolLM2. None, with the reason, when none is found."""
+    the installed SmolLM2. None, with the reason, when none is found. It re-runs stages in numerics "ggml" when
+    both dumps compute llama.cpp's arithmetic (MINE's as `numerics` says, if given), else in float32."""
     from . import api
 
     want = {str(d.manifest.get("model_sha256") or "") for d in (ref, mine)} - {""}
@@ -162,7 +165,8 @@ def find_model(path, mine, ref):
     for c in dict.fromkeys(c for c in candidates if c and os.path.exists(c)):
         if path or not want or model_sha256(c) in want:
             n_ctx = max(len(ref.token_ids), len(mine.token_ids), 256, int(ref.manifest.get("n_ctx") or 0))
-            return api.load(c, n_ctx=n_ctx), None
+            both_ggml = (numerics or mine.numerics) == ref.numerics == "ggml" and not os.path.isdir(c)
+            return api.load(c, n_ctx=n_ctx, numerics="ggml" if both_ggml else "float32"), None
     return None, "no model with the dumps' sha256 found (give -m MODEL)"
 
 
@@ -672,7 +676,8 @@ def main(argv=None):
                 print(json.dumps({**v, "verdict": verdict(v)}, indent=1))
                 return 0 if close_enough(v) else 1
             return print_logits(v)
-        model, why = (None, "--no-rerun") if args.no_rerun else find_model(args.model, Dump(args.mine), Dump(args.ref))
+        mine, ref = Dump(args.mine), Dump(args.ref)
+        model, why = (None, "--no-rerun") if args.no_rerun else find_model(args.model, mine, ref, args.numerics)
         rep = compare(args.mine, args.ref, model, args.tolerance, args.numerics)
         if model is None:
             rep.notes.append(f"stages not re-run ({why}): verdicts are end to end only")

@@ -9,6 +9,8 @@ end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as
 Q4_0, Q4_1 and Q8_0 have kernels here; other types use refllama.ggml_numerics' NumPy form.
 """
 
+import types as pytypes
+
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
@@ -180,32 +182,36 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] 
             xs[t, b] = _round_f16(d * np.float32(total))
 
 
+def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, with one type's DOT1, DOT4
+    T, K = X.shape
+    N, nb = raw.shape[0], K // 32
+    xq = np.empty((T, K), np.int8)
+    xd = np.empty((T, nb), np.float32)
+    xs = np.empty((T, nb), np.float32)
+    quantize_q8(X, xq, xd, xs)
+    out = np.empty((T, N), np.float32)
+    w0, x0, d0, s0 = raw.ctypes.data, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+    n_chunks = min(N, 64)
+    for c in prange(n_chunks):
+        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+            w = w0 + r * nb * ROW_BYTES
+            for t in range(0, T - T % TILE, TILE):
+                a, b, e, f = DOT4(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = a, b, e, f
+            for t in range(T - T % TILE, T):
+                out[t, r] = DOT1(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)[0]
+    return out
+
+
 def _make_matmul(qtype, vnni):
-    dot1, dot4 = _make_dot(qtype, vnni, 1), _make_dot(qtype, vnni, TILE)
-    row_bytes = BLOCK_BYTES[qtype]
-
-    def matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32
-        T, K = X.shape
-        N, nb = raw.shape[0], K // 32
-        xq = np.empty((T, K), np.int8)
-        xd = np.empty((T, nb), np.float32)
-        xs = np.empty((T, nb), np.float32)
-        quantize_q8(X, xq, xd, xs)
-        out = np.empty((T, N), np.float32)
-        w0, x0, d0, s0 = raw.ctypes.data, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-        n_chunks = min(N, 64)
-        for c in prange(n_chunks):
-            for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-                w = w0 + r * nb * row_bytes
-                for t in range(0, T - T % 4, 4):
-                    a, b, e, f = dot4(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)
-                    out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = a, b, e, f
-                for t in range(T - T % 4, T):
-                    out[t, r] = dot1(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)[0]
-        return out
-
-    matmul.__qualname__ = f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}"  # its own entry in Numba's cache
-    return njit(parallel=True, cache=True)(matmul)
+    """_matmul with one type's and form's dot products as its globals DOT1 and DOT4 (not closure variables, which
+    Numba's cache cannot key on), under a name of its own in Numba's cache."""
+    scope = {**globals(), "DOT1": _make_dot(qtype, vnni, 1), "DOT4": _make_dot(qtype, vnni, TILE),
+             "ROW_BYTES": BLOCK_BYTES[qtype]}
+    name = f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}"
+    fn = pytypes.FunctionType(_matmul.__code__, scope, name)
+    fn.__qualname__ = name
+    return njit(parallel=True, cache=True)(fn)
 
 
 KERNELS = {}  # (qtype, vnni) -> compiled matmul, made on first use
@@ -222,7 +228,7 @@ class NumbaGgmlMatrix(GgmlMatrix):
 
     def __init__(self, raw, qtype, shape, vnni=VNNI):
         self.qtype, self.shape, self.vnni = qtype, tuple(shape), vnni
-        self.raw = np.ascontiguousarray(raw)
+        self.raw = np.array(raw)  # a writable copy: a read-only memory map would be another type to Numba
 
     @property
     def nbytes(self):

@@ -8,7 +8,7 @@ import sys
 import time
 
 from .errors import RefllamaError
-from .xp import BACKENDS
+from .xp import BACKENDS, NUMERICS
 
 
 def parse_args(argv):
@@ -29,6 +29,8 @@ def parse_args(argv):
     p.add_argument("--system", help="system message for --chat")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
+    p.add_argument("--numerics", choices=NUMERICS, default="float32",
+                   help="float32 (default), or ggml: llama.cpp's CPU arithmetic on a GGUF (8-bit activations, f16 KV)")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
                         "(default, see README)")
@@ -75,7 +77,7 @@ def run(args, prompt):
 
     threads = set_threads(args.threads, args.backend)
     t0 = time.perf_counter()
-    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size)
+    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size, numerics=args.numerics)
     t_load = time.perf_counter() - t0
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []
@@ -117,7 +119,7 @@ def run(args, prompt):
     sys.stdout.write("\n")
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
-    print(f"\nload: {t_load:.2f} s ({m.backend}, threads={threads}) | "
+    print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}, threads={threads}) | "
           f"prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
           f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)
 

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from .errors import RefllamaError
 from .safety import parse_json
-from .xp import BACKENDS
+from .xp import BACKENDS, NUMERICS
 
 log = logging.getLogger("refllama.serve")
 SHUTDOWN_S = 2  # after SIGTERM, how long open requests get before they are cancelled
@@ -88,7 +88,8 @@ class Worker:
 
         try:
             set_threads(self.args.threads, self.args.backend)
-            self.model = api.load(self.args.model, backend=self.args.backend, n_ctx=self.args.ctx_size)
+            self.model = api.load(self.args.model, backend=self.args.backend, n_ctx=self.args.ctx_size,
+                                  numerics=self.args.numerics)
             self.status = "ready"
             log.info("model %s ready (%s, context %d)", self.name, self.args.backend, self.model.n_ctx)
             if self.args.callback_url:
@@ -515,6 +516,8 @@ def parse_args(argv):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--backend", default="numpy", choices=BACKENDS, help="array backend (default numpy)")
+    p.add_argument("--numerics", choices=NUMERICS, default="float32",
+                   help="float32 (default), or ggml: llama.cpp's CPU arithmetic on a GGUF (8-bit activations, f16 KV)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
     p.add_argument("--worker-id", default="refllama-0", help="this worker's id in the ready callback")
     p.add_argument("--callback-url", help="POST {worker_id, model, backend, url, context_size} here once ready")
