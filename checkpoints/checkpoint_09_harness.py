@@ -25,7 +25,7 @@ def dump_short(model, tmp_path, name="dump"):
     return model.dump(ids, tmp_path / name, layers=[0, 1, 15, 29])  # the blocks the references keep
 
 
-def wrong_kv_head_scores(q, k):  # query head h reads kv head h % KVH instead of h // (H / KVH)
+def wrong_kv_head_scores(q, k, numerics="float32"):  # query head h reads kv head h % KVH, not h // (H / KVH)
     T, H, HD = q.shape
     return np.einsum("thd,hsd->hts", q, k[np.arange(H) % k.shape[0]])
 

@@ -3,7 +3,8 @@
 Models for SmolLM2's references: "gguf-numpy", "gguf-numba" (quantized weights, Numba kernels) and "gguf-cupy"
 (skipped with a reason when CuPy or a GPU is missing) load its GGUF file; "hf-numpy" is the same model exported by
 `refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
-transformers references. Each tiny family's references check "f32-numpy", its F32 GGUF. A test module that sets
+transformers references; "ggml-numpy" and "ggml-numba" load the GGUF in numerics "ggml" and are checked against the
+llama.cpp references in the table's ggml column. Each tiny family's references check "f32-numpy", its F32 GGUF. A test module that sets
 `NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets `DECODE = True`, only on the
 references that hold decode steps.
 """
@@ -17,6 +18,8 @@ from refllama.xp import BACKENDS
 
 CASES = ([(i, f"gguf-{b}") for b in BACKENDS for i, r in enumerate(harness.REFS) if r.model == "smollm2"]
          + [(i, "hf-numpy") for i, r in enumerate(harness.REFS) if r.model == "smollm2" and r.source == "hf"]
+         + [(i, f"ggml-{b}") for b in ("numpy", "numba") for i, r in enumerate(harness.REFS)
+            if r.model == "smollm2" and r.source == "llamacpp"]
          + [(i, "f32-numpy") for i, r in enumerate(harness.REFS) if r.model != "smollm2"])
 
 
@@ -58,6 +61,16 @@ def numba_model(model):
 
 
 @pytest.fixture(scope="session")
+def ggml_model(model):
+    return refllama.load(model.path, numerics="ggml")
+
+
+@pytest.fixture(scope="session")
+def ggml_numba_model(model):
+    return refllama.load(model.path, backend="numba", numerics="ggml")
+
+
+@pytest.fixture(scope="session")
 def cupy_model(model):
     try:
         return refllama.load(model.path, backend="cupy")
@@ -74,5 +87,7 @@ def case(request, case_id):
     models = {"gguf-numpy": lambda: request.getfixturevalue("model"),
               "gguf-numba": lambda: request.getfixturevalue("numba_model"),
               "gguf-cupy": lambda: request.getfixturevalue("cupy_model"),
-              "hf-numpy": lambda: request.getfixturevalue("exported_model")}
+              "hf-numpy": lambda: request.getfixturevalue("exported_model"),
+              "ggml-numpy": lambda: request.getfixturevalue("ggml_model"),
+              "ggml-numba": lambda: request.getfixturevalue("ggml_numba_model")}
     return harness.Case(models[which](), ref)

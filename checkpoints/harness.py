@@ -30,7 +30,7 @@ from refllama.xp import to_numpy
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "tests" / "data"
 KINDS = {"llamacpp": "llama.cpp", "hf": "float32", "llamacpp-f32": "llama.cpp F32"}  # reference -> column
-EXACT_KINDS = ("float32", "llama.cpp F32")  # float32 throughout, as refllama: the same best tokens
+EXACT_KINDS = ("float32", "llama.cpp F32", "ggml")  # the same arithmetic as refllama's: the same best tokens
 FAMILIES = ("llama", "qwen2", "qwen3", "phi3")
 FAMILY_N_CTX = 256  # Phi-3's original context, as its references were made (tools/make_tiny_gguf.py)
 MODES = ("isolated", "end_to_end")
@@ -82,7 +82,9 @@ class Case:
 
     def __init__(self, model, ref):
         self.model, self.prompt = model, ref.prompt
-        self.source, self.kind = ref.source, KINDS[ref.source]
+        self.source = ref.source
+        # refllama in numerics "ggml" against llama.cpp: both compute llama.cpp's CPU arithmetic
+        self.kind = "ggml" if model.numerics == "ggml" and ref.source == "llamacpp" else KINDS[ref.source]
         self.exact = self.kind in EXACT_KINDS
         self.dump = reference(ref.path)
         self.ref = self.dump if model.xp is np else OnDevice(self.dump, model.xp)  # inputs where the weights live
@@ -90,7 +92,7 @@ class Case:
         self.w, self.cfg = model.weights, model.config
 
     def __repr__(self):
-        return f"{self.source}/{self.prompt}/{self.cfg.arch}/{self.model.backend}"
+        return f"{self.source}/{self.prompt}/{self.cfg.arch}/{self.model.backend}/{self.model.numerics}"
 
     def has(self, stage):
         """Whether this model's blocks have `stage` (Qwen3's Qcur_normed, say)."""

@@ -190,9 +190,11 @@ def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, wi
     xs = np.empty((T, nb), np.float32)
     quantize_q8(X, xq, xd, xs)
     out = np.empty((T, N), np.float32)
-    w0, x0, d0, s0 = raw.ctypes.data, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
     n_chunks = min(N, 64)
     for c in prange(n_chunks):
+        # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
+        # (taken before it, Numba may free xq once its last named use has passed)
+        w0, x0, d0, s0 = raw.ctypes.data, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
         for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
             w = w0 + r * nb * ROW_BYTES
             for t in range(0, T - T % TILE, TILE):

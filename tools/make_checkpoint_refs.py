@@ -3,10 +3,11 @@
 (the last)).
 
 Kept: blocks 0, 1, 15 and 29 (with each one's input), embeddings, final norm; the first 8 and last 12
-token positions of longer prompts (K and V: all); logits for the last 4 positions; 16 greedy tokens; the same
-stages for 4 greedy decode steps after the prefill.
-transformers' stages are stored as float32 (it agrees with refllama to ~1e-6, which float16 would hide),
-llama.cpp's as float16 (its own activations differ from fp32 by ~1e-3 to 1e-2 of their range, Q8_1 inside).
+token positions of longer prompts (K and V: all); logits for the last 4 positions; 64 greedy tokens (llama.cpp's
+in its manifest); the same stages for 4 greedy decode steps after the prefill.
+Both are stored as float32: transformers agrees with refllama to ~1e-6, and llama.cpp with refllama's numerics
+"ggml" to the bit, which float16 (5e-4) would hide. Gemma 3's llama.cpp stages are float16 (its references are
+checked in float32 numerics only).
 
     python tools/make_checkpoint_refs.py      # ~3 minutes on 2 cores; needs both reference tools (README)
     python tools/make_checkpoint_refs.py --gemma3   # ~3 minutes; needs the Gemma 3 package too
@@ -50,7 +51,7 @@ GEMMA3_PROMPTS = {  # no long prompt: it would not reach the 512-token window, a
              True),
     "unicode": PROMPTS["unicode"],
 }
-STORAGE = ["--layers", "0,1,15,-1", "--max-rows", "20", "--logit-rows", "4", "--greedy", "16", "--decode-steps", "4"]
+STORAGE = ["--layers", "0,1,15,-1", "--max-rows", "20", "--logit-rows", "4", "--greedy", "64", "--decode-steps", "4"]
 # Gemma 3 270M's vocabulary is 262144 tokens, a logits row 1 MB in float32: fewer rows and decode steps
 GEMMA3_STORAGE = ["--layers", "0,1,3,5,-1", "--max-rows", "12", "--logit-rows", "1", "--greedy", "16",
                   "--decode-steps", "2"]
@@ -64,7 +65,7 @@ def main():
     prompts, storage = (GEMMA3_PROMPTS, GEMMA3_STORAGE) if args.gemma3 else (PROMPTS, STORAGE)
     model = ["-m", gemma3_path()] if args.gemma3 else []
     for name, (text, special) in prompts.items():
-        for tool, sub, extra in ((dump_llamacpp, "llamacpp", ["--float16"]), (dump_hf, "hf", [])):
+        for tool, sub, extra in ((dump_llamacpp, "llamacpp", ["--float16"] if args.gemma3 else []), (dump_hf, "hf", [])):
             out = root / sub / name
             shutil.rmtree(out, ignore_errors=True)
             tool.main([*model, "-p", text, "-o", str(out), *storage, *extra] + (["--special"] if special else []))

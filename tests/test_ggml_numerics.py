@@ -1,0 +1,219 @@
+"""numerics "ggml": the NumPy emulation of llama.cpp's CPU arithmetic (refllama.ggml_numerics) and its Numba
+kernels (refllama.ggml_kernels) agree to the bit, and their parts follow ggml's rules. Agreement with llama.cpp
+itself, stage by stage on SmolLM2, is the checkpoint suite's ggml column (checkpoints/README.md)."""
+
+import math
+
+import gguf
+import numpy as np
+import pytest
+from gguf.quants import dequantize
+from numba import njit
+
+import refllama
+from refllama import ggml_kernels as gk
+from refllama import ggml_numerics as gn
+from refllama.ggml_types import GGMLType as QT
+from refllama.ggml_types import byte_shape
+from refllama.quant import Fused, QuantMatrix, concat_quant
+
+RNG = np.random.default_rng(20261123)
+LEGACY = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
+K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def activations(T, K):
+    """Awkward rows: ordinary values, an all-zero block, a block whose largest |x| is negative, exact .5 ties
+    of x * 127 / amax, and a block small enough for float16's subnormal scales."""
+    x = (RNG.standard_normal((T, K)) * 3).astype(np.float32)
+    x[0, :32] = 0
+    x[-1, 32:64] *= -1
+    x[-1, 32] = -50
+    x[0, 64:96] = np.arange(32, dtype=np.float32) - 15.5  # with amax 127, x * 127 / amax = x: every one a tie
+    x[0, 64] = 127
+    x[-1, 96:128] *= 1e-5
+    return x
+
+
+def random_blocks(qtype, N, K):
+    """Raw GGUF bytes of a [N, K] matrix: gguf-py's quantizer where it has one, else random bits with sane
+    float16 scales (every bit pattern of a K-quant block is a valid block)."""
+    if qtype in LEGACY:
+        return gguf.quants.quantize(RNG.standard_normal((N, K)).astype(np.float32), gguf.GGMLQuantizationType(qtype))
+    raw = RNG.integers(0, 256, byte_shape((N, K), qtype), dtype=np.uint8).reshape(-1, byte_shape((1, 256), qtype)[1])
+    scales = (RNG.random((len(raw), 2)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8)
+    if qtype == QT.Q6_K:
+        raw[:, 208:210] = scales[:, :2]
+    else:
+        raw[:, 0:4] = scales
+    return raw.reshape(N, -1)
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: t.name)
+def test_integer_form_dequantizes_as_gguf_py_does(qtype):
+    raw = random_blocks(qtype, 6, 512)
+    w = gn.int_weights(raw, qtype, (6, 512))
+    assert w.codes.dtype == np.int8
+    np.testing.assert_array_equal(gn.dequantize(w), dequantize(raw, gguf.GGMLQuantizationType(qtype)))
+
+
+@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: t.name)
+def test_a_product_is_the_dequantized_activations_times_the_dequantized_weights(qtype):
+    """ggml's integer-then-scale product is the exact product of the two quantized operands, up to float32
+    rounding: checks every scale, minimum and block sum of the integer form."""
+    N, K = 24, 512
+    raw = random_blocks(qtype, N, K)
+    x = activations(4, K)
+    got = x @ gn.GgmlMatrix(raw, qtype, (N, K)).T
+    vdt = gn.VEC_DOT_TYPE[qtype]
+    if vdt == gn.Q8_K:
+        q, d, _ = gn.quantize_q8_K(x)
+        xq = q.reshape(4, -1, 256) * d[..., None].astype(np.float64)
+    else:
+        q, _, d = gn.quantize_q8_0(x)
+        xq = q.reshape(4, -1, 32) * d[..., None].astype(np.float64)
+    want = xq.reshape(4, K) @ dequantize(raw, gguf.GGMLQuantizationType(qtype)).astype(np.float64).T
+    if vdt == gn.Q8_1:  # Q8_1's offset term uses s = d * sum(q) rounded to float16, not the exact sum
+        _, _, s = gn.quantize_q8_1(x)
+        w = gn.int_weights(raw, qtype, (N, K))
+        exact_s = (q.reshape(4, -1, 32).sum(-1) * d).astype(np.float64)
+        want += (s.astype(np.float64) - exact_s) @ w.m.T.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+def test_q8_activation_rules():
+    """x86 quantize_row_q8_0/q8_1/q8_K: round half to even, 127 / amax (not 1 / d), float16 d and s (Q8_K: float32
+    d, signed max), zero blocks all zero."""
+    x = activations(2, 256)
+    q, d32, d = gn.quantize_q8_0(x)
+    blocks = x.reshape(2, -1, 32)
+    assert (q.reshape(2, -1, 32)[0, 0] == 0).all() and d[0, 0] == 0
+    ties = blocks[0, 2, 1:]  # k + 0.5: to even (2.5 -> 2), where C's roundf goes away from zero (2.5 -> 3)
+    np.testing.assert_array_equal(q.reshape(2, -1, 32)[0, 2, 1:], np.rint(ties))
+    assert (q.reshape(2, -1, 32)[0, 2, 1:] != np.trunc(ties + np.copysign(0.5, ties))).sum() == 16  # the odd halves
+    np.testing.assert_array_equal(d, d32.astype(np.float16).astype(np.float32))
+    _, _, s = gn.quantize_q8_1(x)
+    np.testing.assert_array_equal(s, (d32 * q.reshape(2, -1, 32).sum(-1)).astype(np.float16).astype(np.float32))
+    qk, dk, bsums = gn.quantize_q8_K(x)
+    big = x[1].reshape(-1, 256)[0]
+    i = np.abs(big).argmax()  # -50
+    assert dk[1, 0] == np.float32(1) / (np.float32(-127) / big[i])
+    assert qk[1, i] == -127  # the signed max maps to -127 whatever its sign (Q8_0 maps it to +-127 by its sign)
+    np.testing.assert_array_equal(bsums, qk.reshape(2, -1, 16).sum(-1))
+
+
+def test_numba_activation_quantizer_equals_numpy():
+    x = activations(5, 512)
+    xq, xd, xs = np.empty((5, 512), np.int8), np.empty((5, 16), np.float32), np.empty((5, 16), np.float32)
+    gk.quantize_q8(x, xq, xd, xs)
+    q, d, s = gn.quantize_q8_1(x)
+    np.testing.assert_array_equal(xq, q)
+    np.testing.assert_array_equal(xd, d)
+    np.testing.assert_array_equal(xs, s)
+
+
+def test_numba_float16_rounding_equals_f16c_on_every_tie():
+    halves = np.arange(0, 0x7bff, dtype=np.uint16).view(np.float16).astype(np.float64)
+    mid = ((halves[:-1] + halves[1:]) / 2).astype(np.float32)  # ties: to even
+    x = np.concatenate([mid, -mid, (RNG.standard_normal(100000) * 10.0 ** RNG.integers(-9, 5, 100000))
+                        .astype(np.float32)])
+    x = x[np.abs(x) < 65504]
+    got = njit(lambda a: np.array([gk._round_f16(v) for v in a]))(x)
+    np.testing.assert_array_equal(got, gn.round_f16(x))
+
+
+@pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
+@pytest.mark.parametrize("qtype", sorted(gk.BLOCK_BYTES), ids=lambda t: t.name)
+@pytest.mark.parametrize("T", [1, 3, 4, 9])
+def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
+    """Both kernel forms (4-token tiles and single tokens) against the NumPy lanes; VNNI only where the CPU has it."""
+    if vnni and not gk.host_has_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
+    raw = random_blocks(qtype, 37, 256)
+    x = activations(T, 256)
+    want = x @ gn.GgmlMatrix(raw, qtype, (37, 256)).T
+    np.testing.assert_array_equal(x @ gk.NumbaGgmlMatrix(raw, qtype, (37, 256), vnni=vnni).T, want)
+
+
+def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
+    """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors: compiling it elsewhere aborts."""
+    monkeypatch.setattr(gk.llvm, "get_host_cpu_features", lambda: {"avx2": True, "avx512vnni": False})
+    assert gk.host_has_vnni() is False
+    monkeypatch.setattr(gk.llvm, "get_host_cpu_features", lambda: {"avx512vnni": True, "avx512vl": True})
+    assert gk.host_has_vnni() is True
+
+
+def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
+    x = np.concatenate([np.linspace(-100, 80, 20001, dtype=np.float32), [-np.inf, 0, -0.5, 88.7]]).astype(np.float32)
+    got = gn.expf(x)
+    ref = np.exp(x.astype(np.float64))
+    finite = np.isfinite(ref) & (ref > 1e-37) & (ref < 3e38)
+    ulp = np.spacing(ref[finite].astype(np.float32)).astype(np.float64)
+    assert (np.abs(got[finite] - ref[finite]) <= 2.5 * ulp).all()  # 2.14 ulp at worst on this grid
+    assert got[x == -np.inf] == 0
+    np.testing.assert_array_equal(njit(lambda a: np.array([gk.expf(v) for v in a], np.float32))(x), got)
+
+
+@pytest.mark.parametrize("T, S, HD", [(1, 37, 64), (1, 200, 96), (5, 5, 64), (7, 130, 96)])
+def test_attention_kernels_equal_the_numpy_emulation_to_the_bit(T, S, HD):
+    """One token (vec_dot_f16's 4 x 16 lanes, HD % 64 leftovers in float64) and a batch (tinyBLAS's 16 lanes)."""
+    H, KVH = 6, 2
+    q = RNG.standard_normal((T, H, HD)).astype(np.float32)
+    k, v = (gn.round_f16(RNG.standard_normal((KVH, S, HD)).astype(np.float32)) for _ in range(2))
+    kq = gn.attention_scores(q, k)
+    np.testing.assert_array_equal(gk.attention_scores(q, k), kq)
+    mask = refllama.layers.causal_mask(S - T, T, S, np)
+    p = gn.attention_weights(kq, mask, 0.125)
+    np.testing.assert_array_equal(gk.attention_weights(kq, mask, 0.125), p)
+    np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
+    np.testing.assert_array_equal(gk.attention_mix(p, v), gn.attention_mix(p, v))
+    gate, up = (RNG.standard_normal((T, 48)) * 4).astype(np.float32), RNG.standard_normal((T, 48)).astype(np.float32)
+    np.testing.assert_array_equal(gk.swiglu(gate, up), gn.swiglu(gate, up))
+
+
+def test_f16_sums_follow_ggml_order_not_float64():
+    """Sums of float16 products in ggml's lane order differ from the exactly rounded sum: a check that the order is
+    modelled, not float64 in disguise (which would miss llama.cpp's last bits)."""
+    a = gn.round_f16(RNG.standard_normal((2000, 64)).astype(np.float32))
+    b = gn.round_f16(RNG.standard_normal((2000, 64)).astype(np.float32))
+    exact = (a.astype(np.float64) * b).sum(-1).astype(np.float32)
+    assert (gn.f16_dots(a, b, True, False) != exact).any()
+    assert (gn.f16_dots(a, b, True, False) != gn.f16_dots(a, b, False, False)).any()
+
+
+def test_fused_products_equal_separate_ones():
+    """q/k/v (gate/up) joined into one matrix give each part the columns its own product gives."""
+    parts = [QuantMatrix(random_blocks(QT.Q4_1, n, 256), QT.Q4_1, (n, 256)) for n in (64, 32, 32)]
+    x = activations(3, 256)
+    want = [x @ m.T for m in parts]
+    fused = Fused(concat_quant(parts), [64, 32, 32]).parts()
+    for m, w in zip(fused, want):
+        np.testing.assert_array_equal(x @ m.T, w)
+    y = activations(3, 256)
+    np.testing.assert_array_equal(y @ fused[1].T, y @ parts[1].T)  # a new input is multiplied afresh
+    raw = [random_blocks(QT.Q8_0, n, 256) for n in (16, 8)]
+    joined = gk.concat_raw([gk.NumbaGgmlMatrix(r, QT.Q8_0, (len(r), 256)) for r in raw])
+    np.testing.assert_array_equal(x @ joined.T, np.concatenate([x @ gn.GgmlMatrix(r, QT.Q8_0, (len(r), 256)).T
+                                                                 for r in raw], axis=1))
+
+
+def test_numerics_errors_name_the_problem(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(refllama.RefllamaError, match="numerics 'ggml' .* GGUF"):
+        refllama.load(tmp_path, numerics="ggml")
+    with pytest.raises(refllama.RefllamaError, match="unknown numerics 'bf16'"):
+        refllama.load(numerics="bf16")
+
+
+def test_ggml_models_on_both_backends_agree_to_the_bit(model):
+    """The readable emulation and the fast kernels: the same logits for a prefill and three decode steps."""
+    ids = [1, 504, 3575, 282, 4649, 314]
+    out = []
+    for backend in ("numpy", "numba"):
+        m = refllama.load(model.path, backend=backend, numerics="ggml", n_ctx=64)
+        logits = [m.forward(ids, 0)]
+        for k in range(3):
+            logits.append(m.forward([int(np.argmax(logits[-1][-1]))], len(ids) + k))
+        out.append(np.concatenate(logits))
+    np.testing.assert_array_equal(out[0], out[1])
+    assert math.isfinite(float(out[0].max()))
