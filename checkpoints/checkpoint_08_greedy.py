@@ -13,7 +13,7 @@ def test_greedy(case):
     assert path, f"{case}: the reference recorded no greedy tokens"
     if case.exact:  # up to the first end-of-generation token, where refllama stops (the recorder did not)
         eog = [i for i, t in enumerate(path) if t in case.model.tokenizer.eog_ids]
-        want = path[:eog[0] + 1] if eog else path
+        want = path[:eog[0]] if eog else path  # the end token itself is not yielded
         assert list(case.model.generate(case.ids, max_tokens=len(path), temperature=0)) == want
         return
     logits = case.model.logits(case.ids + path[:-1])[len(case.ids) - 1:]  # teacher forcing along llama.cpp's path
