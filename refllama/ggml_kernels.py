@@ -379,37 +379,42 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
 
 @njit(parallel=True, cache=True)
 def _scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
-    """Each dot in _f16_sums' order, written out per key so that K is read as stored."""
+    """A batch: K transposed once, then _f16_sums along S. One token: each key's dot written out in the same
+    order, reading K as stored (a transposed copy per step costs more than the step's sums)."""
     T, H, HD = q.shape
     KVH, S, _ = k.shape
-    W = 16 if T > 1 and HD % 16 == 0 else 64  # else tinyBLAS declines and ggml takes vec_dot_f16
-    body = HD - HD % W
     out = np.empty((H, T, S), np.float32)
-    for ht in prange(H * T):
-        h, t = ht // T, ht % T
-        qh = np.empty(HD, np.float32)
-        for d in range(HD):
-            qh[d] = _round_f16(q[t, h, d])
+    qh = np.empty((T, H, HD), np.float32)
+    for t in range(T):
+        for h in range(H):
+            for d in range(HD):
+                qh[t, h, d] = _round_f16(q[t, h, d])
+    if T > 1:
+        kt = np.empty((KVH, HD, S), np.float32)
+        for g in prange(KVH):
+            for s in range(S):
+                for d in range(HD):
+                    kt[g, d, s] = k[g, s, d]
+        for ht in prange(H * T):
+            h, t = ht // T, ht % T
+            _f16_sums(qh[t, h], kt[h // (H // KVH)], out[h, t], HD % 16 == 0, False)  # else tinyBLAS declines
+        return out
+    body = HD - HD % 64
+    for h in prange(H):
         acc = np.empty(64, np.float32)
-        g = h // (H // KVH)
         for s in range(S):
-            row = k[g, s]
-            for lane in range(W):
+            row = k[h // (H // KVH), s]
+            for lane in range(64):
                 acc[lane] = 0.0
-            for c in range(0, body, W):
-                for lane in range(W):
-                    acc[lane] += qh[c + lane] * row[c + lane]
-            if W == 64:
-                for lane in range(16):
-                    acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
-            for lane in range(8):
-                acc[lane] += acc[8 + lane]
-            for lane in range(4):
-                acc[lane] += acc[4 + lane]
-            total = np.float64((acc[0] + acc[2]) + (acc[1] + acc[3]))
+            for c in range(0, body, 64):
+                for lane in range(64):
+                    acc[lane] += qh[0, h, c + lane] * row[c + lane]
+            for lane in range(16):
+                acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
+            total = np.float64(_reduce16(acc))
             for d in range(body, HD):
-                total += np.float64(qh[d] * row[d])
-            out[h, t, s] = np.float32(total)
+                total += np.float64(qh[0, h, d] * row[d])
+            out[h, 0, s] = np.float32(total)
     return out
 
 
