@@ -22,9 +22,9 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):
     if numerics != "float32":
         from .ggml_numerics import cos_sin
 
-        step = np.float32(base ** (-2.0 / cfg.rope_dim))
+        step = np.float32(base ** (-2.0 / cfg.rope_dim)) if half else None  # half 0: no RoPE (GPT-2)
         angle = np.empty((n_ctx, half), np.float32)
-        angle[:, 0] = np.arange(n_ctx, dtype=np.float32)
+        angle[:, :1] = np.arange(n_ctx, dtype=np.float32)[:, None][:, :half]
         for i in range(1, half):
             angle[:, i] = angle[:, i - 1] * step
         if ff is not None:

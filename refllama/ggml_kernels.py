@@ -17,10 +17,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .ggml_numerics import GgmlMatrix, GgmlPlacement
+from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu  # noqa: F401 (table lookups: NumPy is fast)
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
-from .quant import fuse_layer
+from .quant import fuse_layer, release_loader_pages
 
 
 def host_has_vnni():
@@ -252,6 +252,7 @@ class GgmlNumbaPlacement(GgmlPlacement):
         x = np.zeros((2, 32), np.float32)
         for qtype in set(qtypes) & set(BLOCK_BYTES):  # compile now, not at the first token
             _ = x @ NumbaGgmlMatrix(np.zeros((1, BLOCK_BYTES[qtype]), np.uint8), qtype, (1, 32)).T
+        release_loader_pages()
 
     def __call__(self, a):
         if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:

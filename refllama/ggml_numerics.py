@@ -64,6 +64,41 @@ def reduce_add16(a):  # [..., 16] f32 -> [...] f32: _mm512_reduce_add_ps, halves
     return a[..., 1] + a[..., 0]
 
 
+@njit(cache=True)
+def _gelu_table(x):  # [65536] f32 (every float16 value) -> ggml_gelu_f32 of each, in float32
+    out = np.empty_like(x)
+    c, a = np.float32(0.79788456080286535587989211986876), np.float32(0.044715)
+    for i in range(len(x)):
+        v = x[i]
+        out[i] = np.float32(0.5) * v * (np.float32(1.0) + math.tanh(c * v * (np.float32(1.0) + a * v * v)))
+    return out
+
+
+GELU_TABLE = None  # ggml_table_gelu_f16, built on first use
+
+
+def gelu_table():
+    """llama.cpp's GELU: a table of float16 results for every float16 input (GGML_GELU_FP16 in ggml-cpu/vec.h),
+    each 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in float32 with the C library's tanhf, rounded."""
+    global GELU_TABLE
+    if GELU_TABLE is None:
+        x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        with np.errstate(all="ignore"):
+            GELU_TABLE = round_f16(_gelu_table(x))
+    return GELU_TABLE
+
+
+def gelu(x):  # [...] f32 -> [...]: ggml_vec_gelu_f32: 0 below -10, x above 10, else the table at float16(x)
+    table = gelu_table()
+    with np.errstate(over="ignore"):
+        looked = table[x.astype(np.float16).view(np.uint16)]
+    return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, looked)).astype(np.float32)
+
+
+def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_geglu_f32, gelu(gate) * up
+    return gelu(gate) * up
+
+
 def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(x) = x / (1 + expf(-x)) in 16 lanes
     """F a multiple of 16 (every model here); a remainder would take libm's expf in llama.cpp."""
     return gate / (np.float32(1) + expf(-gate)) * up

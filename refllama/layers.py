@@ -129,18 +129,22 @@ def swiglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: the gated
     return silu(gate) * up
 
 
-def gelu_tanh(x):  # [...] -> [...]
+def gelu_tanh(x, numerics="float32"):  # [...] -> [...]
     """GELU in its tanh approximation (transformers' gelu_pytorch_tanh, GPT-2's and Gemma's).
 
     llama.cpp's CPU backend differs here: it rounds x to float16 and reads a 65536-entry table of float16 GELU
     values (ggml-cpu/vec.h, GGML_GELU_FP16), so its GELU carries float16 rounding, a relative error up to ~1e-3.
-    refllama computes it in float32, as transformers does."""
+    refllama computes it in float32, as transformers does, or as llama.cpp does in numerics "ggml"."""
+    if numerics != "float32":
+        return ggml_ops(numerics).gelu(x)
     xp = array_module(x)
     c = xp.float32(0.7978845608028654)  # sqrt(2 / pi)
     return 0.5 * x * (1.0 + xp.tanh(c * (x + xp.float32(0.044715) * x * x * x)))
 
 
-def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where SwiGLU has SiLU
+def geglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where SwiGLU has SiLU
+    if numerics != "float32":
+        return ggml_ops(numerics).geglu(gate, up)
     return gelu_tanh(gate) * up
 
 

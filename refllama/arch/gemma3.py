@@ -172,7 +172,7 @@ def block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] -> [T, D],
     h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], eps))  # [T, D]
     gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"]))  # [T, F]
     up = tap("ffn_up", i, linear(h, lw["ffn_up"]))  # [T, F]
-    h = tap("ffn_geglu", i, geglu(gate, up))  # [T, F]
+    h = tap("ffn_geglu", i, geglu(gate, up, cfg.numerics))  # [T, F]
     h = tap("ffn_out", i, linear(h, lw["ffn_down"]))  # [T, D]
     h = tap("ffn_post_norm", i, rms_norm(h, lw["ffn_post_norm"], eps))
     return tap("l_out", i, x + h)
