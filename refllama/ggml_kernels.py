@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu  # noqa: F401 (table lookups: NumPy is fast)
+from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu, rope  # noqa: F401 (NumPy is fast enough)
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
 from .quant import fuse_layer, release_loader_pages

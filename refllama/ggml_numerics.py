@@ -143,6 +143,26 @@ def f16_dots(a, b, many, padded):  # [..., n] f32, [..., n] f32 (float16 values)
     return total.astype(np.float32)
 
 
+def rope(layout):  # -> rope(x, cos, sin) for a pair layout: "interleaved" (NORM) or "half" (NEOX)
+    """ggml's rotate_pairs: x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos, each with one fused multiply-add, as GCC
+    compiles ggml's C++ (the products x1 sin and x1 cos rounded first)."""
+    def rotate(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
+        half = cos.shape[-1]
+        if layout == "interleaved":
+            x0, x1 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
+        else:
+            x0, x1 = x[..., :half], x[..., half:2 * half]
+        c, s = cos[:, None, :], sin[:, None, :]
+        out = x.copy()
+        r0, r1 = fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)
+        if layout == "interleaved":
+            out[..., 0:2 * half:2], out[..., 1:2 * half:2] = r0, r1
+        else:
+            out[..., :half], out[..., half:2 * half] = r0, r1
+        return out
+    return rotate
+
+
 def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] f32 (float16 values) -> [H, T, S]: kq, llama.cpp's way
     T, H, HD = q.shape
     KVH, S, _ = k.shape

@@ -56,6 +56,13 @@ def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
 ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layout: llama.cpp's NORM and NEOX modes
 
 
+def rope_for(cfg):  # -> rope(x, cos, sin) for the model's pair layout and numerics
+    """ROPE[cfg.rope_layout]; in numerics "ggml", the same pairs rotated as ggml rotates them (ggml_ops)."""
+    if cfg.numerics != "float32":
+        return ggml_ops(cfg.numerics).rope(cfg.rope_layout)
+    return ROPE[cfg.rope_layout]
+
+
 def causal_mask(start_pos, T, S, xp, window=None):  # -> [T, S] additive: 0 where visible, -inf elsewhere
     """Query i (position start_pos + i) sees keys j <= its position; with a sliding `window`, only the
     last `window` of them (j > position - window), as Mistral's attention does."""

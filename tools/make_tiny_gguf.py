@@ -135,13 +135,14 @@ def main():
         with torch.no_grad():
             r = model(torch.tensor([ids]), output_hidden_states=True)
         stages, *_ = dump_llamacpp.capture(str(f32), ids, 2, kv_f32=True, n_ctx=N_CTX)
-        def logits(path, n_ctx=N_CTX):
-            return dump_llamacpp.capture(str(path), ids, 2, kv_f32=True, n_ctx=n_ctx)[0]["result_output"]
+        def logits(path, n_ctx=N_CTX, kv_f32=True):
+            return dump_llamacpp.capture(str(path), ids, 2, kv_f32=kv_f32, n_ctx=n_ctx)[0]["result_output"]
 
         long = {"llamacpp_logits_f32_long": logits(f32, N_CTX_LONG)} if name == "phi3" else {}
         np.savez(out / "reference.npz", token_ids=np.asarray(ids), hf_logits=r.logits[0].numpy(),
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
-                 llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8), **long)
+                 llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8),
+                 llamacpp_logits_q8_0_f16kv=logits(q8, kv_f32=False), **long)  # llama.cpp's default cache
         arch = get(name)
         names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), stages=arch.STAGES,
                                              inputs=arch.INPUTS)

@@ -6,7 +6,6 @@ llama.cpp gives two tensors one name, refllama adds a suffix (`Qcur_rope`, `Kcur
 """
 
 from ..layers import (
-    ROPE,
     attention_mix,
     attention_scores,
     attention_weights,
@@ -14,6 +13,7 @@ from ..layers import (
     embedding,
     linear,
     rms_norm,
+    rope_for,
     swiglu,
 )
 from ..trace import tap
@@ -94,7 +94,7 @@ def forward(w, cfg, tokens, start_pos, cache, last_only=False, attention=None): 
 def attention_block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] -> [T, D], layer i's attention
     T = len(x)
     H, KVH, HD = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-    rope = ROPE[cfg.rope_layout]
+    rope = rope_for(cfg)
     h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
     q = tap("Qcur", i, linear(h, lw["attn_q"], lw.get("attn_q_bias")).reshape(T, H, HD))  # [T, H, HD]
     k = tap("Kcur", i, linear(h, lw["attn_k"], lw.get("attn_k_bias")).reshape(T, KVH, HD))  # [T, KVH, HD]

@@ -4,7 +4,7 @@ Its attention block adds stages, so it is its own; the rest of the forward is ll
 
 from functools import partial
 
-from ..layers import ROPE, linear, rms_norm
+from ..layers import linear, rms_norm, rope_for
 from ..trace import tap
 from . import llama
 from .common import Weight, gguf_config, hf_config, refuse
@@ -44,7 +44,7 @@ def config_from_hf(c):
 def attention_block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] -> [T, D]
     T = len(x)
     H, KVH, HD = cfg.n_head, cfg.n_head_kv, cfg.head_dim
-    rope = ROPE[cfg.rope_layout]
+    rope = rope_for(cfg)
     h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
     q = tap("Qcur", i, linear(h, lw["attn_q"]).reshape(T, H, HD))  # [T, H, HD]
     k = tap("Kcur", i, linear(h, lw["attn_k"]).reshape(T, KVH, HD))  # [T, KVH, HD]
