@@ -12,7 +12,8 @@ def kv(case, which, layer):  # [S, KVH, HD] as stored -> [KVH, S, HD] as the cac
 
 def test_scores(case, layer, mode):  # q rows at the stored positions, every key
     q = f"Qcur_rope-{layer}"
-    case.stage(f"kq-{layer}", mode, lambda: attention_scores(case.ref[q], kv(case, "Kcur_rope", layer), case.cfg.numerics), fed_by=q)
+    k = kv(case, "Kcur_rope", layer)
+    case.stage(f"kq-{layer}", mode, lambda: attention_scores(case.ref[q], k, case.cfg.numerics), fed_by=q)
 
 
 def test_softmax(case, layer, mode):
@@ -25,7 +26,8 @@ def test_softmax(case, layer, mode):
 
 def test_weighted_values(case, layer, mode):
     p = f"kq_soft_max-{layer}"
-    case.stage(f"kqv_out-{layer}", mode, lambda: attention_mix(case.ref[p], kv(case, "Vcur", layer), case.cfg.numerics), fed_by=p)
+    v = kv(case, "Vcur", layer)
+    case.stage(f"kqv_out-{layer}", mode, lambda: attention_mix(case.ref[p], v, case.cfg.numerics), fed_by=p)
 
 
 def test_output_projection(case, layer, mode):

@@ -23,7 +23,8 @@ def test_gate_and_up(case, layer, mode, which, weight):
 
 def test_swiglu(case, layer, mode):
     name = f"ffn_swiglu-{layer}"
-    got = swiglu(case.ref[f"ffn_gate-{layer}"], case.ref[f"ffn_up-{layer}"], case.cfg.numerics) if mode == "isolated" else case.ours(name)
+    gate, up = case.ref[f"ffn_gate-{layer}"], case.ref[f"ffn_up-{layer}"]
+    got = swiglu(gate, up, case.cfg.numerics) if mode == "isolated" else case.ours(name)
     case.check(name, mode, got)
 
 

@@ -3,10 +3,10 @@
 Models for SmolLM2's references: "gguf-numpy", "gguf-numba" (quantized weights, Numba kernels) and "gguf-cupy"
 (skipped with a reason when CuPy or a GPU is missing) load its GGUF file; "hf-numpy" is the same model exported by
 `refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
-transformers references; "ggml-numpy" and "ggml-numba" load the GGUF in numerics "ggml" and are checked against the
-llama.cpp references in the table's ggml column. Each tiny family's references check "f32-numpy", its F32 GGUF. A test module that sets
-`NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets `DECODE = True`, only on the
-references that hold decode steps.
+transformers references; "ggml-numpy" and "ggml-numba" load the GGUF in numerics "ggml" and are checked against
+the llama.cpp references in the table's ggml column. Each tiny family's references check "f32-numpy", its F32
+GGUF. A test module that sets `NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets
+`DECODE = True`, only on the references that hold decode steps.
 """
 
 import harness

@@ -182,6 +182,9 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] 
             xs[t, b] = _round_f16(d * np.float32(total))
 
 
+DOT1 = DOT4 = ROW_BYTES = None  # one type's dot products and block size, in each copy's globals (_make_matmul)
+
+
 def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, with one type's DOT1, DOT4
     T, K = X.shape
     N, nb = raw.shape[0], K // 32

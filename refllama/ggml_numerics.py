@@ -39,8 +39,8 @@ def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA i
 
 def expf(x):  # [...] f32 -> [...] f32: ggml_v_expf (ggml-cpu/vec.h), its AVX-512 form
     """exp(x) = 2^n * p(b), n = round(x / ln 2), b = x - n ln 2 (ln 2 in two parts), p a degree-5 polynomial:
-    within 2.2 ulp of the true exp (measured on [-100, 80]), and what llama.cpp's softmax and SiLU use. (Its AVX2 form ends with
-    k + k * p(b) - 1 instead of a scaling, and rounds differently in the last bit.)"""
+    within 2.2 ulp of the true exp (measured on [-100, 80]), and what llama.cpp's softmax and SiLU use. (Its AVX2
+    form ends with k + k * p(b) - 1 instead of a scaling, and rounds differently in the last bit.)"""
     f = np.float32
 
     def h(text):  # a C hex float literal, as float32

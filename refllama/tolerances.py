@@ -5,7 +5,8 @@ Why each number is what it is: checkpoints/README.md, whose table a test keeps e
 Columns: "llama.cpp", its quantized arithmetic (8-bit activations, f16 KV cache); "float32", two float32 engines on
 the same weights (transformers, refllama, any fp32 engine); "llama.cpp F32", llama.cpp on F32 weights with an F32
 KV cache; "ggml", two engines that both compute llama.cpp's CPU arithmetic (refllama's numerics "ggml", a ggml
-port) on the same quantized GGUF. Engines that compute in bfloat16 or float16 get bands derived from that format's rounding, `rounding_bands`.
+port) on the same quantized GGUF. Engines that compute in bfloat16 or float16 get bands derived from that format's
+rounding, `rounding_bands`.
 """
 
 REFERENCE_KINDS = ("llama.cpp", "float32", "llama.cpp F32", "ggml")

@@ -1,5 +1,6 @@
 """One table for a model (the default, or -m GGUF) on this machine: load time, prefill and decode speed, peak memory,
-for refllama (numpy, numba, and numba-ggml: numba with numerics "ggml") and, when installed, llama.cpp (llama-cpp-python) and transformers (fp32).
+for refllama (numpy, numba, and numba-ggml: numba with numerics "ggml") and, when installed, llama.cpp
+(llama-cpp-python) and transformers (fp32).
 
 Each engine runs in its own process with the same thread count, on the same GGUF file and the same 128
 prompt tokens (tokenized once, here), then decodes 128 tokens greedily; prefill + decode run --repeat

@@ -65,7 +65,8 @@ def main():
     prompts, storage = (GEMMA3_PROMPTS, GEMMA3_STORAGE) if args.gemma3 else (PROMPTS, STORAGE)
     model = ["-m", gemma3_path()] if args.gemma3 else []
     for name, (text, special) in prompts.items():
-        for tool, sub, extra in ((dump_llamacpp, "llamacpp", ["--float16"] if args.gemma3 else []), (dump_hf, "hf", [])):
+        llamacpp_storage = ["--float16"] if args.gemma3 else []
+        for tool, sub, extra in ((dump_llamacpp, "llamacpp", llamacpp_storage), (dump_hf, "hf", [])):
             out = root / sub / name
             shutil.rmtree(out, ignore_errors=True)
             tool.main([*model, "-p", text, "-o", str(out), *storage, *extra] + (["--special"] if special else []))
