@@ -31,8 +31,8 @@ def wrong_kv_head_scores(q, k, numerics="float32"):  # query head h reads kv hea
 
 
 BREAKS = {
-    "rope_layout_swapped": (lambda mp: mp.setitem(refllama.arch.llama.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
-    "rms_eps_dropped": (lambda mp: mp.setattr(refllama.arch.llama, "rms_norm", lambda x, w, eps: rms_norm(x, w, 0.0)),
+    "rope_layout_swapped": (lambda mp: mp.setitem(refllama.layers.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
+    "rms_eps_dropped": (lambda mp: mp.setattr(refllama.arch.llama, "rms_norm", lambda x, w, eps, numerics="float32": rms_norm(x, w, 0.0)),
                         "attn_norm-0"),
     "wrong_kv_head": (lambda mp: mp.setattr(refllama.arch.llama, "attention_scores", wrong_kv_head_scores), "kq-0"),
 }
@@ -66,7 +66,7 @@ def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, mo
     rep = compare(m.dump(ids, tmp_path / "clean"), ref, m)
     assert rep.first is None and rep.column.name == "float32", rep.first
     with monkeypatch.context() as mp:
-        mp.setitem(refllama.arch.llama.ROPE, "half", rope_interleaved)
+        mp.setitem(refllama.layers.ROPE, "half", rope_interleaved)
         broken = m.dump(ids, tmp_path / "broken")
     first = compare(broken, ref, m).first
     assert first is not None and first["name"] == "Qcur_rope-0" and first["adds"] == ["MINE"], first

@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu, rope  # noqa: F401 (NumPy is fast enough)
+from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu  # noqa: F401 (table lookups: NumPy is fast)
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
 from .quant import fuse_layer, release_loader_pages
@@ -452,3 +452,41 @@ def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values)
 
 def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
     return _mix_f16(p, v).reshape(p.shape[1], -1)
+
+
+@njit(cache=True)
+def _rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]: layers.rms_norm, squares added one by one as ggml adds them
+    T, D = x.shape
+    out = np.empty_like(x)
+    for t in range(T):
+        total = 0.0  # float64, ggml_float
+        for i in range(D):
+            total += np.float64(x[t, i] * x[t, i])
+        scale = np.float32(1.0) / np.sqrt(np.float32(total / D) + eps)
+        for i in range(D):
+            out[t, i] = x[t, i] * scale * w[i]
+    return out
+
+
+def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
+    return _rms_norm(np.ascontiguousarray(x), w, np.float32(eps))
+
+
+@njit(cache=True)
+def _rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_numerics.rope
+    T, n, HD = x.shape
+    half = cos.shape[1]
+    out = x.copy()
+    for t in range(T):
+        for h in range(n):
+            for i in range(half):
+                a, b = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
+                x0, x1, c, s = x[t, h, a], x[t, h, b], cos[t, i], sin[t, i]
+                out[t, h, a] = fma32(x0, c, -(x1 * s))
+                out[t, h, b] = fma32(x0, s, x1 * c)
+    return out
+
+
+def rope(layout):  # -> rope(x, cos, sin) for a pair layout, as ggml_numerics.rope
+    interleaved = layout == "interleaved"
+    return lambda x, cos, sin: _rope(np.ascontiguousarray(x), cos, sin, interleaved)

@@ -12,11 +12,15 @@ def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
     return w_embd[tokens]
 
 
-def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
+def rms_norm(x, w, eps, numerics="float32"):  # [T, D], [D] -> [T, D]
+    if numerics == "ggml-numba":  # the same arithmetic in a Numba kernel (one call, not six NumPy ones)
+        return ggml_ops(numerics).rms_norm(x, w, eps)
     xp = array_module(x)
     # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w;
-    # the squares are summed in float64 as ggml sums them (transformers: float32, a difference in the last bit)
-    mean_sq = (xp.square(x).sum(axis=-1, keepdims=True, dtype=xp.float64) / x.shape[-1]).astype(xp.float32)
+    # the float32 squares are added one by one in float64 as ggml adds them (cumsum is sequential; transformers
+    # sums in float32: a difference in the last bit)
+    total = xp.square(x).astype(xp.float64).cumsum(axis=-1)[..., -1:]  # [T, 1]
+    mean_sq = (total / x.shape[-1]).astype(xp.float32)
     return x * (1.0 / xp.sqrt(mean_sq + xp.float32(eps))) * w
 
 

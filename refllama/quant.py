@@ -343,13 +343,11 @@ def fuse_layer(lw, concat):
 
 
 def concat_quant(ms):
-    """One QuantMatrix of the rows of several with the same form, or None."""
+    """One QuantMatrix of the rows of several of one type and width, or None."""
     first = ms[0]
 
     def same(m):
-        return (isinstance(m, QuantMatrix) and type(m.form) is type(first.form) and m.shape[1] == first.shape[1]
-                and m.form.scale.dtype == first.form.scale.dtype
-                and (isinstance(m.form, Q4Form) or m.form.group == first.form.group))
+        return isinstance(m, QuantMatrix) and m.qtype == first.qtype and m.shape[1] == first.shape[1]
 
     if not all(same(m) for m in ms):
         return None

@@ -59,9 +59,10 @@ def test_end_of_generation_tokens_are_llamacpps(gemma3):
 
 def test_numba_keeps_every_matrix_quantized(gemma3_numba):
     w = gemma3_numba.weights
-    types = {name: m.qtype for lw in w["layers"] for name, m in lw.items() if isinstance(m, QuantMatrix)}
-    assert all(isinstance(m, QuantMatrix) for lw in w["layers"] for m in lw.values() if len(m.shape) == 2)
-    assert set(types.values()) == {QT.Q5_0, QT.Q4_K, QT.Q8_0, QT.Q6_K}  # the file's types (F32 for norms)
+    mats = [getattr(m, "fused", None) and m.fused.whole or m for lw in w["layers"] for m in lw.values()]  # q/k/v joined
+    types = {m.qtype for m in mats if isinstance(m, QuantMatrix)}
+    assert all(isinstance(m, QuantMatrix) for m in mats if len(m.shape) == 2)
+    assert types == {QT.Q5_0, QT.Q4_K, QT.Q8_0, QT.Q6_K}  # the file's types (F32 for norms)
     assert isinstance(w["token_embd"], QuantMatrix) and w["output"] is w["token_embd"]  # tied, Q8_0
 
 

@@ -63,8 +63,8 @@ def test_q4_0_offset_that_overflows_float16_stays_exact():
 
 def test_numba_backend_keeps_smollm2_quantized(model):
     m = refllama.load(model.path, backend="numba", n_ctx=256)
-    q = m.weights["layers"][0]["attn_q"]
-    assert isinstance(q, QuantMatrix) and q.qtype == QT.Q4_1
+    q = m.weights["layers"][0]["attn_q"].fused.whole  # q, k and v multiplied as one matrix (quant.Fused)
+    assert isinstance(q, QuantMatrix) and q.qtype == QT.Q4_1 and q.shape == (576 + 2 * 192, 576)
     assert isinstance(m.weights["token_embd"], QuantMatrix) and m.weights["token_embd"].qtype == QT.Q8_0
     ids = model.tokenize("The history of the printing press begins")
     np.testing.assert_allclose(m.logits(ids), model.logits(ids), atol=1e-3 * np.ptp(model.logits(ids)))

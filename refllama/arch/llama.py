@@ -87,7 +87,7 @@ def forward(w, cfg, tokens, start_pos, cache, last_only=False, attention=None): 
 
     if last_only:
         x = x[-1:]  # [1, D]
-    x = tap("result_norm", None, rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
+    x = tap("result_norm", None, rms_norm(x, w["output_norm"], cfg.rms_eps, cfg.numerics))  # [T, D]
     return tap("result_output", None, linear(x, w["output"]))  # [T, V]
 
 
@@ -95,7 +95,7 @@ def attention_block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] 
     T = len(x)
     H, KVH, HD = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     rope = rope_for(cfg)
-    h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
+    h = tap("attn_norm", i, rms_norm(x, lw["attn_norm"], cfg.rms_eps, cfg.numerics))  # [T, D]
     q = tap("Qcur", i, linear(h, lw["attn_q"], lw.get("attn_q_bias")).reshape(T, H, HD))  # [T, H, HD]
     k = tap("Kcur", i, linear(h, lw["attn_k"], lw.get("attn_k_bias")).reshape(T, KVH, HD))  # [T, KVH, HD]
     v = tap("Vcur", i, linear(h, lw["attn_v"], lw.get("attn_v_bias")).reshape(T, KVH, HD))  # Qwen2: biases
@@ -114,7 +114,7 @@ def attend(q, k, v, lw, cfg, i, start_pos, cache, mask):  # q [T, H, HD], k, v [
 
 
 def feed_forward_block(x, lw, cfg, i):  # [T, D] -> [T, D], layer i's SwiGLU feed-forward
-    h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
+    h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], cfg.rms_eps, cfg.numerics))  # [T, D]
     gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"], lw.get("ffn_gate_bias")))  # [T, F]
     up = tap("ffn_up", i, linear(h, lw["ffn_up"], lw.get("ffn_up_bias")))  # [T, F]
     h = tap("ffn_swiglu", i, swiglu(gate, up, cfg.numerics))  # [T, F]
