@@ -5,6 +5,9 @@ S cached length (keys visible to the step). Activations are float32. Each functi
 module from its inputs, so the same code runs on NumPy and CuPy.
 """
 
+import importlib
+import sys
+
 from .xp import array_module
 
 
@@ -84,16 +87,14 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
+OPS = {"ggml": "refllama.ggml_numerics", "ggml-numba": "refllama.ggml_kernels"}  # numerics -> its module
+
+
 def ggml_ops(numerics):
     """The module that computes a step in numerics other than float32: "ggml", refllama.ggml_numerics (NumPy, the
-    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba)."""
-    if numerics == "ggml":
-        from . import ggml_numerics
-
-        return ggml_numerics
-    from . import ggml_kernels
-
-    return ggml_kernels
+    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba).
+    Imported on first use; after that a dictionary lookup (this runs a few hundred times a token)."""
+    return sys.modules.get(OPS[numerics]) or importlib.import_module(OPS[numerics])
 
 
 def attention_scores(q, k, numerics="float32"):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
