@@ -33,7 +33,8 @@ def wrong_kv_head_scores(q, k, numerics="float32"):  # query head h reads kv hea
 BREAKS = {
     "rope_layout_swapped": (lambda mp: mp.setitem(refllama.layers.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
     "rms_eps_dropped": (lambda mp: mp.setattr(refllama.arch.llama, "rms_norm",
-                                              lambda x, w, eps, numerics="float32": rms_norm(x, w, 0.0)), "attn_norm-0"),
+                                              lambda x, w, eps, numerics="float32": rms_norm(x, w, 0.0)),
+                        "attn_norm-0"),
     "wrong_kv_head": (lambda mp: mp.setattr(refllama.arch.llama, "attention_scores", wrong_kv_head_scores), "kq-0"),
 }
 
