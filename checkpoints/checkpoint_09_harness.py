@@ -89,6 +89,23 @@ def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
     assert r.returncode == 0 and "all 73 stages within tolerance" in r.stdout, r.stdout + r.stderr
 
 
+def test_a_ggml_engine_is_held_to_the_ggml_column_and_a_small_bug_is_named(tmp_path):
+    """refllama in numerics "ggml" against llama.cpp: compare picks the ggml column (both dumps compute llama.cpp's
+    arithmetic), re-runs stages in ggml numerics, and passes every stage. An eps of 1e-6 for 1e-5, invisible in
+    the llama.cpp column, is then named at the first norm."""
+    ggml = refllama.load(numerics="ggml")
+    clean = dump_short(ggml, tmp_path, "ggml-clean")
+    rep = compare(clean, REF / "llamacpp" / "short", ggml)
+    assert rep.column.name == "ggml" and rep.first is None, rep.first
+    assert max(r["max_rel"] for r in rep.rows) == 0  # bit-equal to llama.cpp
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(refllama.arch.llama, "rms_norm", lambda x, w, eps, numerics="float32": rms_norm(x, w, 1e-6))
+        broken = dump_short(ggml, tmp_path, "ggml-eps")
+    rep = compare(broken, REF / "llamacpp" / "short", ggml)
+    assert rep.column.name == "ggml" and rep.first["name"] == "attn_norm-0"
+    assert compare(broken, REF / "llamacpp" / "short", column="llama.cpp").first is None  # llama.cpp's noise hides it
+
+
 def test_a_dump_written_by_hand_in_the_documented_format(model, tmp_path):
     """What another engine writes: plain np.save files and a manifest, q/k in the half-split layout."""
     ids = harness.smollm2_reference("llamacpp", "short").manifest["token_ids"]

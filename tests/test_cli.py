@@ -21,6 +21,15 @@ def test_greedy_run_prints_prompt_continuation_and_timings(model):
         assert field in r.stderr
 
 
+def test_numerics_ggml_runs_llamacpps_arithmetic_on_both_backends():
+    """--numerics ggml on the CLI: the same greedy text on numpy (the readable emulation) and numba (its kernels),
+    and the timing line names the numerics."""
+    args = ("-p", "The capital of France is", "-n", "8", "--temp", "0", "--numerics", "ggml")
+    numpy_run, numba_run = cli(*args), cli(*args, "--backend", "numba")
+    assert numpy_run.returncode == 0 and numba_run.returncode == 0, numpy_run.stderr + numba_run.stderr
+    assert numpy_run.stdout == numba_run.stdout and "numerics ggml" in numba_run.stderr
+
+
 def test_prompt_from_file_and_chat_mode(tmp_path):
     p = tmp_path / "q.txt"
     p.write_text("What is the capital of France? Answer in one word.", encoding="utf-8")
