@@ -405,12 +405,13 @@ def _scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [
         return out
     body = HD - HD % 64
     for h in prange(H):
-        acc = np.empty(64, np.float32)
+        acc = np.zeros(64, np.float32)
         for s in range(S):
             row = k[h // (H // KVH), s]
-            for lane in range(64):
-                acc[lane] = 0.0
-            for c in range(0, body, 64):
+            if body:
+                for lane in range(64):
+                    acc[lane] = qh[0, h, lane] * row[lane]
+            for c in range(64, body, 64):
                 for lane in range(64):
                     acc[lane] += qh[0, h, c + lane] * row[c + lane]
             for lane in range(16):
