@@ -196,9 +196,10 @@ def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nea
     return x.astype(np.float16).astype(np.float32)
 
 
-def quantize_q8_0(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/32] f32 (float16 values)
+def quantize_q8_0(x):  # [T, K] f32 -> q [T, K] int8, d32, d [T, K/32] f32 (d: float16 values)
     """Blocks of 32: d = amax / 127, q = round-half-even(x * (127 / amax)) (127 / amax, not 1 / d; 0 for an
-    all-zero block); d is stored as float16. ggml's x86 quantize_row_q8_0; the portable C one rounds half away."""
+    all-zero block); d is stored as float16 (d32: before that rounding, which Q8_1's s uses). ggml's x86
+    quantize_row_q8_0; the portable C one rounds half away."""
     xp = array_module(x)
     T, K = x.shape
     b = x.reshape(T, K // 32, 32)
@@ -343,7 +344,7 @@ class GgmlMatrix:
     """A quantized [N, K] matrix that multiplies as llama.cpp's CPU backend does. `x @ w.T` quantizes x to the
     type's vec-dot type and sums as ggml_vec_dot_*; `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
 
-    ROWS_PER_PASS = 1 << 22  # bound the [K/group, T, N] sums of one pass to 16 MB per group
+    ROWS_PER_PASS = 1 << 22  # tokens per pass: the [K/group, T, N] sums of one pass stay under 16 MB
 
     def __init__(self, raw, qtype, shape, xp=np):
         self.qtype, self.shape, self.xp = qtype, tuple(shape), xp
