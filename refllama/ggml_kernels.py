@@ -360,9 +360,12 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
     n, m = bt.shape
     W = 16 if many else 64
     body = n if many or padded else n - n % 64
+    used = body  # a's zeros at the end (the keys a causal row does not see) add nothing to any lane: skipped
+    while used > 0 and a[used - 1] == 0:
+        used -= 1
     lanes = np.zeros((W, m), np.float32)
-    for c in range(0, body, W):
-        for lane in range(min(W, body - c)):
+    for c in range(0, used, W):
+        for lane in range(min(W, used - c)):
             x = a[c + lane]
             for j in range(m):
                 lanes[lane, j] += x * bt[c + lane, j]
