@@ -22,11 +22,12 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):
     if numerics != "float32":
         from .ggml_numerics import cos_sin
 
-        step = np.float32(base ** (-2.0 / cfg.rope_dim)) if half else None  # half 0: no RoPE (GPT-2)
-        angle = np.empty((n_ctx, half), np.float32)
-        angle[:, :1] = np.arange(n_ctx, dtype=np.float32)[:, None][:, :half]
-        for i in range(1, half):
-            angle[:, i] = angle[:, i - 1] * step
+        angle = np.empty((n_ctx, half), np.float32)  # half 0: no RoPE (GPT-2), empty tables
+        if half:
+            step = np.float32(base ** (-2.0 / cfg.rope_dim))
+            angle[:, 0] = np.arange(n_ctx, dtype=np.float32)
+            for i in range(1, half):
+                angle[:, i] = angle[:, i - 1] * step
         if ff is not None:
             angle = angle / ff.astype(np.float32)
         cos, sin = cos_sin(angle * np.float32(1.0 / scale))

@@ -10,6 +10,7 @@ Q4_0, Q4_1 and Q8_0 have kernels here; other types use refllama.ggml_numerics' N
 """
 
 import types as pytypes
+from functools import partial
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -234,10 +235,6 @@ class NumbaGgmlMatrix(GgmlMatrix):
     def __init__(self, raw, qtype, shape, vnni=VNNI):
         self.qtype, self.shape, self.vnni = qtype, tuple(shape), vnni
         self.raw = np.array(raw)  # a writable copy: a read-only memory map would be another type to Numba
-
-    @property
-    def nbytes(self):
-        return self.raw.nbytes
 
     def matmul(self, x):  # [T, K] -> [T, N]
         return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.raw)
@@ -491,6 +488,8 @@ def _rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n,
     return out
 
 
-def rope(layout):  # -> rope(x, cos, sin) for a pair layout, as ggml_numerics.rope
-    interleaved = layout == "interleaved"
-    return lambda x, cos, sin: _rope(np.ascontiguousarray(x), cos, sin, interleaved)
+def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_numerics.rope
+    return _rope(np.ascontiguousarray(x), cos, sin, interleaved)
+
+
+ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, interleaved=False)}  # as layers.ROPE

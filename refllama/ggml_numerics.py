@@ -13,6 +13,7 @@ differ from llama.cpp, and those in the order of float32 additions. refllama.ggm
 """
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -21,6 +22,7 @@ from numba import njit
 from .errors import RefllamaError
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
+from .quant import _Transposed
 from .xp import array_module
 
 Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
@@ -143,24 +145,20 @@ def f16_dots(a, b, many, padded):  # [..., n] f32, [..., n] f32 (float16 values)
     return total.astype(np.float32)
 
 
-def rope(layout):  # -> rope(x, cos, sin) for a pair layout: "interleaved" (NORM) or "half" (NEOX)
+def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
     """ggml's rotate_pairs: x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos, each with one fused multiply-add, as GCC
-    compiles ggml's C++ (the products x1 sin and x1 cos rounded first)."""
-    def rotate(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
-        half = cos.shape[-1]
-        if layout == "interleaved":
-            x0, x1 = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        else:
-            x0, x1 = x[..., :half], x[..., half:2 * half]
-        c, s = cos[:, None, :], sin[:, None, :]
-        out = x.copy()
-        r0, r1 = fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)
-        if layout == "interleaved":
-            out[..., 0:2 * half:2], out[..., 1:2 * half:2] = r0, r1
-        else:
-            out[..., :half], out[..., half:2 * half] = r0, r1
-        return out
-    return rotate
+    compiles ggml's C++ (the products x1 sin and x1 cos rounded first). Pairs (2i, 2i+1) if `interleaved` (NORM),
+    else (i, i + R/2) (NEOX)."""
+    half = cos.shape[-1]
+    pairs = (slice(0, 2 * half, 2), slice(1, 2 * half, 2)) if interleaved else (slice(0, half), slice(half, 2 * half))
+    x0, x1 = x[..., pairs[0]], x[..., pairs[1]]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = x.copy()
+    out[..., pairs[0]], out[..., pairs[1]] = fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)
+    return out
+
+
+ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, interleaved=False)}  # as layers.ROPE
 
 
 def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] f32 (float16 values) -> [H, T, S]: kq, llama.cpp's way
@@ -359,10 +357,6 @@ class GgmlMatrix:
     def T(self):
         return _Transposed(self)
 
-    @property
-    def nbytes(self):
-        return self.codes_t.nbytes + sum(a.nbytes for a in self.w[2:] if a is not None)
-
     def matmul(self, x):  # [T, K] f32 -> [T, N] f32
         N, K = self.shape
         step = max(1, self.ROWS_PER_PASS // (N * K // self.group))
@@ -418,16 +412,6 @@ class GgmlMatrix:
         return dequantize(sub)
 
 
-class _Transposed:
-    __array_ufunc__ = None  # makes `ndarray @ this` defer to __rmatmul__
-
-    def __init__(self, w):
-        self.w = w
-
-    def __rmatmul__(self, x):
-        return self.w.matmul(x)
-
-
 class F16Matrix:
     """A float16 matrix: llama.cpp rounds the float32 operand to float16 and sums the products in float32."""
 
@@ -438,10 +422,6 @@ class F16Matrix:
     @property
     def T(self):
         return _Transposed(self)
-
-    @property
-    def nbytes(self):
-        return self.w.nbytes
 
     def matmul(self, x):
         return round_f16(x) @ self.w.T.astype(np.float32)

@@ -66,7 +66,7 @@ ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layou
 def rope_for(cfg):  # -> rope(x, cos, sin) for the model's pair layout and numerics
     """ROPE[cfg.rope_layout]; in numerics "ggml", the same pairs rotated as ggml rotates them (ggml_ops)."""
     if cfg.numerics != "float32":
-        return ggml_ops(cfg.numerics).rope(cfg.rope_layout)
+        return ggml_ops(cfg.numerics).ROPE[cfg.rope_layout]
     return ROPE[cfg.rope_layout]
 
 

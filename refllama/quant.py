@@ -321,10 +321,6 @@ class FusedPart:
     def T(self):
         return _Transposed(self)
 
-    @property
-    def nbytes(self):
-        return self.fused.whole.nbytes * (self.b - self.a) // self.fused.whole.shape[0]
-
     def matmul(self, x):
         return self.fused.columns(x, self.a, self.b)
 
