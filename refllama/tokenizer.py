@@ -1,159 +1,385 @@
-"""Tokenizer: a `tokenizers.Tokenizer` built from a GGUF's embedded vocabulary, with llama.cpp's rules.
-
-Byte-level BPE ("gpt2" model) takes the pre-tokenizer that `tokenizer.ggml.pre` names; SentencePiece
-("llama" model) becomes BPE with merges ranked by score and byte fallback, as llama.cpp tokenizes it.
+"""Tokenizers. A GGUF's embedded vocabulary is tokenized exactly as llama.cpp 0.3.36 tokenizes it (llama-vocab.cpp):
+special tokens cut out first, then SentencePiece ("llama" model) or byte-pair encoding ("gpt2", "gemma4") with the
+pre-tokenizer `tokenizer.ggml.pre` names (pretokenizer.py). An HF directory's tokenizer.json runs in `tokenizers`.
 """
 
+import codecs
+import heapq
 import math
 import threading
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers.models import BPE
+from tokenizers import decoders
 
 from .errors import RefllamaError, shown
+from .pretokenizer import ADD_BOS, NEWLINES, PRE, compile_regexes, split
 from .safety import check_regular, read_json, read_regular
 
-# llama.cpp's pre-tokenizer regexes (llama-vocab.cpp), grouped by the `tokenizer.ggml.pre` names using each
-_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT2 = ("gpt-2", "gpt2", "jais", "roberta-bpe")
-_DIGITS_GPT2 = ("smollm", "starcoder", "refact", "codeshell", "exaone", "minerva")
-_REGEX = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"), _LLAMA3),
-          **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2)}
-# Texts llama.cpp's vocabulary loader (llama-vocab.cpp) recognises whatever type the file gives them: each is forced to
-# control type (so matched in a text only when special tokens are parsed), and those of _EOG_TEXTS and the FIM pad,
-# repo and file-separator tokens end generation. (llama.cpp keeps the first FIM token of each role it meets: for a
-# vocabulary with two candidates of one role, refllama's end-of-generation set would hold both.)
+# Texts llama.cpp's vocabulary loader recognises whatever type the file gives them: these end generation and are
+# forced to control type (so matched in a text only when special tokens are parsed); so are the FIM roles' below.
 _EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
               "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
               "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "[e~[",
               "<｜end▁of▁sentence｜>"}
-_FIM_EOG_TEXTS = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
-                  "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"}
-_FIM_TEXTS = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
-              "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-              "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>",
-              "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"}
 _NORMAL_S_MARKERS = {"<|tool_response>", "<|plamo:eos|>"}  # one of these ends generation: "</s>" is normal (Gemma 4)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 STRING, INTEGERS, FLOATS = 8, (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)  # GGUF value types
 
 
-def _byte_level_pre_tokenizer(pre, path):
-    if pre in _GPT2:
-        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in _DIGITS_GPT2:  # each digit alone, then GPT-2's regex
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    if pre in _REGEX:
-        return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_REGEX[pre]), behavior="isolated"),
-                                        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    known = ", ".join(sorted((*_GPT2, *_DIGITS_GPT2, *_REGEX)))
-    raise RefllamaError(f"{path}: unsupported tokenizer.ggml.pre {shown(pre)} (supported: {known})")
+# llama.cpp's token attributes (llama.h): a GGUF token type sets one; name rules below add others
+A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
+A_LSTRIP, A_RSTRIP = 128, 256
+_ATTR_OF_TYPE = {UNKNOWN: A_UNKNOWN, UNUSED: A_UNUSED, NORMAL: A_NORMAL, CONTROL: A_CONTROL,
+                 USER_DEFINED: A_USER_DEFINED, BYTE: A_BYTE}
+_FIM_ROLES = {  # role: texts llama.cpp takes for that role's token when the file names none
+    "fim_pre": {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"},
+    "fim_suf": {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"},
+    "fim_mid": {"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"},
+    "fim_pad": {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"},
+    "fim_rep": {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"},
+    "fim_sep": {"<|file_sep|>"},
+}
+_FIM_OLD_KEYS = {"fim_pre": "prefix", "fim_suf": "suffix", "fim_mid": "middle"}  # deprecated key names
+_ALWAYS_RENDERED = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}  # gpt-oss: user-defined
+_SPACE = " \t\n\v\f\r"  # C's isspace: what lstrip/rstrip remove beside a special token
 
 
-def _spm_merges(tokens, scores):
-    """BPE merges for a SentencePiece vocabulary: every split of a piece into two pieces, best score first."""
-    ids = {t: i for i, t in enumerate(tokens)}
-    merges = []
-    for piece, score in zip(tokens, scores):
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in ids and right in ids:
-                merges.append((score, ids[left], ids[right], left, right))
-    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
-    return [(left, right) for _, _, _, left, right in merges]
+def _bytes_to_unicode():
+    """GPT-2's map from each byte to a printable character (byte-level BPE spells bytes with these)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return {b: chr(b if b in keep else next(extra)) for b in range(256)}
+
+
+BYTE_CHAR = _bytes_to_unicode()
+CHAR_BYTE = {c: b for b, c in BYTE_CHAR.items()}
 
 
 def _vocabulary(g):
-    """(model, tokens, types, vocab) of a GGUF's tokenizer fields, checked: equal lengths, known types, distinct
-    tokens (llama.cpp asserts that too)."""
+    """(model, tokens, types) of a GGUF's tokenizer fields, checked: equal lengths, known types, distinct tokens
+    (llama.cpp asserts that too). An empty token is named "[EMPTY_<id>]", as llama.cpp names it."""
     model = g.string("tokenizer.ggml.model", required=True)
     tokens = g.array("tokenizer.ggml.tokens", (STRING,), "strings", required=True)
     if not tokens:
         raise RefllamaError(f"{g.path}: metadata field 'tokenizer.ggml.tokens' is empty")
+    tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     types = g.array("tokenizer.ggml.token_type", INTEGERS, "integers") or [NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise RefllamaError(f"{g.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
     bad = next((i for i, t in enumerate(types) if not 0 <= t <= BYTE), None)
     if bad is not None:
         raise RefllamaError(f"{g.path}: token {bad} has unknown token type {types[bad]}")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
+    if len(set(tokens)) != len(tokens):
         seen = set()
         dup = next(i for i, t in enumerate(tokens) if t in seen or seen.add(t))
         raise RefllamaError(f"{g.path}: token {dup} {shown(tokens[dup])} appears twice in tokenizer.ggml.tokens")
-    return model, tokens, types, vocab
+    return model, tokens, types
 
 
-def _bpe_merges(g, vocab):
-    """tokenizer.ggml.merges as pairs, split at the first space after the first character as llama.cpp splits
-    them; a merge of tokens the vocabulary lacks is a corrupt file."""
-    merges = []
+def _bpe_ranks(g):
+    """{(left, right): rank} from tokenizer.ggml.merges, split at the first space after the first character and
+    the first of a repeated pair kept, as llama.cpp reads them."""
+    ranks = {}
     for n, m in enumerate(g.array("tokenizer.ggml.merges", (STRING,), "strings", required=True)):
         cut = m.find(" ", 1)
-        pair = (m[:cut], m[cut + 1:])
-        if cut < 0 or not all(p in vocab for p in (*pair, pair[0] + pair[1])):
-            raise RefllamaError(f"{g.path}: tokenizer.ggml.merges[{n}] {shown(m)} does not merge two tokens of "
-                                "the vocabulary into a third")
-        merges.append(pair)
-    return merges
+        ranks.setdefault((m[:cut], m[cut + 1:]) if cut > 0 else ("", ""), n)
+    return ranks
+
+
+def _attributes(g, tokens, types, vocab):
+    """(attrs, end-of-generation ids): llama.cpp's attribute of each token and its eog set, with the rules its
+    vocabulary loader applies by token text and model name (llama-vocab.cpp). Where a file names no token for a
+    FIM role and several texts qualify, llama.cpp keeps the first its hash map yields; every one is taken here."""
+    n = len(tokens)
+    attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types]
+    ids = {k: g.token_id(f"tokenizer.ggml.{k}_token_id", n) for k in ("eos", "eot", "eom")}
+    eog = {vocab[t] for t in _EOG_TEXTS & vocab.keys()}  # forced to control type below, as the FIM roles' tokens
+    forced = set(eog)
+    for role, texts in _FIM_ROLES.items():
+        old = _FIM_OLD_KEYS.get(role)
+        named = g.token_id(f"tokenizer.ggml.{role}_token_id", n)
+        named = named if named is not None or old is None else g.token_id(f"tokenizer.ggml.{old}_token_id", n)
+        found = {named} if named is not None else {vocab[t] for t in texts & vocab.keys()}
+        forced |= found - {named}
+        if role in ("fim_pad", "fim_rep", "fim_sep"):
+            eog |= found
+    for i in forced:
+        attrs[i] |= A_CONTROL
+    for t in _ALWAYS_RENDERED & vocab.keys():
+        attrs[vocab[t]] = A_USER_DEFINED
+    eog |= {i for i in ids.values() if i is not None}
+    texts = {tokens[i]: i for i in eog}
+    calls = texts.keys() & {"<|call|>", "<|calls|>"}
+    if "<|end|>" in texts and calls and texts.keys() & {"<|return|>", "<|flush|>"}:
+        eog.discard(texts["<|end|>"])  # o200k_harmony, solar-open: <|end|> ends a message, not the generation
+        attrs[texts["<|end|>"]] = A_USER_DEFINED
+    if "</s>" in texts and texts.keys() & _NORMAL_S_MARKERS:
+        eog.discard(texts["</s>"])  # Gemma 4, PLaMo: "</s>" is a normal token
+        attrs[texts["</s>"]] = A_NORMAL
+    specials = [i for i, a in enumerate(attrs) if a & (A_CONTROL | A_USER_DEFINED | A_UNKNOWN)]
+    name = g.string("general.name", "").lower()
+    pre, arch = g.string("tokenizer.ggml.pre", ""), g.string("general.architecture", "")
+    strip = {}
+    if any(s in pre for s in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or any(
+            s in arch for s in ("nomic-bert-moe", "jina-bert-v3")):
+        strip = {"<mask>": A_LSTRIP}
+    elif "phi-3" in name or "phi3" in name:  # every special token, and </s>, eats the spaces after it
+        for i in specials:
+            attrs[i] |= A_RSTRIP
+        strip = {"</s>": A_RSTRIP, "<unk>": -A_RSTRIP, "<s>": -A_RSTRIP, "<|endoftext|>": -A_RSTRIP}
+    elif "modern-bert" in name:
+        strip = {"[MASK]": A_LSTRIP}
+    for text, bit in strip.items():
+        if text in vocab:
+            i = vocab[text]
+            attrs[i] = attrs[i] | bit if bit > 0 else attrs[i] & ~-bit
+    return attrs, frozenset(eog)
 
 
 def from_gguf(g):
-    """Tokenizer for the vocabulary embedded in an opened GGUFFile; a vocabulary that tokenizers cannot build
-    is reported as the file's."""
-    model, tokens, types, vocab = _vocabulary(g)
-    n = len(tokens)
-    roles = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
-    named = {vocab[t] for t in (_EOG_TEXTS | _FIM_EOG_TEXTS) & vocab.keys()}  # end generation by their text
-    eog = named | {g.token_id(f"tokenizer.ggml.{k}_token_id", n) for k in roles} - {None}
-    if "</s>" in vocab and {tokens[i] for i in eog} & _NORMAL_S_MARKERS:
-        named.discard(vocab["</s>"])
-        eog.discard(vocab["</s>"])
-    forced = named | {vocab[t] for t in _FIM_TEXTS & vocab.keys()}
-    types = [CONTROL if i in forced else t for i, t in enumerate(types)]
-    try:
-        if model == "gpt2":
-            pre = g.string("tokenizer.ggml.pre", "default")
-            tok = HFTokenizer(BPE(vocab, _bpe_merges(g, vocab), ignore_merges=_REGEX.get(pre) is _LLAMA3))
-            tok.pre_tokenizer = _byte_level_pre_tokenizer(pre, g.path)
-            tok.decoder = decoders.ByteLevel()
-            add_bos_default = pre in _REGEX and _REGEX[pre] is _LLAMA3
-        elif model == "llama":
-            scores = g.array("tokenizer.ggml.scores", FLOATS, "floats", required=True)
-            if len(scores) != n or not all(map(math.isfinite, scores)):
-                raise RefllamaError(f"{g.path}: tokenizer.ggml.scores must be {n} finite numbers, one per token")
-            unk = tokens[g.integer("tokenizer.ggml.unknown_token_id", 0, low=0, high=n - 1)]
-            tok = HFTokenizer(BPE(vocab, _spm_merges(tokens, scores), unk_token=unk, byte_fallback=True,
-                                  fuse_unk=True))
-            space_prefix = g.flag("tokenizer.ggml.add_space_prefix", True)
-            steps = [normalizers.Prepend("▁")] if space_prefix else []
-            tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
-            dec = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-            tok.decoder = decoders.Sequence([*dec, decoders.Strip(" ", 1, 0)] if space_prefix else dec)
-            add_bos_default = True
+    """llama.cpp's tokenizer for the vocabulary embedded in an opened GGUFFile."""
+    model, tokens, types = _vocabulary(g)
+    n, vocab = len(tokens), {t: i for i, t in enumerate(tokens)}
+    attrs, eog = _attributes(g, tokens, types, vocab)
+    pre = g.string("tokenizer.ggml.pre", "default") or "default"
+    if model == "llama":
+        scores = g.array("tokenizer.ggml.scores", FLOATS + INTEGERS, "numbers", required=True)
+        if len(scores) < n or not all(map(math.isfinite, scores)):
+            raise RefllamaError(f"{g.path}: tokenizer.ggml.scores must be {n} finite numbers, one per token")
+        algo = Spm([float(s) for s in scores])
+        bos, eos, add_bos, space_prefix = 1, 2, True, True
+    elif model in ("gpt2", "gemma4"):
+        if model == "gemma4":
+            regexes, ignore, byte_level, bos, eos, add_bos = NEWLINES, False, False, None, None, True
+        elif pre in PRE:
+            (regexes, ignore), byte_level, bos, eos, add_bos = PRE[pre], True, 11, 11, pre in ADD_BOS
         else:
-            raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model {shown(model)} (supported: gpt2, llama)")
-        # control and user-defined tokens are matched whole in the text, as llama.cpp does
-        tok.add_tokens([AddedToken(tokens[i], special=(t == CONTROL), normalized=False)
-                        for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED)])
-    except (RefllamaError, KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # tokenizers' Exception, or on a Rust panic pyo3's PanicException (a BaseException)
-        raise RefllamaError(f"{g.path}: corrupt vocabulary ({shown(str(e), 120)})") from None
-    return Tokenizer(
-        tok,
-        bos_id=g.token_id("tokenizer.ggml.bos_token_id", n),
-        eos_id=g.token_id("tokenizer.ggml.eos_token_id", n),
-        add_bos=g.flag("tokenizer.ggml.add_bos_token", add_bos_default),
-        add_eos=g.flag("tokenizer.ggml.add_eos_token", False),
-        eog_ids=frozenset(eog),
-    )
+            known = ", ".join(sorted(PRE))
+            raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.pre {shown(pre)} (supported: {known})")
+        algo = Bpe(_bpe_ranks(g), compile_regexes(regexes), ignore, byte_level, model == "gemma4")
+        space_prefix = False
+    else:
+        raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model {shown(model)} (supported: gpt2, llama, "
+                            "gemma4)")
+    bos = g.token_id("tokenizer.ggml.bos_token_id", n) if g.has("tokenizer.ggml.bos_token_id") else bos
+    eos = g.token_id("tokenizer.ggml.eos_token_id", n) if g.has("tokenizer.ggml.eos_token_id") else eos
+    bos, eos = (i if i is not None and i < n else None for i in (bos, eos))
+    add_bos = g.flag("tokenizer.ggml.add_bos_token", add_bos) or model == "gemma4"
+    return GgufTokenizer(tokens, vocab, attrs, algo, bos_id=bos, eos_id=eos, add_bos=add_bos,
+                         add_eos=g.flag("tokenizer.ggml.add_eos_token", False),
+                         space_prefix=g.flag("tokenizer.ggml.add_space_prefix", space_prefix), eog_ids=eog)
+
+
+def _byte_token(vocab, b, path=""):
+    """The token of byte b: "<0xXX>", else the byte as a one-character token (llama.cpp's byte_to_token)."""
+    i = vocab.get(f"<0x{b:02X}>", vocab.get(chr(b)) if b < 0x80 else None)
+    if i is None:
+        raise RefllamaError(f"{path}vocabulary has no token for byte 0x{b:02X} (neither <0x{b:02X}> nor the byte)")
+    return i
+
+
+class Spm:
+    """SentencePiece as llama.cpp runs it (llm_tokenizer_spm): merge the adjacent pair whose merged text is the
+    best-scoring token, leftmost first on equal scores; pieces that are no token become byte tokens.
+    By hand, not `tokenizers`: its merge ranks break ties by token id, llama.cpp by position."""
+
+    def __init__(self, scores):
+        self.scores = scores
+
+    def __call__(self, text, vocab):
+        sym = list(text)  # UTF-8 characters, as a linked list: merged-away symbols become ""
+        prev, nxt = list(range(-1, len(sym) - 1)), [*range(1, len(sym)), -1]
+        heap = []
+
+        def push(left, right):
+            if left >= 0 and right >= 0 and (i := vocab.get(sym[left] + sym[right])) is not None:
+                heapq.heappush(heap, (-self.scores[i], left, right, len(sym[left]) + len(sym[right])))
+
+        for i in range(1, len(sym)):
+            push(i - 1, i)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
+                continue  # a stale pair (llama.cpp checks the length only)
+            sym[left], sym[right] = sym[left] + sym[right], ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            push(prev[left], left)
+            push(left, nxt[left])
+        out = []
+        for s in filter(None, sym):
+            i = vocab.get(s)
+            out += [i] if i is not None else [_byte_token(vocab, b) for b in s.encode()]
+        return out
+
+
+class Bpe:
+    """Byte-pair encoding as llama.cpp runs it (llm_tokenizer_bpe): the pre-tokenizer's words, each merged pair by
+    pair, lowest merge rank first (leftmost on ties); a piece that is no token falls back to its bytes' tokens.
+    By hand, not `tokenizers`: that keeps the last of a repeated merge and drops unknown characters."""
+
+    def __init__(self, ranks, regexes, ignore_merges, byte_level, gemma4):
+        self.ranks, self.regexes, self.ignore_merges = ranks, regexes, ignore_merges
+        self.byte_level, self.gemma4 = byte_level, gemma4
+        self.cache = {}
+
+    def __call__(self, text, vocab):
+        out = []
+        for word in split(text, self.regexes):
+            if self.byte_level:
+                word = "".join(BYTE_CHAR[b] for b in word.encode())
+            ids = self.cache.get(word)
+            if ids is None:
+                ids = self.word(word, vocab)
+                if len(self.cache) > 100_000:
+                    self.cache.clear()
+                self.cache[word] = ids
+            out += ids
+        return out
+
+    def word(self, word, vocab):
+        if word in vocab and (self.ignore_merges or (self.gemma4 and not word.strip("\n"))):
+            return [vocab[word]]
+        sym = list(word)
+        prev, nxt = list(range(-1, len(sym) - 1)), [*range(1, len(sym)), -1]
+        heap = []
+
+        def push(left, right):
+            if left >= 0 and right >= 0 and (rank := self.ranks.get((sym[left], sym[right]))) is not None:
+                heapq.heappush(heap, (rank, left, right, sym[left] + sym[right]))
+
+        for i in range(1, len(sym)):
+            push(i - 1, i)
+        while heap:
+            _, left, right, text = heapq.heappop(heap)
+            if not sym[left] or not sym[right] or sym[left] + sym[right] != text:
+                continue  # a stale pair
+            sym[left], sym[right] = text, ""
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prev[nxt[right]] = left
+            push(prev[left], left)
+            push(left, nxt[left])
+        out = []
+        for s in filter(None, sym):
+            if s in vocab:
+                out.append(vocab[s])
+            else:  # each byte of the piece's text as a token, where one exists (llama.cpp drops the others)
+                keys = (chr(b) if b < 0x80 else None for b in s.encode()) if self.byte_level else (
+                    f"<0x{b:02X}>" for b in s.encode())
+                out += [vocab[k] for k in keys if k in vocab]
+        return out
+
+
+class GgufTokenizer:
+    """Text <-> token ids exactly as llama.cpp's llama_tokenize / llama_token_to_piece do them."""
+
+    def __init__(self, tokens, vocab, attrs, algo, bos_id, eos_id, add_bos, add_eos, space_prefix, eog_ids):
+        self.tokens, self.vocab, self.attrs, self.algo = tokens, vocab, attrs, algo
+        self.bos_id, self.eos_id, self.eog_ids = bos_id, eos_id, eog_ids
+        self.add_bos, self.add_eos = add_bos and bos_id is not None, add_eos and eos_id is not None
+        self.space_prefix = space_prefix  # SentencePiece: a space before text that follows a special token
+        self.vocab_size = len(tokens)
+        # matched whole before the text is tokenized: longest text first (llama.cpp sorts by length, unstably)
+        special = [i for i, a in enumerate(attrs) if a & (A_CONTROL | A_USER_DEFINED | A_UNKNOWN)]
+        self.specials = sorted(special, key=lambda i: -len(tokens[i].encode()))
+        self.lock = threading.Lock()  # the BPE word cache is shared by the server's threads
+
+    def encode(self, text, add_special=True, parse_special=False):
+        """Token ids; `parse_special` matches control-token text such as '<|im_start|>' as one token."""
+        bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+        if bad is not None:
+            raise RefllamaError(f"text is not valid Unicode: a lone surrogate at character {bad}")
+        ids = [self.bos_id] if add_special and self.add_bos else []
+        after_special = True
+        with self.lock:
+            for piece in self.partition(text, parse_special):
+                if isinstance(piece, int):
+                    ids.append(piece)
+                    after_special = True
+                    continue
+                if isinstance(self.algo, Spm):
+                    piece = (" " if self.space_prefix and after_special else "") + piece
+                    ids += self.algo(piece.replace(" ", "▁"), self.vocab)
+                else:
+                    ids += self.algo(piece.replace(" ", "▁") if self.algo.gemma4 else piece, self.vocab)
+                after_special = False
+        return ids + [self.eos_id] if add_special and self.add_eos else ids
+
+    def partition(self, text, parse_special):
+        """The text cut at each special token's text (longest first), into strings and token ids. Without
+        `parse_special` only user-defined tokens are cut out; lstrip/rstrip tokens take the spaces beside them."""
+        pieces = [text]
+        for i in self.specials:
+            t, attr = self.tokens[i], self.attrs[i]
+            if (not parse_special and attr & (A_CONTROL | A_UNKNOWN)) or t not in text:
+                continue
+            out = []
+            for p in pieces:
+                at = 0
+                while isinstance(p, str) and (hit := p.find(t, at)) >= 0:
+                    left = p[at:hit].rstrip(_SPACE) if attr & A_LSTRIP else p[at:hit]
+                    out += [left, i] if left else [i]
+                    at = hit + len(t)
+                    if attr & A_RSTRIP:
+                        at = len(p) - len(p[at:].lstrip(_SPACE))
+                out += [p[at:]] if isinstance(p, str) and p[at:] else [] if isinstance(p, str) else [p]
+            pieces = out
+        return [p for p in pieces if p != ""]
+
+    def piece(self, i):
+        """Token i's bytes (llama_token_to_piece with special tokens rendered)."""
+        t, attr = self.tokens[i], self.attrs[i]
+        if attr & (A_UNKNOWN | A_CONTROL | A_USER_DEFINED):
+            return t.encode()
+        if attr & A_NORMAL:
+            if isinstance(self.algo, Spm) or self.algo.gemma4:
+                return t.replace("▁", " ").encode()
+            return b"".join(bytes([CHAR_BYTE[c]]) if c in CHAR_BYTE else c.encode() for c in t)
+        if attr & A_BYTE and len(t) == 6 and t.startswith("<0x"):
+            return bytes([int(t[3:5], 16)])
+        return b""
+
+    def decode(self, ids):
+        """Text of the ids; SentencePiece's space prefix is dropped from the first token, as llama.cpp does."""
+        self.check_ids(ids)
+        data = b"".join(self.piece(int(i)) for i in ids)
+        if self.space_prefix and len(ids) and data[:1] == b" " and self.piece(int(ids[0]))[:1] == b" ":
+            data = data[1:]
+        return data.decode("utf-8", "replace")
+
+    def token_text(self, i):
+        return self.tokens[int(i)]
+
+    def check_ids(self, ids):
+        for i in ids:
+            if not 0 <= int(i) < self.vocab_size:
+                raise RefllamaError(f"token id {int(i)} is out of range for a vocabulary of {self.vocab_size}")
+
+    def stream(self):
+        """A fresh streaming decoder: feed ids one at a time, get text that never splits a UTF-8 character."""
+        return ByteStream(self)
+
+
+class ByteStream:
+    """Incremental detokenizer: token bytes through an incremental UTF-8 decoder (`step(id)` returns new text)."""
+
+    def __init__(self, tok):
+        self.tok, self.first = tok, True
+        self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def step(self, token_id):
+        self.tok.check_ids([token_id])
+        data = self.tok.piece(int(token_id))
+        if self.first and self.tok.space_prefix and data[:1] == b" ":
+            data = data[1:]
+        self.first = False
+        return self.utf8.decode(data)
 
 
 class Tokenizer:
