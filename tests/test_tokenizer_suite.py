@@ -14,16 +14,18 @@ VOCAB = cache_dir()
 SUITE = ["command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2", "llama-bpe", "llama-spm",
          "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]  # every BPE / SentencePiece vocabulary with cases
 UNSUPPORTED = {"bert-bge": "bert", "nomic-bert-moe": "t5"}  # WPM and UGM: embedding models' tokenizers
-needs_cache = pytest.mark.skipif(not (VOCAB / "VERSION").exists(),
-                                 reason=f"no llama.cpp {VERSION} vocabularies in {VOCAB}: run "
-                                        "tools/fetch_llamacpp_vocabs.py")
+SKIP = f"no llama.cpp {VERSION} vocabularies in {VOCAB}: run tools/fetch_llamacpp_vocabs.py"
+needs_cache = pytest.mark.skipif(not (VOCAB / "VERSION").exists(), reason=SKIP)
 
 
 def load(name):
+    """The tokenizer of a suite vocabulary, or of a real model: "smollm2" (the default model), "gemma3"."""
+    from refllama.api import default_model_path, gemma3_path
     from refllama.gguf_loader import GGUFFile
     from refllama.tokenizer import from_gguf
 
-    return from_gguf(GGUFFile(VOCAB / f"ggml-vocab-{name}.gguf"))
+    real = {"smollm2": default_model_path, "gemma3": gemma3_path}
+    return from_gguf(GGUFFile(real[name]() if name in real else VOCAB / f"ggml-vocab-{name}.gguf"))
 
 
 def cases(name):

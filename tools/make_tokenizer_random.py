@@ -1,6 +1,7 @@
 """Write tests/data/tokenizer_random_llamacpp.json.gz: llama.cpp's ids for generated texts on every vocabulary of its
-tokenizer suite, in the modes (no BOS, no special parsing), (BOS, special parsing) and, for texts made of special
-tokens, the other two; and each vocabulary's end-of-generation set (llama_vocab_is_eog).
+tokenizer suite and of the two real models (SmolLM2, Gemma 3 270M), in the modes (no BOS, no special parsing),
+(BOS, special parsing) and, for texts made of special tokens, the other two; and each vocabulary's
+end-of-generation set (llama_vocab_is_eog).
 
 The generators are those of llama.cpp's tests/test-tokenizer-random.py, ported: its hand-written texts and edge
 cases, random words of ASCII/Latin characters, random Unicode, random words of the vocabulary, random runs of its
@@ -27,6 +28,7 @@ from fetch_llamacpp_vocabs import VERSION, cache_dir  # noqa: E402
 DEST = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer_random_llamacpp.json.gz"
 VOCABS = ["aquila", "baichuan", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",
           "gpt-neox", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder"]
+REAL = ["smollm2", "gemma3"]  # the default model and Gemma 3 270M (refllama.api finds both)
 SEEDS = 6
 WHITESPACES = list(" " * 20 + "\n" * 5 + "\r\n" * 5 + "\t" * 5)
 
@@ -83,6 +85,12 @@ def added_lr_strip(specials, seed):
     return out
 
 
+def real_model(name):
+    from refllama.api import default_model_path, gemma3_path
+
+    return default_model_path() if name == "smollm2" else gemma3_path()
+
+
 def main():
     vocab_dir = cache_dir()
     out = {"producer": f"llama-cpp-python {llama_cpp.__version__}, Llama(vocab_only=True).tokenize(text, "
@@ -91,8 +99,8 @@ def main():
            "shared": {"custom": CUSTOM, "edge": EDGE, "random_chars": [random_chars(s) for s in range(SEEDS)],
                       "random_unicodes": [random_unicodes(s) for s in range(SEEDS)]},
            "vocabs": {}}
-    for name in VOCABS:
-        path = vocab_dir / f"ggml-vocab-{name}.gguf"
+    for name in VOCABS + REAL:
+        path = vocab_dir / f"ggml-vocab-{name}.gguf" if name in VOCABS else real_model(name)
         llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
         vocab = llama_cpp.llama_model_get_vocab(llm.model)
         n = llama_cpp.llama_vocab_n_tokens(vocab)
