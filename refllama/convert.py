@@ -4,9 +4,9 @@
 
 Weights are dequantized to float32 (or float16) and named by the architecture's table (refllama.arch), q/k rows
 put back in HF's half-split RoPE layout where llama.cpp's converter had permuted them, fused tensors fused as HF
-stores them; the tokenizer is the one refllama builds from the GGUF vocabulary. The directory loads in refllama and in
-transformers (`AutoModelForCausalLM.from_pretrained(out_dir)`). Written to a temporary directory and renamed,
-so a failed export leaves nothing behind.
+stores them; the tokenizer is the GGUF vocabulary in `tokenizers`' terms (hf_tokenizer). The directory loads in
+refllama and in transformers (`AutoModelForCausalLM.from_pretrained(out_dir)`). Written to a temporary directory
+and renamed, so a failed export leaves nothing behind.
 """
 
 import argparse
@@ -91,8 +91,7 @@ def convert(gguf_path, out_dir, dtype="f32"):
     (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
     (tmp / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": tok.bos_id, "eos_token_id": sorted(tok.eog_ids)}, indent=1) + "\n", encoding="utf-8")
-    tok.tok.encode_special_tokens = False
-    tok.tok.save(str(tmp / "tokenizer.json"))
+    hf_tokenizer(tok).save(str(tmp / "tokenizer.json"))
     text = tok.token_text
     (tmp / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -108,6 +107,43 @@ def convert(gguf_path, out_dir, dtype="f32"):
         out.rmdir()
     os.replace(tmp, out)
     return out
+
+
+def hf_tokenizer(tok):
+    """A `tokenizers.Tokenizer` for a GGUF vocabulary (refllama.tokenizer.GgufTokenizer): BPE with its merges and
+    pre-tokenizer regexes, or SentencePiece as BPE with merges ranked by score and byte fallback; control and
+    user-defined tokens as added tokens. `tokenizers` cannot state every llama.cpp rule (tie order, lstrip/rstrip
+    by model name), so this is the form transformers reads, not refllama's own tokenizer."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+
+    from .tokenizer import A_CONTROL, A_UNKNOWN, A_USER_DEFINED, Spm
+
+    vocab, algo = tok.vocab, tok.algo
+    if isinstance(algo, Spm):
+        ids = [(s, a, b) for piece, s in zip(tok.tokens, algo.scores) for cut in range(1, len(piece))
+               if (a := vocab.get(piece[:cut])) is not None and (b := vocab.get(piece[cut:])) is not None]
+        ids.sort(key=lambda m: (-m[0], m[1], m[2]))
+        unk = next((t for t, a in zip(tok.tokens, tok.attrs) if a & A_UNKNOWN), None)
+        hf = Tokenizer(BPE(vocab, [(tok.tokens[a], tok.tokens[b]) for _, a, b in ids], byte_fallback=True,
+                           fuse_unk=True, unk_token=unk))
+        hf.normalizer = normalizers.Sequence([*([normalizers.Prepend("▁")] if tok.space_prefix else []),
+                                              normalizers.Replace(" ", "▁")])
+        steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        hf.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if tok.space_prefix else steps)
+    elif algo.byte_level:
+        cuts = ((m, m.find(" ", 1)) for m in sorted(algo.ranks, key=algo.ranks.get))
+        merges = [(m[:c], m[c + 1:]) for m, c in cuts if all(p in vocab for p in (m[:c], m[c + 1:], m[:c] + m[c + 1:]))]
+        hf = Tokenizer(BPE(vocab, merges, ignore_merges=algo.ignore_merges))
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(e), behavior="isolated") for e in algo.exprs]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        hf.decoder = decoders.ByteLevel()
+    else:
+        raise RefllamaError("no tokenizer.json form for a Gemma 4 vocabulary (SentencePiece-style BPE)")
+    hf.add_tokens([AddedToken(t, special=bool(a & A_CONTROL), normalized=False)
+                   for t, a in zip(tok.tokens, tok.attrs) if a & (A_CONTROL | A_USER_DEFINED)])
+    return hf
 
 
 def main(argv=None):

@@ -81,12 +81,13 @@ def _vocabulary(g):
 
 
 def _bpe_ranks(g):
-    """{(left, right): rank} from tokenizer.ggml.merges, split at the first space after the first character and
-    the first of a repeated pair kept, as llama.cpp reads them."""
+    """{merge: rank} from tokenizer.ggml.merges ("left right", split at the first space after the first character),
+    the first of a repeated merge kept, as llama.cpp reads them. Keyed by the merge's own string: no second copy
+    of 50k-150k pairs (a BPE symbol holds no raw space, so "left right" names one pair)."""
     ranks = {}
     for n, m in enumerate(g.array("tokenizer.ggml.merges", (STRING,), "strings", required=True)):
-        cut = m.find(" ", 1)
-        ranks.setdefault((m[:cut], m[cut + 1:]) if cut > 0 else ("", ""), n)
+        if m.find(" ", 1) > 0:
+            ranks.setdefault(m, n)
     return ranks
 
 
@@ -160,7 +161,7 @@ def from_gguf(g):
         else:
             known = ", ".join(sorted(PRE))
             raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.pre {shown(pre)} (supported: {known})")
-        algo = Bpe(_bpe_ranks(g), compile_regexes(regexes), ignore, byte_level, model == "gemma4")
+        algo = Bpe(_bpe_ranks(g), regexes, ignore, byte_level, model == "gemma4")
         space_prefix = False
     else:
         raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model {shown(model)} (supported: gpt2, llama, "
@@ -223,8 +224,9 @@ class Bpe:
     pair, lowest merge rank first (leftmost on ties); a piece that is no token falls back to its bytes' tokens.
     By hand, not `tokenizers`: that keeps the last of a repeated merge and drops unknown characters."""
 
-    def __init__(self, ranks, regexes, ignore_merges, byte_level, gemma4):
-        self.ranks, self.regexes, self.ignore_merges = ranks, regexes, ignore_merges
+    def __init__(self, ranks, exprs, ignore_merges, byte_level, gemma4):
+        self.ranks, self.exprs, self.regexes = ranks, exprs, compile_regexes(exprs)
+        self.ignore_merges = ignore_merges
         self.byte_level, self.gemma4 = byte_level, gemma4
         self.cache = {}
 
@@ -250,7 +252,7 @@ class Bpe:
         heap = []
 
         def push(left, right):
-            if left >= 0 and right >= 0 and (rank := self.ranks.get((sym[left], sym[right]))) is not None:
+            if left >= 0 and right >= 0 and (rank := self.ranks.get(f"{sym[left]} {sym[right]}")) is not None:
                 heapq.heappush(heap, (rank, left, right, sym[left] + sym[right]))
 
         for i in range(1, len(sym)):

@@ -26,7 +26,7 @@ def tiny_metadata():
         "llama.rope.freq_base": (10000.0, VT.FLOAT32),
         "llama.attention.layer_norm_rms_epsilon": (1e-5, VT.FLOAT32),
         "tokenizer.ggml.model": ("gpt2", VT.STRING),
-        "tokenizer.ggml.pre": ("gpt2", VT.STRING),
+        "tokenizer.ggml.pre": ("gpt-2", VT.STRING),
         "tokenizer.ggml.tokens": (TINY_TOKENS, VT.ARRAY),
         "tokenizer.ggml.token_type": (types, VT.ARRAY),
         "tokenizer.ggml.merges": ([f"{a} {b}" for a, b in _MERGES], VT.ARRAY),
