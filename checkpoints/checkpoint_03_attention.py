@@ -7,7 +7,7 @@ from refllama.layers import attention_mix, attention_scores, attention_weights, 
 
 def kv(case, which, layer):  # [S, KVH, HD] as stored -> [KVH, S, HD] as the cache holds it
     x = case.ref[f"{which}-{layer}"].transpose(1, 0, 2)
-    return x if case.cfg.numerics == "float32" else round_f16(x)  # numerics "ggml": a float16 cache
+    return x if case.model.numerics == "float32" else round_f16(x)  # numerics "ggml": a float16 cache
 
 
 def test_scores(case, layer, mode):  # q rows at the stored positions, every key

@@ -16,8 +16,8 @@ def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
 
 
 def rms_norm(x, w, eps, numerics="float32"):  # [T, D], [D] -> [T, D]
-    if numerics == "ggml-numba":  # the same arithmetic in a Numba kernel (one call, not six NumPy ones)
-        return ggml_ops(numerics).rms_norm(x, w, eps)
+    if numerics in ("ggml-numba", "float32-numba"):  # the same arithmetic in a Numba kernel (one call, not six)
+        return numerics_ops(numerics).rms_norm(x, w, eps)
     xp = array_module(x)
     # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w;
     # the float32 squares are added one by one in float64 as ggml adds them (cumsum is sequential; transformers
@@ -64,9 +64,9 @@ ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layou
 
 
 def rope_for(cfg):  # -> rope(x, cos, sin) for the model's pair layout and numerics
-    """ROPE[cfg.rope_layout]; in numerics "ggml", the same pairs rotated as ggml rotates them (ggml_ops)."""
+    """ROPE[cfg.rope_layout]; in numerics "ggml", the same pairs rotated as ggml rotates them (numerics_ops)."""
     if cfg.numerics != "float32":
-        return ggml_ops(cfg.numerics).ROPE[cfg.rope_layout]
+        return numerics_ops(cfg.numerics).ROPE[cfg.rope_layout]
     return ROPE[cfg.rope_layout]
 
 
@@ -87,13 +87,15 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-OPS = {"ggml": "refllama.ggml_numerics", "ggml-numba": "refllama.ggml_kernels"}  # numerics -> its module
+OPS = {"ggml": "refllama.ggml_numerics", "ggml-numba": "refllama.ggml_kernels",  # numerics -> its module
+       "float32-numba": "refllama.numba_ops"}
 
 
-def ggml_ops(numerics):
-    """The module that computes a step in numerics other than float32: "ggml", refllama.ggml_numerics (NumPy, the
-    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba).
-    Imported on first use; after that a dictionary lookup (this runs a few hundred times a token)."""
+def numerics_ops(numerics):
+    """The module that computes a step in numerics other than plain float32 NumPy: "ggml", refllama.ggml_numerics
+    (NumPy, the readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in
+    Numba); "float32-numba", refllama.numba_ops (float32, a decode step's small steps as Numba kernels). Imported on
+    first use; after that a dictionary lookup (this runs a few hundred times a token)."""
     return sys.modules.get(OPS[numerics]) or importlib.import_module(OPS[numerics])
 
 
@@ -104,7 +106,7 @@ def attention_scores(q, k, numerics="float32"):  # [T, H, HD], [KVH, S, HD] -> [
     float16, q is rounded to float16 and the sums are in llama.cpp's order (ggml_ops).
     """
     if numerics != "float32":
-        return ggml_ops(numerics).attention_scores(q, k)
+        return numerics_ops(numerics).attention_scores(q, k)
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     q = q.transpose(1, 0, 2).reshape(KVH, H // KVH, T, HD)  # [KVH, G, T, HD]
@@ -114,7 +116,7 @@ def attention_scores(q, k, numerics="float32"):  # [T, H, HD], [KVH, S, HD] -> [
 def attention_weights(kq, mask, scale, numerics="float32"):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
     """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale)."""
     if numerics != "float32":  # llama.cpp's exp and order of sums
-        return ggml_ops(numerics).attention_weights(kq, mask, scale)
+        return numerics_ops(numerics).attention_weights(kq, mask, scale)
     return softmax(kq * scale + mask)
 
 
@@ -122,7 +124,7 @@ def attention_mix(p, v, numerics="float32"):  # [H, T, S], [KVH, S, HD] -> [T, H
     """Each head's values weighted by its softmax row; in numerics "ggml" V is float16 and the weights are rounded
     to float16."""
     if numerics != "float32":
-        return ggml_ops(numerics).attention_mix(p, v)
+        return numerics_ops(numerics).attention_mix(p, v)
     H, T, S = p.shape
     KVH, _, HD = v.shape
     out = p.reshape(KVH, H // KVH, T, S) @ v[:, None]  # [KVH, G, T, HD], V broadcast like K
@@ -137,7 +139,7 @@ def silu(x):  # [...] -> [...]
 
 def swiglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
     if numerics != "float32":  # llama.cpp's SiLU: x / (1 + exp(-x)) with its own vectorized exp
-        return ggml_ops(numerics).swiglu(gate, up)
+        return numerics_ops(numerics).swiglu(gate, up)
     return silu(gate) * up
 
 
@@ -148,7 +150,7 @@ def gelu_tanh(x, numerics="float32"):  # [...] -> [...]
     values (ggml-cpu/vec.h, GGML_GELU_FP16), so its GELU carries float16 rounding, a relative error up to ~1e-3.
     refllama computes it in float32, as transformers does, or as llama.cpp does in numerics "ggml"."""
     if numerics != "float32":
-        return ggml_ops(numerics).gelu(x)
+        return numerics_ops(numerics).gelu(x)
     xp = array_module(x)
     c = xp.float32(0.7978845608028654)  # sqrt(2 / pi)
     return 0.5 * x * (1.0 + xp.tanh(c * (x + xp.float32(0.044715) * x * x * x)))
@@ -156,7 +158,7 @@ def gelu_tanh(x, numerics="float32"):  # [...] -> [...]
 
 def geglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where SwiGLU has SiLU
     if numerics != "float32":
-        return ggml_ops(numerics).geglu(gate, up)
+        return numerics_ops(numerics).geglu(gate, up)
     return gelu_tanh(gate) * up
 
 
