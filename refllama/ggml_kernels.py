@@ -22,7 +22,7 @@ from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu  # noqa: F401 
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
 from .numba_ops import rms_norm  # noqa: F401 (ggml's RMSNorm is refllama's float32 one)
-from .quant import fuse_layer, release_loader_pages
+from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat
 
 
 def host_has_vnni():
@@ -34,14 +34,7 @@ def host_has_vnni():
 
 VNNI = host_has_vnni()
 BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}
-I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-V8I32, V8F32, V32I8 = ir.VectorType(I32, 8), ir.VectorType(F32, 8), ir.VectorType(I8, 32)
-
-
-def _splat(builder, value, vtype):
-    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(I32, vtype.count),
-                                                                                  [0] * vtype.count))
+V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 
 
 def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
@@ -55,14 +48,6 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
                                                                                   list(range(k, 32, 4))))
              for k in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
-
-
-def _load(builder, addr, ty):
-    return builder.load(builder.inttoptr(addr, ty.as_pointer()), align=1)
-
-
-def _f16(builder, addr):  # a float16 at addr -> float
-    return builder.fpext(builder.bitcast(_load(builder, addr, I16), ir.HalfType()), F32)
 
 
 def _row_dot_ir(builder, args, qtype, vnni, n_tok):
@@ -82,17 +67,17 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     accs = [builder.phi(V8F32) for _ in range(n_tok)]
     summs = [builder.phi(F32) for _ in range(n_tok)]
     blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
-    dw = _f16(builder, blk)
-    mw = _f16(builder, builder.add(blk, ir.Constant(I64, 2))) if qtype == QT.Q4_1 else None
+    dw = load_f16(builder, blk)
+    mw = load_f16(builder, builder.add(blk, ir.Constant(I64, 2))) if qtype == QT.Q4_1 else None
     zero = ir.Constant(V32I8, None)
     if qtype == QT.Q8_0:  # ggml's sign trick: |w| (unsigned) times y with w's sign
-        q = _load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8)
+        q = load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8)
         neg = builder.icmp_signed("<", q, zero)
         is_zero = builder.icmp_signed("==", q, zero)
         u = builder.select(neg, builder.sub(zero, q), q)
     else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
         v16 = ir.VectorType(I8, 16)
-        qs = _load(builder, builder.add(blk, ir.Constant(I64, 4 if qtype == QT.Q4_1 else 2)), v16)
+        qs = load(builder, builder.add(blk, ir.Constant(I64, 4 if qtype == QT.Q4_1 else 2)), v16)
         lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
         hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
         u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
@@ -100,18 +85,18 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     for k in range(n_tok):
         xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
         dk = builder.mul(ir.Constant(I64, k), d_step)
-        y = _load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+        y = load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
         if qtype == QT.Q8_0:
             y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
         lanes = _lanes(builder, u, y, vnni)
         if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
             lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
         at = builder.add(builder.add(xd, dk), builder.mul(i, ir.Constant(I64, 4)))
-        d = _splat(builder, builder.fmul(dw, _load(builder, at, F32)), V8F32)
+        d = splat(builder, builder.fmul(dw, load(builder, at, F32)), V8F32)
         new_accs.append(builder.call(fma8, [d, builder.sitofp(lanes, V8F32), accs[k]]))
         if qtype == QT.Q4_1:
             at = builder.add(builder.add(xs, dk), builder.mul(i, ir.Constant(I64, 4)))
-            new_summs.append(builder.call(fma1, [mw, _load(builder, at, F32), summs[k]]))
+            new_summs.append(builder.call(fma1, [mw, load(builder, at, F32), summs[k]]))
         else:
             new_summs.append(summs[k])
     i1 = builder.add(i, ir.Constant(I64, 1))

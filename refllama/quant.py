@@ -10,17 +10,21 @@ Every supported GGUF type is repacked once, at load, into one of two forms that 
 Scales that GGUF stores as float16 (Q4_0, Q4_1, Q5_0, Q8_0) keep their 16 bits, read through a 65536-entry table
 as ggml does; the K-quants' products d * sc are not float16 numbers, so they are float32. Either way the
 weights take the GGUF file's bytes, and decode reads 5 to 8.5 bits per weight instead of float32's 32.
-A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
+A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend. One token's
+product with a 4-bit form, or an 8-bit one with float16 scales, is a vector loop in LLVM IR (32 float32 lanes,
+target-independent); a batch's is a Numba kernel that dequantizes 4 rows at a time for all its tokens.
 """
 
 import ctypes
 import re
 import sys
+import types as pytypes
 from typing import NamedTuple
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
-from numba.extending import overload
+from numba.extending import intrinsic, overload
 
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor, byte_shape
@@ -119,33 +123,148 @@ def repack(raw, qtype, shape):
 CHUNKS = 64  # rows are split into this many chunks across threads; each chunk reuses one scratch row
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_q4(x, packed, scale, offset, table):  # [K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [N] = W @ x
-    K = x.shape[0]
-    N, nb = scale.shape
-    half = K // 2
-    xlo, xhi = np.empty(half, np.float32), np.empty(half, np.float32)  # x in the nibbles' order
-    xsum = np.zeros(nb, np.float32)  # sum of x over each group, for the offsets
-    for b in range(nb):
-        for j in range(16):
-            xlo[b * 16 + j], xhi[b * 16 + j] = x[b * 32 + j], x[b * 32 + 16 + j]
-            xsum[b] += x[b * 32 + j] + x[b * 32 + 16 + j]
+# LLVM IR for the one-token product of an 8-bit form with float16 scales (Q8_0, Q5_0): Numba's loops over these
+# fields sum each group of 32 across lanes, 32 multiply-adds then a horizontal sum per group (13 G weights/s on
+# SmolLM2's tied output matrix); written as vectors, 32 lanes accumulate d * (w * x) over the whole row and are
+# summed once.
+I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V32I8, V32F32 = ir.VectorType(I8, 32), ir.VectorType(F32, 32)
+
+
+def splat(builder, value, vtype):
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(I32, vtype.count),
+                                                                                  [0] * vtype.count))
+
+
+def load(builder, addr, ty):
+    return builder.load(builder.inttoptr(addr, ty.as_pointer()), align=1)
+
+
+def load_f16(builder, addr):  # a float16 at addr -> float
+    return builder.fpext(builder.bitcast(load(builder, addr, I16), ir.HalfType()), F32)
+
+
+def hsum(builder, v):  # <32 x float> -> float: halves added, 32 lanes -> 1
+    n = 32
+    while n > 1:
+        n //= 2
+        v = builder.fadd(*(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(k, k + n))))
+                           for k in (0, n)))
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+@intrinsic
+def q8_row_dot(typingctx, w, x, d, nb):
+    """(w, x, d, nb) -> float: sum over nb groups of d[g] * sum_j w[g, j] * x[g, j]; w: int8 codes, x: float32,
+    d: float16 scales, each an address."""
+    def codegen(context, builder, signature, args):
+        w, x, d, nb = args
+        fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
+        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        i, acc = builder.phi(I64), builder.phi(V32F32)
+        q = builder.sitofp(load(builder, builder.add(w, builder.mul(i, ir.Constant(I64, 32))), V32I8), V32F32)
+        xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
+        scale = splat(builder, load_f16(builder, builder.add(d, builder.mul(i, ir.Constant(I64, 2)))), V32F32)
+        new = builder.call(fma, [scale, builder.fmul(q, xv), acc])
+        i1 = builder.add(i, ir.Constant(I64, 1))
+        i.add_incoming(ir.Constant(I64, 0), entry)
+        i.add_incoming(i1, loop)
+        acc.add_incoming(ir.Constant(V32F32, None), entry)
+        acc.add_incoming(new, loop)
+        builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
+        builder.position_at_end(done)
+        return hsum(builder, new)
+
+    return types.float32(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+def _q4_row_dot(scale_type):
+    """An intrinsic (w, x, xsum, s, o, nb) -> float: sum over nb groups of s[g] * sum_j code[g, j] * x[g, j]
+    + o[g] * xsum[g]; w: a 4-bit form's row (16 bytes a group), x and xsum float32, s and o float16 bits
+    ("f16") or float32 ("f32"), each an address."""
+    scalar, size = (ir.HalfType(), 2) if scale_type == "f16" else (F32, 4)
+
+    def read(builder, base, i):
+        v = load(builder, builder.add(base, builder.mul(i, ir.Constant(I64, size))), scalar)
+        return builder.fpext(v, F32) if scale_type == "f16" else v
+
+    @intrinsic
+    def row_dot(typingctx, w, x, xsum, s, o, nb):
+        def codegen(context, builder, signature, args):
+            w, x, xsum, s, o, nb = args
+            fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
+            fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+            entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            i, acc, off = builder.phi(I64), builder.phi(V32F32), builder.phi(F32)
+            v16 = ir.VectorType(I8, 16)
+            qs = load(builder, builder.add(w, builder.mul(i, ir.Constant(I64, 16))), v16)
+            codes = builder.shuffle_vector(builder.and_(qs, ir.Constant(v16, [15] * 16)),
+                                           builder.lshr(qs, ir.Constant(v16, [4] * 16)),
+                                           ir.Constant(ir.VectorType(I32, 32), list(range(32))))  # values j, j + 16
+            xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
+            new = builder.call(fma, [splat(builder, read(builder, s, i), V32F32),
+                                     builder.fmul(builder.uitofp(codes, V32F32), xv), acc])
+            xs = load(builder, builder.add(xsum, builder.mul(i, ir.Constant(I64, 4))), F32)
+            new_off = builder.call(fma1, [read(builder, o, i), xs, off])
+            i1 = builder.add(i, ir.Constant(I64, 1))
+            for phi, init, value in ((i, ir.Constant(I64, 0), i1), (acc, ir.Constant(V32F32, None), new),
+                                     (off, ir.Constant(F32, 0.0), new_off)):
+                phi.add_incoming(init, entry)
+                phi.add_incoming(value, loop)
+            builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
+            builder.position_at_end(done)
+            return builder.fadd(hsum(builder, new), new_off)
+
+        return types.float32(*[types.int64] * 6), codegen
+
+    return row_dot
+
+
+Q4_DOT = None  # the row dot of one scale type, in each copy's globals (_make_matvec_q4)
+
+
+def _matvec_q4(x, codes, scale, offset):  # [K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [N] = W @ x
+    N, K = codes.shape[0], x.shape[0]
+    xsum = np.zeros(K // 32, np.float32)  # x summed over each group, for the offsets
+    for g in range(K // 32):
+        for j in range(32):
+            xsum[g] += x[g * 32 + j]
     out = np.empty(N, np.float32)
     n_chunks = min(N, CHUNKS)
     for c in prange(n_chunks):
-        acc = np.empty(16, np.float32)  # 16 lanes: one SIMD register of partial sums
+        w0, x0, xs0, s0, o0 = codes.ctypes.data, x.ctypes.data, xsum.ctypes.data, scale.ctypes.data, offset.ctypes.data
         for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-            row = packed[r]
-            acc[:] = 0.0
-            off = np.float32(0.0)
-            for b in range(nb):  # by far the most time is spent here: unpack 32 codes, 32 multiply-adds
-                sb = as_f32(scale[r, b], table)
-                for j in range(16):
-                    q = row[b * 16 + j]
-                    acc[j] += sb * (np.float32(np.int32(q & np.uint8(15))) * xlo[b * 16 + j]
-                                    + np.float32(np.int32(q >> np.uint8(4))) * xhi[b * 16 + j])
-                off += as_f32(offset[r, b], table) * xsum[b]
-            out[r] = acc.sum() + off
+            at = r * (K // 32) * scale.itemsize
+            out[r] = Q4_DOT(w0 + r * (K // 2), x0, xs0, s0 + at, o0 + at, K // 32)
+    return out
+
+
+def _make_matvec_q4(scale_type):
+    """_matvec_q4 with one scale type's row dot as its global Q4_DOT, under a name of its own in Numba's cache
+    (a closure variable would defeat the cache)."""
+    name = f"matvec_q4_{scale_type}"
+    fn = pytypes.FunctionType(_matvec_q4.__code__, {**globals(), "Q4_DOT": _q4_row_dot(scale_type)}, name)
+    fn.__qualname__ = name
+    return njit(parallel=True, cache=True)(fn)
+
+
+MATVEC_Q4 = {np.dtype(np.uint16): _make_matvec_q4("f16"), np.dtype(np.float32): _make_matvec_q4("f32")}
+
+
+@njit(parallel=True, cache=True)
+def matvec_q8_f16(x, codes, scale):  # [K] f32, [N, K] i8, [N, K/32] float16 bits -> [N] = W @ x
+    N, K = codes.shape
+    out = np.empty(N, np.float32)
+    n_chunks = min(N, CHUNKS)
+    for c in prange(n_chunks):
+        w0, x0, d0 = codes.ctypes.data, x.ctypes.data, scale.ctypes.data  # taken in the loop: its arrays stay alive
+        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+            out[r] = q8_row_dot(w0 + r * K, x0, d0 + r * (K // 32) * 2, K // 32)
     return out
 
 
@@ -265,7 +384,11 @@ class QuantMatrix:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if len(x) > 1:
             return matmul(x, *self.form, F16_TABLE)
-        return (matvec_q4 if isinstance(self.form, Q4Form) else matvec_q8)(x[0], *self.form, F16_TABLE)[None]
+        if isinstance(self.form, Q4Form):
+            return MATVEC_Q4[self.form.scale.dtype](x[0], *self.form)[None]
+        if self.form.group == 32 and self.form.scale.dtype == np.uint16:
+            return matvec_q8_f16(x[0], self.form.codes, self.form.scale)[None]
+        return matvec_q8(x[0], *self.form, F16_TABLE)[None]
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
