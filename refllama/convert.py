@@ -132,8 +132,8 @@ def hf_tokenizer(tok):
         steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         hf.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if tok.space_prefix else steps)
     elif algo.byte_level:
-        cuts = ((m, m.find(" ", 1)) for m in sorted(algo.ranks, key=algo.ranks.get))
-        merges = [(m[:c], m[c + 1:]) for m, c in cuts if all(p in vocab for p in (m[:c], m[c + 1:], m[:c] + m[c + 1:]))]
+        pairs = ((tok.tokens[a], tok.tokens[b]) for a, b in algo.ranks.pairs())
+        merges = [(a, b) for a, b in pairs if a + b in vocab]
         hf = Tokenizer(BPE(vocab, merges, ignore_merges=algo.ignore_merges))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(e), behavior="isolated") for e in algo.exprs]

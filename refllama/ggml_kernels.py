@@ -21,7 +21,6 @@ from numba.extending import intrinsic
 from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu  # noqa: F401 (table lookups: NumPy is fast)
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
-from .numba_ops import rms_norm  # noqa: F401 (ggml's RMSNorm is refllama's float32 one)
 from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat
 
 
@@ -439,6 +438,24 @@ def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values)
 
 def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
     return _mix_f16(p, v).reshape(p.shape[1], -1)
+
+
+@njit(cache=True)
+def _rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]: layers.rms_norm, squares added one by one as ggml adds them
+    T, D = x.shape
+    out = np.empty_like(x)
+    for t in range(T):
+        total = 0.0  # float64, ggml_float
+        for i in range(D):
+            total += np.float64(x[t, i] * x[t, i])
+        scale = np.float32(1.0) / np.sqrt(np.float32(total / D) + eps)
+        for i in range(D):
+            out[t, i] = x[t, i] * scale * w[i]
+    return out
+
+
+def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
+    return _rms_norm(np.ascontiguousarray(x), w, np.float32(eps))
 
 
 @njit(cache=True)

@@ -7,6 +7,8 @@ import codecs
 import heapq
 import math
 import threading
+from array import array
+from bisect import bisect_left
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -80,15 +82,35 @@ def _vocabulary(g):
     return model, tokens, types
 
 
-def _bpe_ranks(g):
-    """{merge: rank} from tokenizer.ggml.merges ("left right", split at the first space after the first character),
-    the first of a repeated merge kept, as llama.cpp reads them. Keyed by the merge's own string: no second copy
-    of 50k-150k pairs (a BPE symbol holds no raw space, so "left right" names one pair)."""
-    ranks = {}
-    for n, m in enumerate(g.array("tokenizer.ggml.merges", (STRING,), "strings", required=True)):
-        if m.find(" ", 1) > 0:
-            ranks.setdefault(m, n)
-    return ranks
+class MergeRanks:
+    """tokenizer.ggml.merges ("left right", split at the first space after the first character) as llama.cpp reads
+    them: `rank(left, right)` is the pair's index, the first of a repeated pair kept. Pairs of tokens are kept as
+    sorted int64 keys (left id << 32 | right id) beside their ranks, 12 bytes a merge (a dict of the pairs would
+    take ~8 MB of SmolLM2's memory); a pair naming text that is no token (none in a sound file) in a dict."""
+
+    def __init__(self, merges, vocab):
+        pairs, self.odd = {}, {}
+        for n, m in enumerate(merges):
+            cut = m.find(" ", 1)
+            if cut > 0:
+                a, b = vocab.get(m[:cut]), vocab.get(m[cut + 1:])
+                if a is None or b is None:
+                    self.odd.setdefault((m[:cut], m[cut + 1:]), n)
+                else:
+                    pairs.setdefault(a << 32 | b, n)
+        self.keys, self.ranks = array("q", sorted(pairs)), array("q")
+        self.ranks.extend(pairs[k] for k in self.keys)
+        self.vocab = vocab
+
+    def rank(self, left, right):
+        a, b = self.vocab.get(left), self.vocab.get(right)
+        if a is None or b is None:
+            return self.odd.get((left, right)) if self.odd else None
+        i = bisect_left(self.keys, a << 32 | b)
+        return self.ranks[i] if i < len(self.keys) and self.keys[i] == a << 32 | b else None
+
+    def pairs(self):  # (left id, right id) of the token pairs, by rank
+        return [(k >> 32, k & 0xFFFFFFFF) for _, k in sorted(zip(self.ranks, self.keys))]
 
 
 def _attributes(g, tokens, types, vocab):
@@ -161,7 +183,8 @@ def from_gguf(g):
         else:
             known = ", ".join(sorted(PRE))
             raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.pre {shown(pre)} (supported: {known})")
-        algo = Bpe(_bpe_ranks(g), regexes, ignore, byte_level, model == "gemma4")
+        merges = MergeRanks(g.array("tokenizer.ggml.merges", (STRING,), "strings", required=True), vocab)
+        algo = Bpe(merges, regexes, ignore, byte_level, model == "gemma4")
         space_prefix = False
     else:
         raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.model {shown(model)} (supported: gpt2, llama, "
@@ -252,7 +275,7 @@ class Bpe:
         heap = []
 
         def push(left, right):
-            if left >= 0 and right >= 0 and (rank := self.ranks.get(f"{sym[left]} {sym[right]}")) is not None:
+            if left >= 0 and right >= 0 and (rank := self.ranks.rank(sym[left], sym[right])) is not None:
                 heapq.heappush(heap, (rank, left, right, sym[left] + sym[right]))
 
         for i in range(1, len(sym)):
