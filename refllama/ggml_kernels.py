@@ -150,6 +150,15 @@ def _round_f16(x):  # float32 -> float32 holding the nearest float16 (ties to ev
 
 
 @njit(cache=True)
+def _round_f16s(x):  # [H, HD] f32 -> its values rounded to float16
+    out = np.empty_like(x)
+    for h in range(x.shape[0]):
+        for d in range(x.shape[1]):
+            out[h, d] = _round_f16(x[h, d])
+    return out
+
+
+@njit(cache=True)
 def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] f32: Q8_1 (Q8_0: xs unused)
     T, K = X.shape
     for t in range(T):
@@ -366,6 +375,111 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
         out[j] = np.float32(total)
 
 
+V64F32 = ir.VectorType(F32, 64)
+
+
+def _lanes_shuffle(builder, v, start, n):  # lanes start .. start + n - 1 of a vector
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(start, start + n))))
+
+
+@intrinsic
+def kq_dot(typingctx, q, k, n):
+    """(q, k, n) -> float: one key's score as ggml_vec_dot_f16 sums it (AVX-512): 64 lanes over n chunks of 64
+    values (float16 values: the products are exact, so fma and multiply-add agree), then the four 16-lane
+    accumulators as (0 + 2) + (1 + 3), then _mm512_reduce_add_ps's halving; q and k addresses of float32 values."""
+    def codegen(context, builder, signature, args):
+        q, k, n = args
+
+        def product(c):
+            at = builder.mul(c, ir.Constant(I64, 256))
+            return builder.fmul(load(builder, builder.add(q, at), V64F32), load(builder, builder.add(k, at), V64F32))
+
+        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+        first = product(ir.Constant(I64, 0))
+        builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 1)), loop, done)
+        builder.position_at_end(loop)
+        c, acc = builder.phi(I64), builder.phi(V64F32)
+        new, c1 = builder.fadd(acc, product(c)), builder.add(c, ir.Constant(I64, 1))
+        c.add_incoming(ir.Constant(I64, 1), entry)
+        c.add_incoming(c1, loop)
+        acc.add_incoming(first, entry)
+        acc.add_incoming(new, loop)
+        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
+        builder.position_at_end(done)
+        total = builder.phi(V64F32)
+        total.add_incoming(first, entry)
+        total.add_incoming(new, loop)
+        v = builder.fadd(builder.fadd(_lanes_shuffle(builder, total, 0, 16), _lanes_shuffle(builder, total, 32, 16)),
+                         builder.fadd(_lanes_shuffle(builder, total, 16, 16), _lanes_shuffle(builder, total, 48, 16)))
+        for width in (8, 4, 2, 1):
+            v = builder.fadd(_lanes_shuffle(builder, v, 0, width), _lanes_shuffle(builder, v, width, width))
+        return builder.extract_element(v, ir.Constant(I32, 0))
+
+    return types.float32(types.int64, types.int64, types.int64), codegen
+
+
+@njit(parallel=True, cache=True)
+def _scores_one(qh, k):  # [H, HD] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [H, 1, S]
+    H, HD = qh.shape
+    KVH, S, _ = k.shape
+    out = np.empty((H, 1, S), np.float32)
+    for h in prange(H):
+        q0, k0 = qh.ctypes.data + h * HD * 4, k.ctypes.data + (h // (H // KVH)) * k.strides[0]
+        for s in range(S):
+            out[h, 0, s] = kq_dot(q0, k0 + s * k.strides[1], HD // 64)
+    return out
+
+
+@intrinsic
+def axpy_exact(typingctx, y, x, a, n):
+    """(y, x, a, n): y[i] += a * x[i] for n chunks of 64 float32 values at addresses y and x (float16 values: each
+    product is exact, so this is ggml's fma too)."""
+    def codegen(context, builder, signature, args):
+        y, x, a, n = args
+        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        c = builder.phi(I64)
+        at = builder.mul(c, ir.Constant(I64, 256))
+        yp = builder.inttoptr(builder.add(y, at), V64F32.as_pointer())
+        prod = builder.fmul(splat(builder, a, V64F32), load(builder, builder.add(x, at), V64F32))
+        builder.store(builder.fadd(builder.load(yp, align=4), prod), yp, align=4)
+        c1 = builder.add(c, ir.Constant(I64, 1))
+        c.add_incoming(ir.Constant(I64, 0), entry)
+        c.add_incoming(c1, loop)
+        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64, types.float32, types.int64), codegen
+
+
+@njit(parallel=True, cache=True)
+def _mix_one(p, v):  # [H, 1, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [1, H, HD]
+    """_f16_sums' order for one token (64 lanes over the keys, llama.cpp's zero padding adding nothing), with each
+    lane's row of HD sums accumulated in IR."""
+    H, _, S = p.shape
+    KVH, _, HD = v.shape
+    out = np.empty((1, H, HD), np.float32)
+    for h in prange(H):
+        lanes = np.zeros((64, HD), np.float32)
+        used = S
+        while used > 0 and p[h, 0, used - 1] == 0:  # a causal row's unseen keys: zeros add nothing to any lane
+            used -= 1
+        y0, v0 = lanes.ctypes.data, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
+        for s in range(used):
+            axpy_exact(y0 + (s % 64) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, 0, s]), HD // 64)
+        for lane in range(16):  # (0 + 2) + (1 + 3) of the four 16-lane accumulators, then the halving
+            for d in range(HD):
+                lanes[lane, d] = (lanes[lane, d] + lanes[32 + lane, d]) + (lanes[16 + lane, d] + lanes[48 + lane, d])
+        for width in (8, 4, 2, 1):
+            for lane in range(width):
+                for d in range(HD):
+                    lanes[lane, d] += lanes[width + lane, d]
+        out[0, h] = lanes[0]
+    return out
+
+
 @njit(parallel=True, cache=True)
 def _scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
     """A batch: K transposed once, then _f16_sums along S. One token: each key's dot written out in the same
@@ -433,10 +547,14 @@ def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]
 
 
 def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
+    if len(q) == 1 and q.shape[2] % 64 == 0 and k.strides[2] == 4:  # one token: each key's dot in IR
+        return _scores_one(_round_f16s(np.ascontiguousarray(q[0])), k)
     return _scores_f16(np.ascontiguousarray(q), k)
 
 
 def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
+    if p.shape[1] == 1 and v.shape[2] % 64 == 0 and v.strides[2] == 4:  # one token: the sums in IR
+        return _mix_one(np.ascontiguousarray(p), v).reshape(1, -1)
     return _mix_f16(p, v).reshape(p.shape[1], -1)
 
 

@@ -154,12 +154,13 @@ def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
     np.testing.assert_array_equal(njit(lambda a: np.array([gk.expf(v) for v in a], np.float32))(x), got)
 
 
-@pytest.mark.parametrize("T, S, HD", [(1, 37, 64), (1, 200, 96), (5, 5, 64), (7, 130, 96)])
+@pytest.mark.parametrize("T, S, HD", [(1, 37, 64), (1, 200, 96), (1, 130, 128), (5, 5, 64), (7, 130, 96)])
 def test_attention_kernels_equal_the_numpy_emulation_to_the_bit(T, S, HD):
-    """One token (vec_dot_f16's 4 x 16 lanes, HD % 64 leftovers in float64) and a batch (tinyBLAS's 16 lanes)."""
+    """One token (vec_dot_f16's 4 x 16 lanes, HD % 64 leftovers in float64; HD % 64 == 0 in IR) and a batch
+    (tinyBLAS's 16 lanes). K and V are the first S rows of a longer cache, as the forward passes them."""
     H, KVH = 6, 2
     q = RNG.standard_normal((T, H, HD)).astype(np.float32)
-    k, v = (gn.round_f16(RNG.standard_normal((KVH, S, HD)).astype(np.float32)) for _ in range(2))
+    k, v = (gn.round_f16(RNG.standard_normal((KVH, S + 9, HD)).astype(np.float32))[:, :S] for _ in range(2))
     kq = gn.attention_scores(q, k)
     np.testing.assert_array_equal(gk.attention_scores(q, k), kq)
     mask = refllama.layers.causal_mask(S - T, T, S, np)
