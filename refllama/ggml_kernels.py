@@ -150,11 +150,12 @@ def _round_f16(x):  # float32 -> float32 holding the nearest float16 (ties to ev
 
 
 @njit(cache=True)
-def _round_f16s(x):  # [H, HD] f32 -> its values rounded to float16
+def _round_f16s(x):  # [T, H, HD] f32 -> its values rounded to float16
     out = np.empty_like(x)
-    for h in range(x.shape[0]):
-        for d in range(x.shape[1]):
-            out[h, d] = _round_f16(x[h, d])
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            for d in range(x.shape[2]):
+                out[t, h, d] = _round_f16(x[t, h, d])
     return out
 
 
@@ -279,6 +280,17 @@ def fma32(typingctx, a, b, c):
     return sig, codegen
 
 
+@intrinsic
+def pow2(typingctx, n):
+    """2.0 ** n as a float64 made from its bits, for an integer n in float64's normal range (a power is a libm call
+    per value)."""
+    def codegen(context, builder, signature, args):
+        bits = builder.shl(builder.add(args[0], ir.Constant(I64, 1023)), ir.Constant(I64, 52))
+        return builder.bitcast(bits, ir.DoubleType())
+
+    return types.float64(types.int64), codegen
+
+
 EXPF = [np.float32(float.fromhex(c)) for c in (  # ggml_v_expf's constants, as refllama.ggml_numerics.expf
     "0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1",
     "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")]
@@ -294,7 +306,7 @@ def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (reflla
         return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
     u = b * b
     j = fma32(fma32(fma32(C5, b, C4), u, fma32(C3, b, C2)), u, fma32(C1, b, np.float32(1.0)))
-    return np.float32(np.float64(j) * 2.0 ** np.float64(n))  # _mm512_scalef_ps: exact in float64, rounded once
+    return np.float32(np.float64(j) * pow2(np.int64(n)))  # _mm512_scalef_ps: exact in float64, rounded once
 
 
 @njit(parallel=True, cache=True)
@@ -382,51 +394,65 @@ def _lanes_shuffle(builder, v, start, n):  # lanes start .. start + n - 1 of a v
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(start, start + n))))
 
 
-@intrinsic
-def kq_dot(typingctx, q, k, n):
-    """(q, k, n) -> float: one key's score as ggml_vec_dot_f16 sums it (AVX-512): 64 lanes over n chunks of 64
-    values (float16 values: the products are exact, so fma and multiply-add agree), then the four 16-lane
-    accumulators as (0 + 2) + (1 + 3), then _mm512_reduce_add_ps's halving; q and k addresses of float32 values."""
-    def codegen(context, builder, signature, args):
-        q, k, n = args
+def _kq_dot(width):
+    """An intrinsic (q, k, n) -> float: one key's score with `width` lanes over n chunks of `width` values, as ggml
+    sums it: 64 for one token (ggml_vec_dot_f16, AVX-512: the four 16-lane accumulators then added as
+    (0 + 2) + (1 + 3)), 16 for a batch (tinyBLAS); then _mm512_reduce_add_ps's halving. q and k are addresses of
+    float32 values holding float16 ones, so each product is exact and fma and multiply-add agree."""
+    vtype = ir.VectorType(F32, width)
 
-        def product(c):
-            at = builder.mul(c, ir.Constant(I64, 256))
-            return builder.fmul(load(builder, builder.add(q, at), V64F32), load(builder, builder.add(k, at), V64F32))
+    @intrinsic
+    def kq_dot(typingctx, q, k, n):
+        def codegen(context, builder, signature, args):
+            q, k, n = args
 
-        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-        first = product(ir.Constant(I64, 0))
-        builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 1)), loop, done)
-        builder.position_at_end(loop)
-        c, acc = builder.phi(I64), builder.phi(V64F32)
-        new, c1 = builder.fadd(acc, product(c)), builder.add(c, ir.Constant(I64, 1))
-        c.add_incoming(ir.Constant(I64, 1), entry)
-        c.add_incoming(c1, loop)
-        acc.add_incoming(first, entry)
-        acc.add_incoming(new, loop)
-        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
-        builder.position_at_end(done)
-        total = builder.phi(V64F32)
-        total.add_incoming(first, entry)
-        total.add_incoming(new, loop)
-        v = builder.fadd(builder.fadd(_lanes_shuffle(builder, total, 0, 16), _lanes_shuffle(builder, total, 32, 16)),
-                         builder.fadd(_lanes_shuffle(builder, total, 16, 16), _lanes_shuffle(builder, total, 48, 16)))
-        for width in (8, 4, 2, 1):
-            v = builder.fadd(_lanes_shuffle(builder, v, 0, width), _lanes_shuffle(builder, v, width, width))
-        return builder.extract_element(v, ir.Constant(I32, 0))
+            def product(c):
+                at = builder.mul(c, ir.Constant(I64, 4 * width))
+                return builder.fmul(load(builder, builder.add(q, at), vtype), load(builder, builder.add(k, at), vtype))
 
-    return types.float32(types.int64, types.int64, types.int64), codegen
+            entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+            first = product(ir.Constant(I64, 0))
+            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 1)), loop, done)
+            builder.position_at_end(loop)
+            c, acc = builder.phi(I64), builder.phi(vtype)
+            new, c1 = builder.fadd(acc, product(c)), builder.add(c, ir.Constant(I64, 1))
+            c.add_incoming(ir.Constant(I64, 1), entry)
+            c.add_incoming(c1, loop)
+            acc.add_incoming(first, entry)
+            acc.add_incoming(new, loop)
+            builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
+            builder.position_at_end(done)
+            v = builder.phi(vtype)
+            v.add_incoming(first, entry)
+            v.add_incoming(new, loop)
+            if width == 64:
+                v = builder.fadd(builder.fadd(_lanes_shuffle(builder, v, 0, 16), _lanes_shuffle(builder, v, 32, 16)),
+                                 builder.fadd(_lanes_shuffle(builder, v, 16, 16), _lanes_shuffle(builder, v, 48, 16)))
+            for half in (8, 4, 2, 1):
+                v = builder.fadd(_lanes_shuffle(builder, v, 0, half), _lanes_shuffle(builder, v, half, half))
+            return builder.extract_element(v, ir.Constant(I32, 0))
+
+        return types.float32(types.int64, types.int64, types.int64), codegen
+
+    return kq_dot
+
+
+kq_dot64, kq_dot16 = _kq_dot(64), _kq_dot(16)
 
 
 @njit(parallel=True, cache=True)
-def _scores_one(qh, k):  # [H, HD] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [H, 1, S]
-    H, HD = qh.shape
+def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [H, T, S]
+    T, H, HD = qh.shape
     KVH, S, _ = k.shape
-    out = np.empty((H, 1, S), np.float32)
-    for h in prange(H):
-        q0, k0 = qh.ctypes.data + h * HD * 4, k.ctypes.data + (h // (H // KVH)) * k.strides[0]
+    out = np.empty((H, T, S), np.float32)
+    for ht in prange(H * T):
+        h, t = ht // T, ht % T
+        q0, k0 = qh.ctypes.data + (t * H + h) * HD * 4, k.ctypes.data + (h // (H // KVH)) * k.strides[0]
         for s in range(S):
-            out[h, 0, s] = kq_dot(q0, k0 + s * k.strides[1], HD // 64)
+            if T == 1:
+                out[h, t, s] = kq_dot64(q0, k0 + s * k.strides[1], HD // 64)
+            else:
+                out[h, t, s] = kq_dot16(q0, k0 + s * k.strides[1], HD // 16)
     return out
 
 
@@ -455,28 +481,32 @@ def axpy_exact(typingctx, y, x, a, n):
 
 
 @njit(parallel=True, cache=True)
-def _mix_one(p, v):  # [H, 1, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [1, H, HD]
-    """_f16_sums' order for one token (64 lanes over the keys, llama.cpp's zero padding adding nothing), with each
-    lane's row of HD sums accumulated in IR."""
-    H, _, S = p.shape
+def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [T, H, HD]
+    """_f16_sums' order (64 lanes over the keys for one token, 16 for a batch; llama.cpp's zero padding adds
+    nothing), each lane's row of HD sums accumulated in IR."""
+    H, T, S = p.shape
     KVH, _, HD = v.shape
-    out = np.empty((1, H, HD), np.float32)
-    for h in prange(H):
-        lanes = np.zeros((64, HD), np.float32)
+    W = 64 if T == 1 else 16
+    out = np.empty((T, H, HD), np.float32)
+    for ht in prange(H * T):
+        h, t = ht // T, ht % T
+        lanes = np.zeros((W, HD), np.float32)
         used = S
-        while used > 0 and p[h, 0, used - 1] == 0:  # a causal row's unseen keys: zeros add nothing to any lane
+        while used > 0 and p[h, t, used - 1] == 0:  # a causal row's unseen keys: zeros add nothing to any lane
             used -= 1
         y0, v0 = lanes.ctypes.data, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
         for s in range(used):
-            axpy_exact(y0 + (s % 64) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, 0, s]), HD // 64)
-        for lane in range(16):  # (0 + 2) + (1 + 3) of the four 16-lane accumulators, then the halving
-            for d in range(HD):
-                lanes[lane, d] = (lanes[lane, d] + lanes[32 + lane, d]) + (lanes[16 + lane, d] + lanes[48 + lane, d])
-        for width in (8, 4, 2, 1):
+            axpy_exact(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
+        if W == 64:  # (0 + 2) + (1 + 3) of the four 16-lane accumulators
+            for lane in range(16):
+                for d in range(HD):
+                    lanes[lane, d] = (lanes[lane, d] + lanes[32 + lane, d]) + (lanes[16 + lane, d] +
+                                                                                lanes[48 + lane, d])
+        for width in (8, 4, 2, 1):  # _mm512_reduce_add_ps
             for lane in range(width):
                 for d in range(HD):
                     lanes[lane, d] += lanes[width + lane, d]
-        out[0, h] = lanes[0]
+        out[t, h] = lanes[0]
     return out
 
 
@@ -547,14 +577,14 @@ def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]
 
 
 def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
-    if len(q) == 1 and q.shape[2] % 64 == 0 and k.strides[2] == 4:  # one token: each key's dot in IR
-        return _scores_one(_round_f16s(np.ascontiguousarray(q[0])), k)
+    if q.shape[2] % 64 == 0 and k.strides[2] == 4:  # each key's dot in IR, K read in place
+        return _scores_ir(_round_f16s(np.ascontiguousarray(q)), k)
     return _scores_f16(np.ascontiguousarray(q), k)
 
 
 def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
-    if p.shape[1] == 1 and v.shape[2] % 64 == 0 and v.strides[2] == 4:  # one token: the sums in IR
-        return _mix_one(np.ascontiguousarray(p), v).reshape(1, -1)
+    if v.shape[2] % 64 == 0 and v.strides[2] == 4:  # the sums in IR, V read in place
+        return _mix_ir(np.ascontiguousarray(p), v).reshape(p.shape[1], -1)
     return _mix_f16(p, v).reshape(p.shape[1], -1)
 
 
