@@ -18,7 +18,17 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .ggml_numerics import GgmlMatrix, GgmlPlacement, geglu, gelu  # noqa: F401 (table lookups: NumPy is fast)
+from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
+    GROUP,
+    GgmlMatrix,
+    GgmlPlacement,
+    IntWeights,
+    dequantize,
+    geglu,
+    gelu,
+    int_weights,
+    quantize_q8_K,
+)
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
 from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat
@@ -240,7 +250,8 @@ class NumbaGgmlMatrix(GgmlMatrix):
 
 
 class GgmlNumbaPlacement(GgmlPlacement):
-    """numerics "ggml" on numba: Q4_0, Q4_1 and Q8_0 matrices as NumbaGgmlMatrix, other types as GgmlMatrix."""
+    """numerics "ggml" on numba: Q4_0, Q4_1 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as NumbaKQuantMatrix,
+    other types (Q5_0, Q5_1) as GgmlMatrix."""
 
     def prepare(self, qtypes):
         super().prepare(qtypes)
@@ -252,10 +263,103 @@ class GgmlNumbaPlacement(GgmlPlacement):
     def __call__(self, a):
         if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
             return NumbaGgmlMatrix(a.raw, a.qtype, a.shape)
+        if isinstance(a, QuantizedTensor) and a.qtype in K_QUANTS:
+            return NumbaKQuantMatrix(a.raw, a.qtype, a.shape)
         return super().__call__(a)
 
     def layer(self, lw):
         fuse_layer(lw, concat_raw)
+
+
+K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def _ksum(group, vnni):
+    """An intrinsic (u, x, sc) -> int64: one block of 256's sum over its sub-blocks of sc[g] * sum_j u[g, j] * x[g, j],
+    u unsigned codes (uint8), x Q8_K's int8 codes, sc int32 scales, each an address. Integer sums are exact, so
+    the lanes' order is free: 8 lanes of 4 products (vpdpbusd where the CPU has it), added per sub-block of
+    `group` (32: all 8 lanes; 16: lanes 0-3 and 4-7)."""
+    @intrinsic
+    def ksum(typingctx, u, x, sc):
+        def codegen(context, builder, signature, args):
+            u, x, sc = args
+            add = builder.module.declare_intrinsic("llvm.vector.reduce.add.v4i32", fnty=ir.FunctionType(
+                I32, [ir.VectorType(I32, 4)]))
+            total = ir.Constant(I64, 0)
+            for c in range(8):  # 32 bytes at a time
+                at = ir.Constant(I64, 32 * c)
+                lanes = _lanes(builder, load(builder, builder.add(u, at), V32I8),
+                               load(builder, builder.add(x, at), V32I8), vnni)
+                halves = [builder.call(add, [builder.shuffle_vector(lanes, lanes, ir.Constant(
+                    ir.VectorType(I32, 4), list(range(k, k + 4))))]) for k in (0, 4)]
+                sums = [builder.add(*halves)] if group == 32 else halves
+                for k, part in enumerate(sums):  # sub-block g = c (group 32) or 2c + k (group 16)
+                    g = c if group == 32 else 2 * c + k
+                    scale = load(builder, builder.add(sc, ir.Constant(I64, 4 * g)), I32)
+                    total = builder.add(total, builder.mul(builder.sext(part, I64), builder.sext(scale, I64)))
+            return total
+
+        return types.int64(types.int64, types.int64, types.int64), codegen
+
+    return ksum
+
+
+KSUM32, KSUM16 = _ksum(32, VNNI), _ksum(16, VNNI)
+
+
+@njit(parallel=True, cache=True)
+def _kquant_matmul(xq, dx, bsums, u, d, sc, m, dmin, group):  # Q8_K x [T, K], [N, K] u8 codes -> [T, N]
+    """GgmlMatrix._matmul's K-quant form, value for value: per block of 256, the exact integer sum of each
+    sub-block's products times its scale (Q6_K's codes kept as code + 32, the 32 * x taken back with Q8_K's
+    sums of 16), then out + (d_x * d_w) * sum, and for Q4_K/Q5_K out - (d_x * dmin) * (the mins times Q8_K's
+    sums of 32), each product and sum rounded to float32 in that order."""
+    T, K = xq.shape
+    N = u.shape[0]
+    per = 256 // group
+    out = np.empty((T, N), np.float32)
+    for n in prange(N):
+        u0, x0, s0 = u.ctypes.data, xq.ctypes.data, sc.ctypes.data  # taken in the loop: the arrays stay alive
+        for t in range(T):
+            acc = np.float32(0.0)
+            for B in range(K // 256):
+                at_u, at_x, at_s = u0 + n * K + B * 256, x0 + t * K + B * 256, s0 + (n * (K // group) + B * per) * 4
+                if group == 32:
+                    isum = KSUM32(at_u, at_x, at_s)
+                else:
+                    isum = KSUM16(at_u, at_x, at_s)
+                    for g in range(16):
+                        isum -= 32 * np.int64(sc[n, B * 16 + g]) * bsums[t, B * 16 + g]
+                acc = acc + (dx[t, B] * d[n, B]) * np.float32(isum)
+                if m.shape[0]:
+                    msum = 0
+                    for g in range(8):
+                        xsum = bsums[t, 16 * B + 2 * g] + bsums[t, 16 * B + 2 * g + 1]
+                        msum += np.int64(xsum) * np.int64(m[n, 8 * B + g])
+                    acc = acc - (dx[t, B] * dmin[n, B]) * np.float32(msum)
+            out[t, n] = acc
+    return out
+
+
+class NumbaKQuantMatrix(GgmlMatrix):
+    """A Q4_K/Q5_K/Q6_K matrix as unsigned codes (a byte each) and integer scales: `x @ w.T` is _kquant_matmul,
+    equal to GgmlMatrix's to the bit."""
+
+    def __init__(self, raw, qtype, shape):
+        self.qtype, self.shape, self.group = qtype, tuple(shape), GROUP.get(qtype, 32)
+        w = int_weights(raw, qtype, shape)
+        self.w = w
+        none = np.zeros((0, 0), np.int32)
+        self.fields = ((w.codes + np.int8(32 if qtype == QT.Q6_K else 0)).view(np.uint8), w.d,
+                       w.sc.astype(np.int32), none if w.m is None else w.m.astype(np.int32),
+                       none.astype(np.float32) if w.dmin is None else w.dmin)
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32))
+        return _kquant_matmul(xq, dx, bsums, *self.fields, self.group)
+
+    def __getitem__(self, rows):
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        return dequantize(IntWeights(self.qtype, *(None if a is None else a[rows] for a in self.w[1:])))
 
 
 def concat_raw(ms):
