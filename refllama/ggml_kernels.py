@@ -6,7 +6,7 @@ as widened 32-bit multiplies at half the speed of its float kernel. Per block of
 ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
 AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
 end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
-Q4_0, Q4_1 and Q8_0 have kernels here; other types use refllama.ggml_numerics' NumPy form.
+Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants have kernels here; Q5_1 uses refllama.ggml_numerics' NumPy form.
 """
 
 import types as pytypes
@@ -42,7 +42,7 @@ def host_has_vnni():
 
 
 VNNI = host_has_vnni()
-BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q8_0: 34}
+BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34}
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 
 
@@ -57,6 +57,19 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
                                                                                   list(range(k, 32, 4))))
              for k in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _q5_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nibble | fifth bit << 4, minus 16
+    v16, v32 = ir.VectorType(I8, 16), ir.VectorType(I32, 32)
+    qs = load(builder, builder.add(blk, ir.Constant(I64, 6)), v16)
+    nibbles = builder.shuffle_vector(builder.and_(qs, ir.Constant(v16, [15] * 16)),
+                                     builder.lshr(qs, ir.Constant(v16, [4] * 16)),
+                                     ir.Constant(v32, list(range(32))))
+    bits = builder.lshr(splat(builder, load(builder, builder.add(blk, ir.Constant(I64, 2)), I32), v32),
+                        ir.Constant(v32, list(range(32))))  # bit j of qh is value j's fifth bit
+    high = builder.shl(builder.trunc(builder.and_(bits, ir.Constant(v32, [1] * 32)), V32I8),
+                       ir.Constant(V32I8, [4] * 32))
+    return builder.sub(builder.or_(nibbles, high), ir.Constant(V32I8, [16] * 32))
 
 
 def _row_dot_ir(builder, args, qtype, vnni, n_tok):
@@ -79,8 +92,8 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     dw = load_f16(builder, blk)
     mw = load_f16(builder, builder.add(blk, ir.Constant(I64, 2))) if qtype == QT.Q4_1 else None
     zero = ir.Constant(V32I8, None)
-    if qtype == QT.Q8_0:  # ggml's sign trick: |w| (unsigned) times y with w's sign
-        q = load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8)
+    if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+        q = load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8) if qtype == QT.Q8_0 else _q5_codes(builder, blk)
         neg = builder.icmp_signed("<", q, zero)
         is_zero = builder.icmp_signed("==", q, zero)
         u = builder.select(neg, builder.sub(zero, q), q)
@@ -95,7 +108,7 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
         xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
         dk = builder.mul(ir.Constant(I64, k), d_step)
         y = load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
-        if qtype == QT.Q8_0:
+        if qtype in (QT.Q8_0, QT.Q5_0):
             y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
         lanes = _lanes(builder, u, y, vnni)
         if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
@@ -235,7 +248,7 @@ def kernel(qtype, vnni=VNNI):
 
 
 class NumbaGgmlMatrix(GgmlMatrix):
-    """A Q4_0/Q4_1/Q8_0 matrix in its GGUF bytes: `x @ w.T` runs the IR kernel; rows dequantize as GgmlMatrix's."""
+    """A Q4_0/Q4_1/Q5_0/Q8_0 matrix in its GGUF bytes: `x @ w.T` runs the IR kernel; rows dequantize as GgmlMatrix's."""
 
     def __init__(self, raw, qtype, shape, vnni=VNNI):
         self.qtype, self.shape, self.vnni = qtype, tuple(shape), vnni
@@ -250,8 +263,8 @@ class NumbaGgmlMatrix(GgmlMatrix):
 
 
 class GgmlNumbaPlacement(GgmlPlacement):
-    """numerics "ggml" on numba: Q4_0, Q4_1 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as NumbaKQuantMatrix,
-    other types (Q5_0, Q5_1) as GgmlMatrix."""
+    """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
+    NumbaKQuantMatrix, Q5_1 as GgmlMatrix."""
 
     def prepare(self, qtypes):
         super().prepare(qtypes)

@@ -218,3 +218,16 @@ def test_ggml_models_on_both_backends_agree_to_the_bit(model):
         out.append(np.concatenate(logits))
     np.testing.assert_array_equal(out[0], out[1])
     assert math.isfinite(float(out[0].max()))
+
+
+@pytest.mark.parametrize("T", [1, 5])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0], ids=lambda t: t.name)
+def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtype, T):
+    raw = RNG.integers(0, 0x3C, size=gguf.quant_shape_to_byte_shape((40, 512), qtype), dtype=np.uint8)
+    x = RNG.standard_normal((T, 512)).astype(np.float32)
+    ref = gn.GgmlMatrix(raw, qtype, (40, 512))
+    fast = gk.GgmlNumbaPlacement()(refllama.ggml_types.QuantizedTensor(raw, qtype, (40, 512)))
+    assert type(fast).__name__ == ("NumbaGgmlMatrix" if qtype == QT.Q5_0 else "NumbaKQuantMatrix")
+    np.testing.assert_array_equal(x @ fast.T, x @ ref.T)
+    np.testing.assert_array_equal(fast[[0, 3, 39, 3]], ref[[0, 3, 39, 3]])
+
