@@ -135,6 +135,19 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
     np.testing.assert_array_equal(x @ gk.NumbaGgmlMatrix(raw, qtype, (37, 256), vnni=vnni).T, want)
 
 
+@pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
+@pytest.mark.parametrize("group", [32, 16])
+def test_k_quant_block_sums_are_exact_in_both_forms(group, vnni):
+    """One block of 256's sum of sc * (u . x) per sub-block, against integers in NumPy."""
+    if vnni and not gk.host_has_vnni():
+        pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
+    ksum = gk._ksum(group, vnni)
+    run = njit(lambda u, x, sc: ksum(u.ctypes.data, x.ctypes.data, sc.ctypes.data))
+    u, x = RNG.integers(0, 64, 256).astype(np.uint8), RNG.integers(-128, 128, 256).astype(np.int8)
+    sc = RNG.integers(-128, 128, 256 // group).astype(np.int32)
+    assert run(u, x, sc) == int((u.astype(np.int64) * x).reshape(-1, group).sum(axis=1) @ sc)
+
+
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
     """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors: compiling it elsewhere aborts."""
     monkeypatch.setattr(gk.llvm, "get_host_cpu_features", lambda: {"avx2": True, "avx512vnni": False})
