@@ -367,8 +367,17 @@ class QuantMatrix:
     """A [N, K] weight kept quantized. `x @ w.T` runs the Numba kernel; `w[rows]` dequantizes rows."""
 
     def __init__(self, raw, qtype, shape):
-        self.qtype, self.shape = qtype, tuple(shape)
-        self.form = repack(raw, qtype, shape)
+        self.use(qtype, shape, repack(raw, qtype, shape))
+
+    def use(self, qtype, shape, f):
+        """Hold form f; one token's kernel and its fields are chosen here, once (matmul runs ~120 times a step)."""
+        self.qtype, self.shape, self.form = qtype, tuple(shape), f
+        if isinstance(f, Q4Form):
+            self.matvec, self.fields = MATVEC_Q4[f.scale.dtype], tuple(f)
+        elif f.group == 32 and f.scale.dtype == np.uint16:
+            self.matvec, self.fields = matvec_q8_f16, (f.codes, f.scale)
+        else:
+            self.matvec, self.fields = matvec_q8, (*f, F16_TABLE)
 
     @property
     def T(self):
@@ -379,16 +388,12 @@ class QuantMatrix:
         return sum(a.nbytes for a in self.form if isinstance(a, np.ndarray))
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        """Decode (T = 1): the Numba matvec on the packed codes. Prefill: the Numba matmul, which dequantizes
-        4 rows at a time into a small scratch and multiplies them by all T tokens (matrix-matrix)."""
+        """Decode (T = 1): the matrix-vector kernel on the packed codes. Prefill: the Numba matmul, which
+        dequantizes 4 rows at a time into a small scratch and multiplies them by all T tokens (matrix-matrix)."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         if len(x) > 1:
             return matmul(x, *self.form, F16_TABLE)
-        if isinstance(self.form, Q4Form):
-            return MATVEC_Q4[self.form.scale.dtype](x[0], *self.form)[None]
-        if self.form.group == 32 and self.form.scale.dtype == np.uint16:
-            return matvec_q8_f16(x[0], self.form.codes, self.form.scale)[None]
-        return matvec_q8(x[0], *self.form, F16_TABLE)[None]
+        return self.matvec(x[0], *self.fields)[None]
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
@@ -470,11 +475,10 @@ def concat_quant(ms):
 
     if not all(same(m) for m in ms):
         return None
-    whole = object.__new__(QuantMatrix)
-    whole.qtype, whole.shape = first.qtype, (sum(m.shape[0] for m in ms), first.shape[1])
     arrays = [np.concatenate([m.form[i] for m in ms]) for i in range(2)]
     extra = np.concatenate([m.form[2] for m in ms]) if isinstance(first.form, Q4Form) else first.form[2]
-    whole.form = type(first.form)(*arrays, extra)
+    whole = object.__new__(QuantMatrix)
+    whole.use(first.qtype, (sum(m.shape[0] for m in ms), first.shape[1]), type(first.form)(*arrays, extra))
     return whole
 
 
