@@ -198,11 +198,11 @@ def from_gguf(g):
                          space_prefix=g.flag("tokenizer.ggml.add_space_prefix", space_prefix), eog_ids=eog)
 
 
-def _byte_token(vocab, b, path=""):
+def _byte_token(vocab, b):
     """The token of byte b: "<0xXX>", else the byte as a one-character token (llama.cpp's byte_to_token)."""
     i = vocab.get(f"<0x{b:02X}>", vocab.get(chr(b)) if b < 0x80 else None)
     if i is None:
-        raise RefllamaError(f"{path}vocabulary has no token for byte 0x{b:02X} (neither <0x{b:02X}> nor the byte)")
+        raise RefllamaError(f"the vocabulary has no token for byte 0x{b:02X} (neither <0x{b:02X}> nor the byte)")
     return i
 
 
