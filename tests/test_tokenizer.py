@@ -97,3 +97,24 @@ def test_sentencepiece_ids_equal_llamacpp(spm_tokenizer, case):
 def test_sentencepiece_decodes_back(spm_tokenizer):
     text = "hello world, café 日本"
     assert spm_tokenizer.decode(spm_tokenizer.encode(text, add_special=False)) == text
+
+
+def test_sentencepiece_without_byte_tokens_names_the_byte(tmp_path):
+    """A character no token spells falls back to byte tokens; a vocabulary without them is refused for that byte
+    (llama.cpp's byte_to_token throws there too), not tokenized into something else."""
+    from gguf import GGUFValueType as VT
+    from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
+
+    import refllama
+    from refllama.gguf_loader import GGUFFile
+    from refllama.tokenizer import from_gguf
+
+    meta = {k: v for k, v in tiny_metadata().items() if not k.startswith("tokenizer.")}
+    tokens = ["<unk>", "<s>", "</s>", "▁", "a", "▁a"]
+    meta.update({"tokenizer.ggml.model": ("llama", VT.STRING), "tokenizer.ggml.tokens": (tokens, VT.ARRAY),
+                 "tokenizer.ggml.scores": ([0.0, 0.0, 0.0, -1.0, -2.0, -0.5], VT.ARRAY),
+                 "tokenizer.ggml.token_type": ([2, 3, 3, 1, 1, 1], VT.ARRAY)})
+    tok = from_gguf(GGUFFile(write_gguf(tmp_path / "spm.gguf", meta, tiny_tensors())))
+    assert tok.encode("a a", add_special=False) == [5, 5]
+    with pytest.raises(refllama.RefllamaError, match="no token for byte 0xC3"):
+        tok.encode("é", add_special=False)
