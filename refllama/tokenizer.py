@@ -6,6 +6,7 @@ pre-tokenizer `tokenizer.ggml.pre` names (pretokenizer.py). An HF directory's to
 import codecs
 import heapq
 import math
+import re
 import threading
 from array import array
 from bisect import bisect_left
@@ -48,6 +49,7 @@ _FIM_ROLES = {  # role: texts llama.cpp takes for that role's token when the fil
 _FIM_OLD_KEYS = {"fim_pre": "prefix", "fim_suf": "suffix", "fim_mid": "middle"}  # deprecated key names
 _ALWAYS_RENDERED = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}  # gpt-oss: user-defined
 _SPACE = " \t\n\v\f\r"  # C's isspace: what lstrip/rstrip remove beside a special token
+_SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate: no UTF-8 for it
 
 
 def _bytes_to_unicode():
@@ -206,6 +208,33 @@ def _byte_token(vocab, b):
     return i
 
 
+def merge_pairs(sym, priority, same_text):
+    """The symbols left when adjacent pairs are merged lowest `priority(left, right)` first, leftmost on ties, until
+    no pair has one (None): llama.cpp's bigram queue over a linked list. A queued pair whose symbols have changed
+    since is skipped: its BPE compares their text (`same_text`), its SentencePiece only their length."""
+    prev, nxt = list(range(-1, len(sym) - 1)), [*range(1, len(sym)), -1]  # merged-away symbols become ""
+    heap = []
+
+    def push(left, right):
+        if left >= 0 and right >= 0 and (p := priority(sym[left], sym[right])) is not None:
+            heapq.heappush(heap, (p, left, right, sym[left] + sym[right]))
+
+    for i in range(1, len(sym)):
+        push(i - 1, i)
+    while heap:
+        _, left, right, text = heapq.heappop(heap)
+        a, b = sym[left], sym[right]
+        if not a or not b or (a + b != text if same_text else len(a) + len(b) != len(text)):
+            continue
+        sym[left], sym[right] = a + b, ""
+        nxt[left] = nxt[right]
+        if nxt[right] >= 0:
+            prev[nxt[right]] = left
+        push(prev[left], left)
+        push(left, nxt[left])
+    return [x for x in sym if x]
+
+
 class Spm:
     """SentencePiece as llama.cpp runs it (llm_tokenizer_spm): merge the adjacent pair whose merged text is the
     best-scoring token, leftmost first on equal scores; pieces that are no token become byte tokens.
@@ -215,28 +244,13 @@ class Spm:
         self.scores = scores
 
     def __call__(self, text, vocab):
-        sym = list(text)  # UTF-8 characters, as a linked list: merged-away symbols become ""
-        prev, nxt = list(range(-1, len(sym) - 1)), [*range(1, len(sym)), -1]
-        heap = []
+        def priority(left, right):
+            i = vocab.get(left + right)
+            return None if i is None else -self.scores[i]
 
-        def push(left, right):
-            if left >= 0 and right >= 0 and (i := vocab.get(sym[left] + sym[right])) is not None:
-                heapq.heappush(heap, (-self.scores[i], left, right, len(sym[left]) + len(sym[right])))
-
-        for i in range(1, len(sym)):
-            push(i - 1, i)
-        while heap:
-            _, left, right, size = heapq.heappop(heap)
-            if not sym[left] or not sym[right] or len(sym[left]) + len(sym[right]) != size:
-                continue  # a stale pair (llama.cpp checks the length only)
-            sym[left], sym[right] = sym[left] + sym[right], ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
+        sym = merge_pairs(list(text), priority, same_text=False)
         out = []
-        for s in filter(None, sym):
+        for s in sym:
             i = vocab.get(s)
             out += [i] if i is not None else [_byte_token(vocab, b) for b in s.encode()]
         return out
@@ -270,28 +284,9 @@ class Bpe:
     def word(self, word, vocab):
         if word in vocab and (self.ignore_merges or (self.gemma4 and not word.strip("\n"))):
             return [vocab[word]]
-        sym = list(word)
-        prev, nxt = list(range(-1, len(sym) - 1)), [*range(1, len(sym)), -1]
-        heap = []
-
-        def push(left, right):
-            if left >= 0 and right >= 0 and (rank := self.ranks.rank(sym[left], sym[right])) is not None:
-                heapq.heappush(heap, (rank, left, right, sym[left] + sym[right]))
-
-        for i in range(1, len(sym)):
-            push(i - 1, i)
-        while heap:
-            _, left, right, text = heapq.heappop(heap)
-            if not sym[left] or not sym[right] or sym[left] + sym[right] != text:
-                continue  # a stale pair
-            sym[left], sym[right] = text, ""
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prev[nxt[right]] = left
-            push(prev[left], left)
-            push(left, nxt[left])
+        sym = merge_pairs(list(word), self.ranks.rank, same_text=True)
         out = []
-        for s in filter(None, sym):
+        for s in sym:
             if s in vocab:
                 out.append(vocab[s])
             else:  # each byte of the piece's text as a token, where one exists (llama.cpp drops the others)
@@ -317,9 +312,8 @@ class GgufTokenizer:
 
     def encode(self, text, add_special=True, parse_special=False):
         """Token ids; `parse_special` matches control-token text such as '<|im_start|>' as one token."""
-        bad = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
-        if bad is not None:
-            raise RefllamaError(f"text is not valid Unicode: a lone surrogate at character {bad}")
+        if bad := _SURROGATE.search(text):
+            raise RefllamaError(f"text is not valid Unicode: a lone surrogate at character {bad.start()}")
         ids = [self.bos_id] if add_special and self.add_bos else []
         after_special = True
         with self.lock:

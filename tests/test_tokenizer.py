@@ -118,3 +118,10 @@ def test_sentencepiece_without_byte_tokens_names_the_byte(tmp_path):
     assert tok.encode("a a", add_special=False) == [5, 5]
     with pytest.raises(refllama.RefllamaError, match="no token for byte 0xC3"):
         tok.encode("é", add_special=False)
+
+
+def test_a_lone_surrogate_is_refused_with_its_position(model):
+    import refllama
+
+    with pytest.raises(refllama.RefllamaError, match="lone surrogate at character 2"):
+        model.tokenize("ab\ud800c")
