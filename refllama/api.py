@@ -77,7 +77,7 @@ def load(path=None, backend="numpy", n_ctx=None, threads=None, numerics="float32
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    cfg = dataclasses.replace(cfg, numerics="ggml-numba" if numerics == "ggml" and backend == "numba" else numerics)
+    cfg = dataclasses.replace(cfg, numerics=f"{numerics}-numba" if backend == "numba" else numerics)
     return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
 
 

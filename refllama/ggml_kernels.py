@@ -266,8 +266,8 @@ class GgmlNumbaPlacement(GgmlPlacement):
     """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
     NumbaKQuantMatrix, Q5_1 as GgmlMatrix."""
 
-    def prepare(self, qtypes):
-        super().prepare(qtypes)
+    def prepare(self, qtypes, cfg):
+        super().prepare(qtypes, cfg)
         x = np.zeros((2, 32), np.float32)
         for qtype in set(qtypes) & set(BLOCK_BYTES):  # compile now, not at the first token
             _ = x @ NumbaGgmlMatrix(np.zeros((1, BLOCK_BYTES[qtype]), np.uint8), qtype, (1, 32)).T

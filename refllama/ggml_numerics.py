@@ -439,7 +439,7 @@ class GgmlPlacement:
     def __init__(self, xp=np):
         self.xp = xp
 
-    def prepare(self, qtypes):
+    def prepare(self, qtypes, cfg):
         unsupported = {t for t in qtypes if t not in self.keep and t not in (QT.F32,)}
         if unsupported:
             names = ", ".join(sorted(t.name for t in unsupported))

@@ -277,7 +277,7 @@ def load_gguf(path, placement=None):
     # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     placement = placement or Placement()
-    placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2})
+    placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2}, cfg)
     kept = [t for t in g.tensors.values() if not (len(t.shape) == 2 and t.tensor_type in placement.keep)]
     check_memory(sum(4 * math.prod(t.shape) for t in kept), f"{g.path}: the weights in float32",
                  "use a smaller model, or --backend numba, which keeps quantized weights as they are")

@@ -16,7 +16,7 @@ def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
 
 
 def rms_norm(x, w, eps, numerics="float32"):  # [T, D], [D] -> [T, D]
-    if numerics == "ggml-numba":  # the same arithmetic in a Numba kernel (one call, not six NumPy ones)
+    if numerics in ("ggml-numba", "float32-numba"):  # the same arithmetic in a Numba kernel (one call, not six)
         return numerics_ops(numerics).rms_norm(x, w, eps)
     xp = array_module(x)
     # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w;
@@ -87,13 +87,15 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-OPS = {"ggml": "refllama.ggml_numerics", "ggml-numba": "refllama.ggml_kernels"}  # numerics -> its module
+OPS = {"ggml": "refllama.ggml_numerics", "ggml-numba": "refllama.ggml_kernels",  # numerics -> its module
+       "float32-numba": "refllama.numba_ops"}
 
 
 def numerics_ops(numerics):
-    """The module that computes a step in numerics other than float32: "ggml", refllama.ggml_numerics (NumPy, the
-    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba).
-    Imported on first use; after that a dictionary lookup (this runs a few hundred times a token)."""
+    """The module that computes a step other than in plain float32 NumPy: "ggml", refllama.ggml_numerics (NumPy, the
+    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba);
+    "float32-numba", refllama.numba_ops (float32, a decode step's small steps in Numba). Imported on first use;
+    after that a dictionary lookup (this runs a few hundred times a token)."""
     return sys.modules.get(OPS[numerics]) or importlib.import_module(OPS[numerics])
 
 

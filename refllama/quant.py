@@ -488,9 +488,14 @@ class NumbaPlacement:
 
     keep = QUANTIZED
 
-    def prepare(self, qtypes):
-        """Warm up the kernels of the file's quantized matrix types, before the weights are read."""
+    def prepare(self, qtypes, cfg):
+        """Load the kernels of the file's quantized matrix types and of a step's small steps, before the weights
+        are read; then release the pages that only loading them needed."""
+        from . import numba_ops  # it imports refllama.ggml_kernels, which imports this module
+
         warm_up(QUANTIZED & set(qtypes))
+        numba_ops.warm_up(cfg.head_dim)
+        release_loader_pages()
 
     def __call__(self, a):
         return QuantMatrix(a.raw, a.qtype, a.shape) if isinstance(a, QuantizedTensor) else a
@@ -501,13 +506,11 @@ class NumbaPlacement:
 
 def warm_up(qtypes):
     """Run each kernel that matrices of these GGUF types use once, on a small zero matrix of each, so that Numba
-    compiles it (or loads it from its cache) now rather than at the first token; then release the pages of the
-    libraries that only loading needed."""
+    compiles it (or loads it from its cache) now rather than at the first token."""
     x = np.zeros((2, 256), np.float32)
     for qtype in qtypes:
         m = QuantMatrix(np.zeros(byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
         _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
-    release_loader_pages()
 
 
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are read again if touched

@@ -39,14 +39,14 @@ def backend_module(name):
 class Placement:
     """Where weights go as a loader reads them: NumPy arrays as they are, or uploaded once to the GPU (CuPy).
     `keep` are the GGUF types left quantized (none here); `prepare` sees the file's matrix types before any weight
-    is read."""
+    is read, with the model's config."""
 
     keep = frozenset()
 
     def __init__(self, xp=np):
         self.xp = xp
 
-    def prepare(self, qtypes):
+    def prepare(self, qtypes, cfg):
         pass
 
     def __call__(self, a):
