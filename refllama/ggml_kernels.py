@@ -73,13 +73,15 @@ def _q5_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nibb
 
 
 def _row_dot_ir(builder, args, qtype, vnni, n_tok):
-    """IR of one row's dot products with n_tok tokens: (w, x, xd, xs, nb, x_step, d_step) -> n_tok floats. w: the
-    row's GGUF blocks; x: the first token's Q8 codes, xd, xs its per-block d and s (float32); the next token's are
-    x_step and d_step bytes further. Each block's weights are unpacked once for all the tokens, whose sums are
-    independent chains: each result is the same as a one-token call's."""
-    w, x, xd, xs, nb, x_step, d_step = args
+    """IR of one row's dot products with n_tok tokens: (w, x, xd, xs, nb, x_step, d_row) -> n_tok floats. w: the
+    row's GGUF blocks; x: the first token's Q8 codes, the next token's x_step bytes further; xd, xs: the first
+    token's d and s (float32) of block 0, the next token's right after, the next block's d_row bytes further. Each
+    block's weights are unpacked once for all the tokens, and its n_tok products d_w * d_x (and Q4_1's m_w * s_x
+    sums) are one vector; the tokens' sums are independent chains: each result is the same as a one-token call's."""
+    w, x, xd, xs, nb, x_step, d_row = args
+    vtok = ir.VectorType(F32, n_tok)
+    fman = builder.module.declare_intrinsic(f"llvm.fma.v{n_tok}f32", fnty=ir.FunctionType(vtok, [vtok] * 3))
     fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
-    fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
     entry = builder.block
     loop = builder.append_basic_block("loop")
     done = builder.append_basic_block("done")
@@ -87,7 +89,7 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     builder.position_at_end(loop)
     i = builder.phi(I64)
     accs = [builder.phi(V8F32) for _ in range(n_tok)]
-    summs = [builder.phi(F32) for _ in range(n_tok)]
+    summs = builder.phi(vtok)
     blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
     dw = load_f16(builder, blk)
     mw = load_f16(builder, builder.add(blk, ir.Constant(I64, 2))) if qtype == QT.Q4_1 else None
@@ -103,45 +105,42 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
         lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
         hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
         u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
-    new_accs, new_summs = [], []
+    at = builder.mul(i, d_row)
+    d = builder.fmul(splat(builder, dw, vtok), load(builder, builder.add(xd, at), vtok))  # [n_tok] d_w * d_x
+    new_summs = builder.call(fman, [splat(builder, mw, vtok), load(builder, builder.add(xs, at), vtok), summs]) \
+        if qtype == QT.Q4_1 else summs
+    new_accs = []
     for k in range(n_tok):
         xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
-        dk = builder.mul(ir.Constant(I64, k), d_step)
         y = load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
         if qtype in (QT.Q8_0, QT.Q5_0):
             y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
         lanes = _lanes(builder, u, y, vnni)
         if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
             lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
-        at = builder.add(builder.add(xd, dk), builder.mul(i, ir.Constant(I64, 4)))
-        d = splat(builder, builder.fmul(dw, load(builder, at, F32)), V8F32)
-        new_accs.append(builder.call(fma8, [d, builder.sitofp(lanes, V8F32), accs[k]]))
-        if qtype == QT.Q4_1:
-            at = builder.add(builder.add(xs, dk), builder.mul(i, ir.Constant(I64, 4)))
-            new_summs.append(builder.call(fma1, [mw, load(builder, at, F32), summs[k]]))
-        else:
-            new_summs.append(summs[k])
+        dk = builder.shuffle_vector(d, d, ir.Constant(ir.VectorType(I32, 8), [k] * 8))  # token k's, in 8 lanes
+        new_accs.append(builder.call(fma8, [dk, builder.sitofp(lanes, V8F32), accs[k]]))
     i1 = builder.add(i, ir.Constant(I64, 1))
     i.add_incoming(ir.Constant(I64, 0), entry)
     i.add_incoming(i1, loop)
     for phi, new, init in [(a, b, ir.Constant(V8F32, None)) for a, b in zip(accs, new_accs)] + \
-            [(a, b, ir.Constant(F32, 0.0)) for a, b in zip(summs, new_summs)]:
+            [(summs, new_summs, ir.Constant(vtok, None))]:
         phi.add_incoming(init, entry)
         phi.add_incoming(new, loop)
     builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
     builder.position_at_end(done)
     undef = ir.Constant(V8F32, ir.Undefined)
     results = []
-    for acc, sm in zip(new_accs, new_summs):
+    for k, acc in enumerate(new_accs):
         r4 = builder.fadd(builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
                           builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
-        lane = [builder.extract_element(r4, ir.Constant(I32, k)) for k in range(4)]  # hsum_float_8's order
+        lane = [builder.extract_element(r4, ir.Constant(I32, j)) for j in range(4)]  # hsum_float_8's order
         total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
-        results.append(builder.fadd(total, sm))
+        results.append(builder.fadd(total, builder.extract_element(new_summs, ir.Constant(I32, k))))
     return results
 
 
-TILE = 4  # tokens per call in a batch: each block of weights unpacked once for 4 tokens
+TILE = 8  # tokens per call in a batch: each block of weights unpacked once for 8 tokens
 
 
 def _make_dot(qtype, vnni, n_tok):
@@ -183,7 +182,7 @@ def _round_f16s(x):  # [T, H, HD] f32 -> its values rounded to float16
 
 
 @njit(cache=True)
-def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] f32: Q8_1 (Q8_0: xs unused)
+def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] f32: Q8_1 (Q8_0: xs unused)
     T, K = X.shape
     for t in range(T):
         for b in range(K // 32):
@@ -197,19 +196,19 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [T, K/32] 
                 q = np.int32(np.rint(X[t, b * 32 + j] * inv))
                 xq[t, b * 32 + j] = q
                 total += q
-            xd[t, b] = _round_f16(d)
-            xs[t, b] = _round_f16(d * np.float32(total))
+            xd[b, t] = _round_f16(d)
+            xs[b, t] = _round_f16(d * np.float32(total))
 
 
-DOT1 = DOT4 = ROW_BYTES = None  # one type's dot products and block size, in each copy's globals (_make_matmul)
+DOT1 = DOTN = ROW_BYTES = None  # one type's dot products and block size, in each copy's globals (_make_matmul)
 
 
-def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, with one type's DOT1, DOT4
+def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, with one type's DOT1, DOTN
     T, K = X.shape
     N, nb = raw.shape[0], K // 32
     xq = np.empty((T, K), np.int8)
-    xd = np.empty((T, nb), np.float32)
-    xs = np.empty((T, nb), np.float32)
+    xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side: a tile's scales are one vector
+    xs = np.empty((nb, T), np.float32)
     quantize_q8(X, xq, xd, xs)
     out = np.empty((T, N), np.float32)
     n_chunks = min(N, 64)
@@ -220,17 +219,18 @@ def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, wi
         for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
             w = w0 + r * nb * ROW_BYTES
             for t in range(0, T - T % TILE, TILE):
-                a, b, e, f = DOT4(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = a, b, e, f
+                sums = DOTN(w, x0 + t * K, d0 + t * 4, s0 + t * 4, nb, K, T * 4)
+                for j in range(TILE):
+                    out[t + j, r] = sums[j]
             for t in range(T - T % TILE, T):
-                out[t, r] = DOT1(w, x0 + t * K, d0 + t * nb * 4, s0 + t * nb * 4, nb, K, nb * 4)[0]
+                out[t, r] = DOT1(w, x0 + t * K, d0 + t * 4, s0 + t * 4, nb, K, T * 4)[0]
     return out
 
 
 def _make_matmul(qtype, vnni):
-    """_matmul with one type's and form's dot products as its globals DOT1 and DOT4 (not closure variables, which
+    """_matmul with one type's and form's dot products as its globals DOT1 and DOTN (not closure variables, which
     Numba's cache cannot key on), under a name of its own in Numba's cache."""
-    scope = {**globals(), "DOT1": _make_dot(qtype, vnni, 1), "DOT4": _make_dot(qtype, vnni, TILE),
+    scope = {**globals(), "DOT1": _make_dot(qtype, vnni, 1), "DOTN": _make_dot(qtype, vnni, TILE),
              "ROW_BYTES": BLOCK_BYTES[qtype]}
     name = f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}"
     fn = pytypes.FunctionType(_matmul.__code__, scope, name)
