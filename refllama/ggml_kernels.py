@@ -23,6 +23,7 @@ from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
     GgmlMatrix,
     GgmlPlacement,
     IntWeights,
+    cos_sin,
     dequantize,
     geglu,
     gelu,
@@ -31,7 +32,7 @@ from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
 )
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
-from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat
+from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat, warm_up_steps
 
 
 def host_has_vnni():
@@ -267,10 +268,14 @@ class GgmlNumbaPlacement(GgmlPlacement):
     NumbaKQuantMatrix, Q5_1 as GgmlMatrix."""
 
     def prepare(self, qtypes, cfg):
+        """Load the kernels of the file's matrix types, of a step's small steps and of the cache's RoPE angles
+        (sincosf) before the weights are read; then release the pages that only loading them needed."""
         super().prepare(qtypes, cfg)
         x = np.zeros((2, 32), np.float32)
-        for qtype in set(qtypes) & set(BLOCK_BYTES):  # compile now, not at the first token
+        for qtype in set(qtypes) & set(BLOCK_BYTES):
             _ = x @ NumbaGgmlMatrix(np.zeros((1, BLOCK_BYTES[qtype]), np.uint8), qtype, (1, 32)).T
+        warm_up_steps("ggml-numba", cfg.head_dim)
+        cos_sin(x)
         release_loader_pages()
 
     def __call__(self, a):

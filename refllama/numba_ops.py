@@ -78,16 +78,3 @@ def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD]
 swiglu, gelu, geglu = layers.swiglu, layers.gelu_tanh, layers.geglu  # NumPy's: its tanh is vectorized
 
 
-
-def warm_up(head_dim):
-    """Call each kernel here once on small arrays of the types a step passes, so that Numba loads them now: one
-    loaded after refllama.quant.release_loader_pages brought ~10 MB of LLVM's pages back. K and V are views of the
-    cache, which Numba types as strided (fewer positions than the context) or contiguous (all of them: the
-    context's last step): both."""
-    cache, cs = np.zeros((2, 4, head_dim), np.float32), np.zeros((1, head_dim // 2), np.float32)
-    x = np.zeros((1, 2, head_dim), np.float32)
-    rms_norm(x[0], x[0, 0], 1e-5)
-    ROPE["interleaved"](x, cs, cs)
-    for S in (2, 4):
-        kq = attention_scores(x, cache[:, :S])
-        attention_mix(attention_weights(kq, np.zeros((1, S), np.float32), 0.125), cache[:, :S])

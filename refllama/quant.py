@@ -491,10 +491,8 @@ class NumbaPlacement:
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's quantized matrix types and of a step's small steps, before the weights
         are read; then release the pages that only loading them needed."""
-        from . import numba_ops  # it imports refllama.ggml_kernels, which imports this module
-
         warm_up(QUANTIZED & set(qtypes))
-        numba_ops.warm_up(cfg.head_dim)
+        warm_up_steps("float32-numba", cfg.head_dim)
         release_loader_pages()
 
     def __call__(self, a):
@@ -511,6 +509,24 @@ def warm_up(qtypes):
     for qtype in qtypes:
         m = QuantMatrix(np.zeros(byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
         _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
+
+
+def warm_up_steps(numerics, head_dim):
+    """Call each step function of a numerics' module (refllama.layers.numerics_ops) once, on small arrays of the
+    types a step passes, so that Numba loads its kernels now: one loaded after release_loader_pages brings ~10 MB of
+    LLVM's pages back. K and V are views of the cache, which Numba types as strided (fewer positions than the
+    context) or contiguous (all of them: the context's last step): both."""
+    from .layers import numerics_ops
+
+    ops = numerics_ops(numerics)
+    cache, cs = np.zeros((2, 4, head_dim), np.float32), np.zeros((1, head_dim // 2), np.float32)
+    x = np.zeros((1, 2, head_dim), np.float32)
+    ops.rms_norm(x[0], x[0, 0], 1e-5)
+    ops.ROPE["interleaved"](x, cs, cs)
+    ops.swiglu(x[0], x[0])
+    for S in (2, 4):
+        kq = ops.attention_scores(x, cache[:, :S])
+        ops.attention_mix(ops.attention_weights(kq, np.zeros((1, S), np.float32), 0.125), cache[:, :S])
 
 
 MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are read again if touched

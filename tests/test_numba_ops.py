@@ -1,10 +1,17 @@
 """refllama.numba_ops (numerics float32 on --backend numba): one token's small steps as Numba kernels, against
 refllama.layers' NumPy forms of the same float32 arithmetic."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+from numba.core.registry import CPUDispatcher as Dispatcher
 
-from refllama import layers, numba_ops
+from refllama import ggml_kernels, layers, numba_ops
+from refllama.layers import numerics_ops
+from refllama.quant import warm_up_steps
 
 rng = np.random.default_rng(0)
 
@@ -52,11 +59,40 @@ def test_a_batch_is_layers_itself():
         assert np.array_equal(g, w)
 
 
-def test_warm_up_loads_every_layout_a_step_passes():
-    numba_ops.warm_up(64)
-    kernels = (numba_ops._scores1, numba_ops._mix1, numba_ops._softmax1)
-    before = [len(k.signatures) for k in kernels]
-    K = randn(3, 8, 64)
+def loaded():  # kernel name -> how many compiled forms Numba holds, for both numba numerics' modules
+    return {(mod.__name__, name): len(f.signatures) for mod in (numba_ops, ggml_kernels)
+            for name, f in vars(mod).items() if isinstance(f, Dispatcher)}
+
+
+@pytest.mark.parametrize("numerics", ["float32-numba", "ggml-numba"])
+def test_warm_up_loads_every_form_a_step_calls(numerics):
+    warm_up_steps(numerics, 64)
+    ops, before = numerics_ops(numerics), loaded()
+    K, x, cs = randn(3, 8, 64), randn(1, 9, 64), randn(1, 32)
+    ops.rms_norm(x[0], x[0, 0], 1e-5)
+    ops.ROPE["interleaved"](x, cs, cs)
+    ops.swiglu(x[0], x[0])
     for S in (5, 8):  # part of the cache (strided), all of it (contiguous)
-        attention(numba_ops, randn(1, 9, 64), K[:, :S], K[:, :S], layers.causal_mask(S - 1, 1, S, np))
-    assert [len(k.signatures) for k in kernels] == before
+        attention(ops, x, K[:, :S], K[:, :S], layers.causal_mask(S - 1, 1, S, np))
+    assert loaded() == before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or tuple(map(int, os.uname().release.split(".")[:2])) < (5, 4),
+                    reason="MADV_PAGEOUT needs Linux 5.4+")
+@pytest.mark.parametrize("numerics", ["float32", "ggml"])
+def test_generating_to_the_end_of_the_context_loads_nothing_after_load(model, numerics):
+    """Every kernel is loaded before the loader releases LLVM's pages: none comes back (~10 MB) during a prefill and
+    decode steps up to the context's last position."""
+    code = f"""
+import numpy as np, refllama
+from test_quant import _resident_kb
+m = refllama.load({model.path!r}, backend="numba", n_ctx=16, numerics={numerics!r})
+before = _resident_kb("libllvmlite")
+m.forward(list(range(100, 110)), 0, True)
+for pos in range(10, 16):
+    m.forward([5], pos, True)
+print(_resident_kb("libllvmlite") - before)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.path.dirname(__file__))
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) < 2048  # KB of LLVM's code made resident again
