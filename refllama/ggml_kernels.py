@@ -10,7 +10,6 @@ Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants have kernels here; Q5_1 uses refllama.gg
 """
 
 import types as pytypes
-from functools import partial
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -32,6 +31,7 @@ from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
 )
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
+from .numba_ops import ROPE, _kq_dot, axpy, expf, kq_dot16, rms_norm  # noqa: F401 (ggml's own)
 from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat, warm_up_steps
 
 
@@ -390,47 +390,6 @@ def concat_raw(ms):
                            (sum(m.shape[0] for m in ms), first.shape[1]), first.vnni)
 
 
-@intrinsic
-def fma32(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma.f32): Numba does not fuse, and ggml's sums depend on where it does."""
-    sig = types.float32(types.float32, types.float32, types.float32)
-
-    def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
-        return builder.call(fn, args)
-
-    return sig, codegen
-
-
-@intrinsic
-def pow2(typingctx, n):
-    """2.0 ** n as a float64 made from its bits, for an integer n in float64's normal range (a power is a libm call
-    per value)."""
-    def codegen(context, builder, signature, args):
-        bits = builder.shl(builder.add(args[0], ir.Constant(I64, 1023)), ir.Constant(I64, 52))
-        return builder.bitcast(bits, ir.DoubleType())
-
-    return types.float64(types.int64), codegen
-
-
-EXPF = [np.float32(float.fromhex(c)) for c in (  # ggml_v_expf's constants, as refllama.ggml_numerics.expf
-    "0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1",
-    "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")]
-R, LOG2E, LN2_LO, LN2_HI, C5, C4, C3, C2, C1 = EXPF
-
-
-@njit(cache=True)
-def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (refllama.ggml_numerics.expf)
-    z = fma32(x, LOG2E, R)
-    n = z - R
-    b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
-    if abs(n) > np.float32(192.0):  # beyond the range where 2^n scales: 0 or infinity
-        return np.float32(0.0) if n <= np.float32(0.0) else np.float32(np.inf)
-    u = b * b
-    j = fma32(fma32(fma32(C5, b, C4), u, fma32(C3, b, C2)), u, fma32(C1, b, np.float32(1.0)))
-    return np.float32(np.float64(j) * pow2(np.int64(n)))  # _mm512_scalef_ps: exact in float64, rounded once
-
-
 @njit(parallel=True, cache=True)
 def _swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: x / (1 + expf(-x)) * up, as ggml_vec_swiglu_f32
     out = np.empty_like(gate)
@@ -509,57 +468,7 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
         out[j] = np.float32(total)
 
 
-V64F32 = ir.VectorType(F32, 64)
-
-
-def _lanes_shuffle(builder, v, start, n):  # lanes start .. start + n - 1 of a vector
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(start, start + n))))
-
-
-def _kq_dot(width):
-    """An intrinsic (q, k, n) -> float: one key's score with `width` lanes over n chunks of `width` values, as ggml
-    sums it: 64 for one token (ggml_vec_dot_f16, AVX-512: the four 16-lane accumulators then added as
-    (0 + 2) + (1 + 3)), 16 for a batch (tinyBLAS); then _mm512_reduce_add_ps's halving. q and k are addresses of
-    float32 values holding float16 ones, so each product is exact and fma and multiply-add agree."""
-    vtype = ir.VectorType(F32, width)
-
-    @intrinsic
-    def kq_dot(typingctx, q, k, n):
-        def codegen(context, builder, signature, args):
-            q, k, n = args
-
-            def product(c):
-                at = builder.mul(c, ir.Constant(I64, 4 * width))
-                return builder.fmul(load(builder, builder.add(q, at), vtype), load(builder, builder.add(k, at), vtype))
-
-            entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-            first = product(ir.Constant(I64, 0))
-            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 1)), loop, done)
-            builder.position_at_end(loop)
-            c, acc = builder.phi(I64), builder.phi(vtype)
-            new, c1 = builder.fadd(acc, product(c)), builder.add(c, ir.Constant(I64, 1))
-            c.add_incoming(ir.Constant(I64, 1), entry)
-            c.add_incoming(c1, loop)
-            acc.add_incoming(first, entry)
-            acc.add_incoming(new, loop)
-            builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
-            builder.position_at_end(done)
-            v = builder.phi(vtype)
-            v.add_incoming(first, entry)
-            v.add_incoming(new, loop)
-            if width == 64:
-                v = builder.fadd(builder.fadd(_lanes_shuffle(builder, v, 0, 16), _lanes_shuffle(builder, v, 32, 16)),
-                                 builder.fadd(_lanes_shuffle(builder, v, 16, 16), _lanes_shuffle(builder, v, 48, 16)))
-            for half in (8, 4, 2, 1):
-                v = builder.fadd(_lanes_shuffle(builder, v, 0, half), _lanes_shuffle(builder, v, half, half))
-            return builder.extract_element(v, ir.Constant(I32, 0))
-
-        return types.float32(types.int64, types.int64, types.int64), codegen
-
-    return kq_dot
-
-
-kq_dot64, kq_dot16 = _kq_dot(64), _kq_dot(16)
+kq_dot64 = _kq_dot(64)
 
 
 @njit(parallel=True, cache=True)
@@ -578,30 +487,6 @@ def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD %
     return out
 
 
-@intrinsic
-def axpy_exact(typingctx, y, x, a, n):
-    """(y, x, a, n): y[i] += a * x[i] for n chunks of 64 float32 values at addresses y and x (float16 values: each
-    product is exact, so this is ggml's fma too)."""
-    def codegen(context, builder, signature, args):
-        y, x, a, n = args
-        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        c = builder.phi(I64)
-        at = builder.mul(c, ir.Constant(I64, 256))
-        yp = builder.inttoptr(builder.add(y, at), V64F32.as_pointer())
-        prod = builder.fmul(splat(builder, a, V64F32), load(builder, builder.add(x, at), V64F32))
-        builder.store(builder.fadd(builder.load(yp, align=4), prod), yp, align=4)
-        c1 = builder.add(c, ir.Constant(I64, 1))
-        c.add_incoming(ir.Constant(I64, 0), entry)
-        c.add_incoming(c1, loop)
-        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
-        builder.position_at_end(done)
-        return context.get_dummy_value()
-
-    return types.none(types.int64, types.int64, types.float32, types.int64), codegen
-
-
 @njit(parallel=True, cache=True)
 def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [T, H, HD]
     """_f16_sums' order (64 lanes over the keys for one token, 16 for a batch; llama.cpp's zero padding adds
@@ -618,7 +503,7 @@ def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 =
             used -= 1
         y0, v0 = lanes.ctypes.data, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
         for s in range(used):
-            axpy_exact(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
+            axpy(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
         if W == 64:  # (0 + 2) + (1 + 3) of the four 16-lane accumulators
             for lane in range(16):
                 for d in range(HD):
@@ -708,43 +593,3 @@ def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> 
     if v.shape[2] % 64 == 0 and v.strides[2] == 4:  # the sums in IR, V read in place
         return _mix_ir(np.ascontiguousarray(p), v).reshape(p.shape[1], -1)
     return _mix_f16(p, v).reshape(p.shape[1], -1)
-
-
-@njit(cache=True)
-def _rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]: layers.rms_norm, squares added one by one as ggml adds them
-    T, D = x.shape
-    out = np.empty_like(x)
-    for t in range(T):
-        total = 0.0  # float64, ggml_float
-        for i in range(D):
-            total += np.float64(x[t, i] * x[t, i])
-        scale = np.float32(1.0) / np.sqrt(np.float32(total / D) + eps)
-        for i in range(D):
-            out[t, i] = x[t, i] * scale * w[i]
-    return out
-
-
-def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
-    return _rms_norm(np.ascontiguousarray(x), w, np.float32(eps))
-
-
-@njit(cache=True)
-def _rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_numerics.rope
-    T, n, HD = x.shape
-    half = cos.shape[1]
-    out = x.copy()
-    for t in range(T):
-        for h in range(n):
-            for i in range(half):
-                a, b = (2 * i, 2 * i + 1) if interleaved else (i, half + i)
-                x0, x1, c, s = x[t, h, a], x[t, h, b], cos[t, i], sin[t, i]
-                out[t, h, a] = fma32(x0, c, -(x1 * s))
-                out[t, h, b] = fma32(x0, s, x1 * c)
-    return out
-
-
-def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_numerics.rope
-    return _rope(np.ascontiguousarray(x), cos, sin, interleaved)
-
-
-ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, interleaved=False)}  # as layers.ROPE
