@@ -31,7 +31,7 @@ from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
 )
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
-from .numba_ops import ROPE, _kq_dot, axpy, expf, kq_dot16, rms_norm  # noqa: F401 (ggml's own)
+from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm  # noqa: F401 (ggml's own)
 from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat, warm_up_steps
 
 
@@ -487,6 +487,30 @@ def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD %
     return out
 
 
+@intrinsic
+def axpy_exact(typingctx, y, x, a, n):
+    """(y, x, a, n): y[i] += a * x[i] for n chunks of 64 float32 values at addresses y and x (float16 values: each
+    product is exact, so this is ggml's fma too)."""
+    def codegen(context, builder, signature, args):
+        y, x, a, n = args
+        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+        builder.branch(loop)
+        builder.position_at_end(loop)
+        c = builder.phi(I64)
+        at = builder.mul(c, ir.Constant(I64, 256))
+        yp = builder.inttoptr(builder.add(y, at), V64F32.as_pointer())
+        prod = builder.fmul(splat(builder, a, V64F32), load(builder, builder.add(x, at), V64F32))
+        builder.store(builder.fadd(builder.load(yp, align=4), prod), yp, align=4)
+        c1 = builder.add(c, ir.Constant(I64, 1))
+        c.add_incoming(ir.Constant(I64, 0), entry)
+        c.add_incoming(c1, loop)
+        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return types.none(types.int64, types.int64, types.float32, types.int64), codegen
+
+
 @njit(parallel=True, cache=True)
 def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [T, H, HD]
     """_f16_sums' order (64 lanes over the keys for one token, 16 for a batch; llama.cpp's zero padding adds
@@ -503,7 +527,7 @@ def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 =
             used -= 1
         y0, v0 = lanes.ctypes.data, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
         for s in range(used):
-            axpy(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
+            axpy_exact(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
         if W == 64:  # (0 + 2) + (1 + 3) of the four 16-lane accumulators
             for lane in range(16):
                 for d in range(HD):

@@ -1,5 +1,5 @@
 """Numerics "float32" on `--backend numba`: a decode step's small steps as Numba kernels; and the pieces of them
-that refllama.ggml_kernels shares (ggml's RMSNorm, RoPE and expf, the IR dot and axpy of the attention products).
+that refllama.ggml_kernels shares (ggml's RMSNorm, RoPE and expf, the IR dot of the attention scores).
 
 One token's RMSNorm is six NumPy calls (~9 us), its softmax five (~10 us), each attention product a batched BLAS
 call (~7 us): a decode step is ~150 such calls, as long in all as a third of its weight products. Here each is one
@@ -158,27 +158,40 @@ kq_dot64, kq_dot16 = _kq_dot(64), _kq_dot(16)
 
 
 @intrinsic
-def axpy(typingctx, y, x, a, n):
-    """(y, x, a, n): y[i] += a * x[i] for n chunks of 64 float32 values at addresses y and x (in numerics ggml x
-    and a hold float16 values: each product is exact, so this is ggml's fma too)."""
+def weighted_sum(typingctx, y, v, stride, p, S, n):
+    """(y, v, stride, p, S, n): y[j] = sum over s < S of p[s] * v_s[j], for n chunks of 64 float32 values; y, p and
+    v (row s at v + s * stride bytes) are addresses. Each chunk's 64 sums stay in registers over the S rows (a
+    store and a load of y per row were most of the time)."""
     def codegen(context, builder, signature, args):
-        y, x, a, n = args
-        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
+        y, v, stride, p, S, n = args
+        fma = builder.module.declare_intrinsic("llvm.fma.v64f32", fnty=ir.FunctionType(V64F32, [V64F32] * 3))
+        entry, chunk, row, store, done = (builder.block, *(builder.append_basic_block(name) for name in (
+            "chunk", "row", "store", "done")))
+        builder.branch(chunk)
+        builder.position_at_end(chunk)
         c = builder.phi(I64)
-        at = builder.mul(c, ir.Constant(I64, 256))
-        yp = builder.inttoptr(builder.add(y, at), V64F32.as_pointer())
-        prod = builder.fmul(splat(builder, a, V64F32), load(builder, builder.add(x, at), V64F32))
-        builder.store(builder.fadd(builder.load(yp, align=4), prod), yp, align=4)
+        builder.branch(row)
+        builder.position_at_end(row)
+        r, acc = builder.phi(I64), builder.phi(V64F32)
+        at = builder.add(builder.add(v, builder.mul(r, stride)), builder.mul(c, ir.Constant(I64, 256)))
+        weight = splat(builder, load(builder, builder.add(p, builder.mul(r, ir.Constant(I64, 4))), F32), V64F32)
+        new, r1 = builder.call(fma, [weight, load(builder, at, V64F32), acc]), builder.add(r, ir.Constant(I64, 1))
+        r.add_incoming(ir.Constant(I64, 0), chunk)
+        r.add_incoming(r1, row)
+        acc.add_incoming(ir.Constant(V64F32, None), chunk)
+        acc.add_incoming(new, row)
+        builder.cbranch(builder.icmp_signed("<", r1, S), row, store)
+        builder.position_at_end(store)
+        out = builder.inttoptr(builder.add(y, builder.mul(c, ir.Constant(I64, 256))), V64F32.as_pointer())
+        builder.store(new, out, align=4)
         c1 = builder.add(c, ir.Constant(I64, 1))
         c.add_incoming(ir.Constant(I64, 0), entry)
-        c.add_incoming(c1, loop)
-        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
+        c.add_incoming(c1, store)
+        builder.cbranch(builder.icmp_signed("<", c1, n), chunk, done)
         builder.position_at_end(done)
         return context.get_dummy_value()
 
-    return types.none(types.int64, types.int64, types.float32, types.int64), codegen
+    return types.none(*[types.int64] * 6), codegen
 
 
 @njit(cache=True)
@@ -202,9 +215,10 @@ def _softmax1(kq, mask, scale):  # [H, 1, S], [1, S] -> [H, 1, S]: softmax(scale
         for s in range(S):
             out[h, 0, s] = kq[h, 0, s] * scale + mask[0, s]
             top = max(top, out[h, 0, s])
+        for s in range(S):  # apart from the sum, so that LLVM vectorizes expf
+            out[h, 0, s] = expf(out[h, 0, s] - top)
         total = np.float32(0.0)
         for s in range(S):
-            out[h, 0, s] = expf(out[h, 0, s] - top)
             total += out[h, 0, s]
         for s in range(S):
             out[h, 0, s] /= total
@@ -215,11 +229,10 @@ def _softmax1(kq, mask, scale):  # [H, 1, S], [1, S] -> [H, 1, S]: softmax(scale
 def _mix1(p, v):  # [H, 1, S], [KVH, S, HD] (HD % 64 == 0, rows contiguous) -> [1, H, HD]
     H, _, S = p.shape
     KVH, _, HD = v.shape
-    out = np.zeros((1, H, HD), np.float32)
+    out = np.empty((1, H, HD), np.float32)
     for h in range(H):
-        y0, v0 = out.ctypes.data + h * HD * 4, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
-        for s in range(S):
-            axpy(y0, v0 + s * v.strides[1], p[h, 0, s], HD // 64)
+        weighted_sum(out.ctypes.data + h * HD * 4, v.ctypes.data + (h // (H // KVH)) * v.strides[0], v.strides[1],
+                     p.ctypes.data + h * S * 4, S, HD // 64)
     return out
 
 
