@@ -28,6 +28,7 @@ from numba.extending import intrinsic, overload
 
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor, byte_shape
+from .layers import numerics_ops
 
 QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
@@ -516,8 +517,6 @@ def warm_up_steps(numerics, head_dim):
     types a step passes, so that Numba loads its kernels now: one loaded after release_loader_pages brings ~10 MB of
     LLVM's pages back. K and V are views of the cache, which Numba types as strided (fewer positions than the
     context) or contiguous (all of them: the context's last step): both."""
-    from .layers import numerics_ops
-
     ops = numerics_ops(numerics)
     cache, cs = np.zeros((2, 4, head_dim), np.float32), np.zeros((1, head_dim // 2), np.float32)
     x = np.zeros((1, 2, head_dim), np.float32)
