@@ -155,13 +155,13 @@ def _kq_dot(width):
     return kq_dot
 
 
-kq_dot64, kq_dot16 = _kq_dot(64), _kq_dot(16)
+kq_dot16 = _kq_dot(16)  # refllama.ggml_kernels makes the 64-lane one
 
 
 @intrinsic
 def weighted_sum(typingctx, y, v, stride, p, S, n):
-    """(y, v, stride, p, S, n): y[j] = sum over s < S of p[s] * v_s[j], for n chunks of 64 float32 values; y, p and
-    v (row s at v + s * stride bytes) are addresses. Each chunk's 64 sums stay in registers over the S rows (a
+    """(y, v, stride, p, S, n): y[j] = sum over s < S (S >= 1) of p[s] * v_s[j], for n chunks of 64 float32 values;
+    y, p and v (row s at v + s * stride bytes) are addresses. Each chunk's 64 sums stay in registers over the S rows (a
     store and a load of y per row were most of the time)."""
     def codegen(context, builder, signature, args):
         y, v, stride, p, S, n = args
