@@ -30,9 +30,22 @@ from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
     quantize_q8_K,
 )
 from .ggml_types import GGMLType as QT
-from .ggml_types import QuantizedTensor
+from .ggml_types import QuantizedTensor, byte_shape
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm  # noqa: F401 (ggml's own)
-from .quant import F32, I8, I32, I64, V32I8, fuse_layer, load, load_f16, release_loader_pages, splat, warm_up_steps
+from .quant import (
+    F32,
+    I8,
+    I32,
+    I64,
+    V32I8,
+    counted_loop,
+    fuse_layer,
+    load,
+    load_f16,
+    release_loader_pages,
+    splat,
+    warm_up_steps,
+)
 
 
 def host_has_vnni():
@@ -83,53 +96,44 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     vtok = ir.VectorType(F32, n_tok)
     fman = builder.module.declare_intrinsic(f"llvm.fma.v{n_tok}f32", fnty=ir.FunctionType(vtok, [vtok] * 3))
     fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
-    entry = builder.block
-    loop = builder.append_basic_block("loop")
-    done = builder.append_basic_block("done")
-    builder.branch(loop)
-    builder.position_at_end(loop)
-    i = builder.phi(I64)
-    accs = [builder.phi(V8F32) for _ in range(n_tok)]
-    summs = builder.phi(vtok)
-    blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
-    dw = load_f16(builder, blk)
-    mw = load_f16(builder, builder.add(blk, ir.Constant(I64, 2))) if qtype == QT.Q4_1 else None
     zero = ir.Constant(V32I8, None)
-    if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
-        q = load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8) if qtype == QT.Q8_0 else _q5_codes(builder, blk)
-        neg = builder.icmp_signed("<", q, zero)
-        is_zero = builder.icmp_signed("==", q, zero)
-        u = builder.select(neg, builder.sub(zero, q), q)
-    else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
-        v16 = ir.VectorType(I8, 16)
-        qs = load(builder, builder.add(blk, ir.Constant(I64, 4 if qtype == QT.Q4_1 else 2)), v16)
-        lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
-        hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
-        u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
-    at = builder.mul(i, d_row)
-    d = builder.fmul(splat(builder, dw, vtok), load(builder, builder.add(xd, at), vtok))  # [n_tok] d_w * d_x
-    new_summs = builder.call(fman, [splat(builder, mw, vtok), load(builder, builder.add(xs, at), vtok), summs]) \
-        if qtype == QT.Q4_1 else summs
-    new_accs = []
-    for k in range(n_tok):
-        xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
-        y = load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
-        if qtype in (QT.Q8_0, QT.Q5_0):
-            y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
-        lanes = _lanes(builder, u, y, vnni)
-        if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
-            lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
-        dk = builder.shuffle_vector(d, d, ir.Constant(ir.VectorType(I32, 8), [k] * 8))  # token k's, in 8 lanes
-        new_accs.append(builder.call(fma8, [dk, builder.sitofp(lanes, V8F32), accs[k]]))
-    i1 = builder.add(i, ir.Constant(I64, 1))
-    i.add_incoming(ir.Constant(I64, 0), entry)
-    i.add_incoming(i1, loop)
-    for phi, new, init in [(a, b, ir.Constant(V8F32, None)) for a, b in zip(accs, new_accs)] + \
-            [(summs, new_summs, ir.Constant(vtok, None))]:
-        phi.add_incoming(init, entry)
-        phi.add_incoming(new, loop)
-    builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
-    builder.position_at_end(done)
+
+    def block(i, sums):  # -> the n_tok tokens' 8-lane sums and the vector of Q4_1's offset sums, block i added
+        *accs, summs = sums
+        blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
+        dw = load_f16(builder, blk)
+        if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+            q = load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8) if qtype == QT.Q8_0 else \
+                _q5_codes(builder, blk)
+            neg = builder.icmp_signed("<", q, zero)
+            is_zero = builder.icmp_signed("==", q, zero)
+            u = builder.select(neg, builder.sub(zero, q), q)
+        else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
+            v16 = ir.VectorType(I8, 16)
+            qs = load(builder, builder.add(blk, ir.Constant(I64, 4 if qtype == QT.Q4_1 else 2)), v16)
+            lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
+            hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
+            u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+        at = builder.mul(i, d_row)
+        d = builder.fmul(splat(builder, dw, vtok), load(builder, builder.add(xd, at), vtok))  # [n_tok] d_w * d_x
+        if qtype == QT.Q4_1:
+            mw = load_f16(builder, builder.add(blk, ir.Constant(I64, 2)))
+            summs = builder.call(fman, [splat(builder, mw, vtok), load(builder, builder.add(xs, at), vtok), summs])
+        new = []
+        for k in range(n_tok):
+            xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
+            y = load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+            if qtype in (QT.Q8_0, QT.Q5_0):
+                y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
+            lanes = _lanes(builder, u, y, vnni)
+            if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
+                lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
+            dk = builder.shuffle_vector(d, d, ir.Constant(ir.VectorType(I32, 8), [k] * 8))  # token k's, in 8 lanes
+            new.append(builder.call(fma8, [dk, builder.sitofp(lanes, V8F32), accs[k]]))
+        return [*new, summs]
+
+    *new_accs, new_summs = counted_loop(builder, nb, [ir.Constant(V8F32, None)] * n_tok + [ir.Constant(vtok, None)],
+                                        block)
     undef = ir.Constant(V8F32, ir.Undefined)
     results = []
     for k, acc in enumerate(new_accs):
@@ -271,9 +275,9 @@ class GgmlNumbaPlacement(GgmlPlacement):
         """Load the kernels of the file's matrix types, of a step's small steps and of the cache's RoPE angles
         (sincosf) before the weights are read; then release the pages that only loading them needed."""
         super().prepare(qtypes, cfg)
-        x = np.zeros((2, 32), np.float32)
-        for qtype in set(qtypes) & set(BLOCK_BYTES):
-            _ = x @ NumbaGgmlMatrix(np.zeros((1, BLOCK_BYTES[qtype]), np.uint8), qtype, (1, 32)).T
+        x = np.zeros((2, 256), np.float32)
+        for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes
+            _ = x @ self(QuantizedTensor(np.zeros(byte_shape((1, 256), qtype), np.uint8), qtype, (1, 256))).T
         warm_up_steps("ggml-numba", cfg.head_dim)
         cos_sin(x)
         release_loader_pages()
@@ -493,19 +497,15 @@ def axpy_exact(typingctx, y, x, a, n):
     product is exact, so this is ggml's fma too)."""
     def codegen(context, builder, signature, args):
         y, x, a, n = args
-        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        c = builder.phi(I64)
-        at = builder.mul(c, ir.Constant(I64, 256))
-        yp = builder.inttoptr(builder.add(y, at), V64F32.as_pointer())
-        prod = builder.fmul(splat(builder, a, V64F32), load(builder, builder.add(x, at), V64F32))
-        builder.store(builder.fadd(builder.load(yp, align=4), prod), yp, align=4)
-        c1 = builder.add(c, ir.Constant(I64, 1))
-        c.add_incoming(ir.Constant(I64, 0), entry)
-        c.add_incoming(c1, loop)
-        builder.cbranch(builder.icmp_signed("<", c1, n), loop, done)
-        builder.position_at_end(done)
+
+        def chunk(c, _):
+            at = builder.mul(c, ir.Constant(I64, 256))
+            yp = builder.inttoptr(builder.add(y, at), V64F32.as_pointer())
+            prod = builder.fmul(splat(builder, a, V64F32), load(builder, builder.add(x, at), V64F32))
+            builder.store(builder.fadd(builder.load(yp, align=4), prod), yp, align=4)
+            return []
+
+        counted_loop(builder, n, [], chunk)
         return context.get_dummy_value()
 
     return types.none(types.int64, types.int64, types.float32, types.int64), codegen

@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import layers
-from .quant import F32, I32, I64, load, splat
+from .quant import F32, I32, I64, counted_loop, load, splat
 
 # ggml's arithmetic where refllama's float32 is the same (refllama.ggml_kernels takes these from here)
 
@@ -166,30 +166,19 @@ def weighted_sum(typingctx, y, v, stride, p, S, n):
     def codegen(context, builder, signature, args):
         y, v, stride, p, S, n = args
         fma = builder.module.declare_intrinsic("llvm.fma.v64f32", fnty=ir.FunctionType(V64F32, [V64F32] * 3))
-        entry, chunk, row, store, done = (builder.block, *(builder.append_basic_block(name) for name in (
-            "chunk", "row", "store", "done")))
-        builder.branch(chunk)
-        builder.position_at_end(chunk)
-        c = builder.phi(I64)
-        builder.branch(row)
-        builder.position_at_end(row)
-        r, acc = builder.phi(I64), builder.phi(V64F32)
-        at = builder.add(builder.add(v, builder.mul(r, stride)), builder.mul(c, ir.Constant(I64, 256)))
-        weight = splat(builder, load(builder, builder.add(p, builder.mul(r, ir.Constant(I64, 4))), F32), V64F32)
-        new, r1 = builder.call(fma, [weight, load(builder, at, V64F32), acc]), builder.add(r, ir.Constant(I64, 1))
-        r.add_incoming(ir.Constant(I64, 0), chunk)
-        r.add_incoming(r1, row)
-        acc.add_incoming(ir.Constant(V64F32, None), chunk)
-        acc.add_incoming(new, row)
-        builder.cbranch(builder.icmp_signed("<", r1, S), row, store)
-        builder.position_at_end(store)
-        out = builder.inttoptr(builder.add(y, builder.mul(c, ir.Constant(I64, 256))), V64F32.as_pointer())
-        builder.store(new, out, align=4)
-        c1 = builder.add(c, ir.Constant(I64, 1))
-        c.add_incoming(ir.Constant(I64, 0), entry)
-        c.add_incoming(c1, store)
-        builder.cbranch(builder.icmp_signed("<", c1, n), chunk, done)
-        builder.position_at_end(done)
+
+        def chunk(c, _):
+            def row(r, acc):
+                at = builder.add(builder.add(v, builder.mul(r, stride)), builder.mul(c, ir.Constant(I64, 256)))
+                weight = load(builder, builder.add(p, builder.mul(r, ir.Constant(I64, 4))), F32)
+                return [builder.call(fma, [splat(builder, weight, V64F32), load(builder, at, V64F32), acc[0]])]
+
+            total, = counted_loop(builder, S, [ir.Constant(V64F32, None)], row)
+            out = builder.inttoptr(builder.add(y, builder.mul(c, ir.Constant(I64, 256))), V64F32.as_pointer())
+            builder.store(total, out, align=4)
+            return []
+
+        counted_loop(builder, n, [], chunk)
         return context.get_dummy_value()
 
     return types.none(*[types.int64] * 6), codegen

@@ -155,6 +155,24 @@ def hsum(builder, v):  # <32 x float> -> float: halves added, 32 lanes -> 1
     return builder.extract_element(v, ir.Constant(I32, 0))
 
 
+def counted_loop(builder, n, initial, body):
+    """IR of `for i in range(n)` (n >= 1: the body runs before the test) carrying values from one pass to the next:
+    `initial` are their first values, body(i, values) returns their next ones (it may emit loops of its own);
+    returns their values after the last pass."""
+    entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    i, values = builder.phi(I64), [builder.phi(v.type) for v in initial]
+    new = body(i, values)
+    i1, tail = builder.add(i, ir.Constant(I64, 1)), builder.block
+    for phi, first, nxt in [(i, ir.Constant(I64, 0), i1), *zip(values, initial, new)]:
+        phi.add_incoming(first, entry)
+        phi.add_incoming(nxt, tail)
+    builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)
+    builder.position_at_end(done)
+    return new
+
+
 @intrinsic
 def q8_row_dot(typingctx, w, x, d, nb):
     """(w, x, d, nb) -> float: sum over nb groups of d[g] * sum_j w[g, j] * x[g, j]; w: int8 codes, x: float32,
@@ -162,21 +180,14 @@ def q8_row_dot(typingctx, w, x, d, nb):
     def codegen(context, builder, signature, args):
         w, x, d, nb = args
         fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
-        entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        i, acc = builder.phi(I64), builder.phi(V32F32)
-        q = builder.sitofp(load(builder, builder.add(w, builder.mul(i, ir.Constant(I64, 32))), V32I8), V32F32)
-        xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
-        scale = splat(builder, load_f16(builder, builder.add(d, builder.mul(i, ir.Constant(I64, 2)))), V32F32)
-        new = builder.call(fma, [scale, builder.fmul(q, xv), acc])
-        i1 = builder.add(i, ir.Constant(I64, 1))
-        i.add_incoming(ir.Constant(I64, 0), entry)
-        i.add_incoming(i1, loop)
-        acc.add_incoming(ir.Constant(V32F32, None), entry)
-        acc.add_incoming(new, loop)
-        builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
-        builder.position_at_end(done)
+
+        def group(i, acc):
+            q = builder.sitofp(load(builder, builder.add(w, builder.mul(i, ir.Constant(I64, 32))), V32I8), V32F32)
+            xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
+            scale = splat(builder, load_f16(builder, builder.add(d, builder.mul(i, ir.Constant(I64, 2)))), V32F32)
+            return [builder.call(fma, [scale, builder.fmul(q, xv), acc[0]])]
+
+        new, = counted_loop(builder, nb, [ir.Constant(V32F32, None)], group)
         return hsum(builder, new)
 
     return types.float32(types.int64, types.int64, types.int64, types.int64), codegen
@@ -198,27 +209,21 @@ def _q4_row_dot(scale_type):
             w, x, xsum, s, o, nb = args
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
             fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
-            entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-            builder.branch(loop)
-            builder.position_at_end(loop)
-            i, acc, off = builder.phi(I64), builder.phi(V32F32), builder.phi(F32)
             v16 = ir.VectorType(I8, 16)
-            qs = load(builder, builder.add(w, builder.mul(i, ir.Constant(I64, 16))), v16)
-            codes = builder.shuffle_vector(builder.and_(qs, ir.Constant(v16, [15] * 16)),
-                                           builder.lshr(qs, ir.Constant(v16, [4] * 16)),
-                                           ir.Constant(ir.VectorType(I32, 32), list(range(32))))  # values j, j + 16
-            xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
-            new = builder.call(fma, [splat(builder, read(builder, s, i), V32F32),
-                                     builder.fmul(builder.uitofp(codes, V32F32), xv), acc])
-            xs = load(builder, builder.add(xsum, builder.mul(i, ir.Constant(I64, 4))), F32)
-            new_off = builder.call(fma1, [read(builder, o, i), xs, off])
-            i1 = builder.add(i, ir.Constant(I64, 1))
-            for phi, init, value in ((i, ir.Constant(I64, 0), i1), (acc, ir.Constant(V32F32, None), new),
-                                     (off, ir.Constant(F32, 0.0), new_off)):
-                phi.add_incoming(init, entry)
-                phi.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", i1, nb), loop, done)
-            builder.position_at_end(done)
+
+            def group(i, sums):
+                acc, off = sums
+                qs = load(builder, builder.add(w, builder.mul(i, ir.Constant(I64, 16))), v16)
+                codes = builder.shuffle_vector(builder.and_(qs, ir.Constant(v16, [15] * 16)),
+                                               builder.lshr(qs, ir.Constant(v16, [4] * 16)),
+                                               ir.Constant(ir.VectorType(I32, 32), list(range(32))))  # j, j + 16
+                xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
+                xs = load(builder, builder.add(xsum, builder.mul(i, ir.Constant(I64, 4))), F32)
+                return [builder.call(fma, [splat(builder, read(builder, s, i), V32F32),
+                                           builder.fmul(builder.uitofp(codes, V32F32), xv), acc]),
+                        builder.call(fma1, [read(builder, o, i), xs, off])]
+
+            new, new_off = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(F32, 0.0)], group)
             return builder.fadd(hsum(builder, new), new_off)
 
         return types.float32(*[types.int64] * 6), codegen
@@ -523,6 +528,7 @@ def warm_up_steps(numerics, head_dim):
     ops.rms_norm(x[0], x[0, 0], 1e-5)
     ops.ROPE["interleaved"](x, cs, cs)
     ops.swiglu(x[0], x[0])
+    ops.geglu(x[0], x[0])  # numerics ggml: builds its GELU table
     for S in (2, 4):
         kq = ops.attention_scores(x, cache[:, :S])
         ops.attention_mix(ops.attention_weights(kq, np.zeros((1, S), np.float32), 0.125), cache[:, :S])
