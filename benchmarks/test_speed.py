@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import refllama
-from refllama.arch.llama import forward
+from refllama.arch.blocks import pre_norm_forward as forward
 from refllama.quant import QuantMatrix
 
 PROMPT = "The printing press changed how knowledge moved through Europe. " * 12
@@ -34,7 +34,7 @@ def test_decode_one_token(benchmark, loaded):
     m._prefill(ids, True)
 
     def step():
-        forward(m.weights, m.config, np.asarray([ids[-1]]), 128, m.cache, True)  # position 128, rewritten each time
+        forward(m.weights, m.config, m.ops, np.asarray([ids[-1]]), 128, m.cache, True)  # position 128, rewritten
     benchmark(step)
 
 

@@ -2,18 +2,18 @@
 
 from harness import block_input
 
-from refllama.layers import rms_norm
-
 
 def test_attn_norm(case, layer, mode):
     name = f"attn_norm-{layer}"
     x = case.ref[block_input(layer)]  # [T, D], the block input at the same positions
-    got = rms_norm(x, case.w["layers"][layer]["attn_norm"], case.cfg.rms_eps) if mode == "isolated" else case.ours(name)
+    got = case.model.ops.rms_norm(x, case.w["layers"][layer]["attn_norm"], case.cfg.rms_eps) if mode == "isolated" \
+        else case.ours(name)
     case.check(name, mode, got)
 
 
 def test_ffn_norm(case, layer, mode):
     name = f"ffn_norm-{layer}"
     x = case.ref[f"ffn_inp-{layer}"]
-    got = rms_norm(x, case.w["layers"][layer]["ffn_norm"], case.cfg.rms_eps) if mode == "isolated" else case.ours(name)
+    got = case.model.ops.rms_norm(x, case.w["layers"][layer]["ffn_norm"], case.cfg.rms_eps) if mode == "isolated" \
+        else case.ours(name)
     case.check(name, mode, got)

@@ -4,15 +4,13 @@ for the architecture; its input is the projection, or Qwen3's per-head norm of i
 import numpy as np
 import pytest
 
-from refllama.layers import rope_for
-
 
 @pytest.mark.parametrize("which", ["Qcur", "Kcur"])
 def test_rope(case, layer, mode, which):
     name = f"{which}_rope-{layer}"
     if mode == "isolated":
         pos = np.asarray(case.rows(name))
-        rope = rope_for(case.cfg)
+        rope = case.model.ops.rope[case.cfg.rope_layout]
         source = f"{which}_normed" if case.has(f"{which}_normed") else which
         got = rope(case.ref[f"{source}-{layer}"], case.model.cache.cos[pos], case.model.cache.sin[pos])
     else:

@@ -3,8 +3,6 @@ HD dims normed with one shared weight."""
 
 import pytest
 
-from refllama.layers import rms_norm
-
 NEEDS = "Qcur_normed"  # only the models whose blocks have it
 
 
@@ -12,4 +10,5 @@ NEEDS = "Qcur_normed"  # only the models whose blocks have it
 def test_qk_norm(case, layer, mode, which):
     weight = case.w["layers"][layer]["attn_q_norm" if which == "Qcur" else "attn_k_norm"]
     x = f"{which}-{layer}"
-    case.stage(f"{which}_normed-{layer}", mode, lambda: rms_norm(case.ref[x], weight, case.cfg.rms_eps), fed_by=x)
+    norm = case.model.ops.rms_norm
+    case.stage(f"{which}_normed-{layer}", mode, lambda: norm(case.ref[x], weight, case.cfg.rms_eps), fed_by=x)

@@ -2,32 +2,32 @@
 (`kqv_out-N`), output projection (`attn_out-N`)."""
 
 from refllama.ggml_numerics import round_f16
-from refllama.layers import attention_mix, attention_scores, attention_weights, causal_mask, linear
+from refllama.layers import causal_mask, linear
 
 
 def kv(case, which, layer):  # [S, KVH, HD] as stored -> [KVH, S, HD] as the cache holds it
     x = case.ref[f"{which}-{layer}"].transpose(1, 0, 2)
-    return x if case.model.numerics == "float32" else round_f16(x)  # numerics "ggml": a float16 cache
+    return round_f16(x) if case.model.ops.kv_f16 else x  # numerics "ggml": a float16 cache
 
 
 def test_scores(case, layer, mode):  # q rows at the stored positions, every key
     q = f"Qcur_rope-{layer}"
     k = kv(case, "Kcur_rope", layer)
-    case.stage(f"kq-{layer}", mode, lambda: attention_scores(case.ref[q], k, case.cfg.numerics), fed_by=q)
+    case.stage(f"kq-{layer}", mode, lambda: case.model.ops.attention_scores(case.ref[q], k), fed_by=q)
 
 
 def test_softmax(case, layer, mode):
     def isolated():
         kq = case.ref[f"kq-{layer}"]  # [H, P, S]
         mask = causal_mask(0, kq.shape[-1], kq.shape[-1], case.model.xp)[case.rows(f"kq-{layer}")]  # [P, S]
-        return attention_weights(kq, mask, case.cfg.kq_scale, case.cfg.numerics)
+        return case.model.ops.attention_weights(kq, mask, case.cfg.kq_scale)
     case.stage(f"kq_soft_max-{layer}", mode, isolated, fed_by=f"kq-{layer}")
 
 
 def test_weighted_values(case, layer, mode):
     p = f"kq_soft_max-{layer}"
     v = kv(case, "Vcur", layer)
-    case.stage(f"kqv_out-{layer}", mode, lambda: attention_mix(case.ref[p], v, case.cfg.numerics), fed_by=p)
+    case.stage(f"kqv_out-{layer}", mode, lambda: case.model.ops.attention_mix(case.ref[p], v), fed_by=p)
 
 
 def test_output_projection(case, layer, mode):

@@ -3,7 +3,7 @@
 import pytest
 from harness import block_input
 
-from refllama.layers import linear, swiglu
+from refllama.layers import linear
 
 
 def test_attention_residual(case, layer, mode):
@@ -24,7 +24,7 @@ def test_gate_and_up(case, layer, mode, which, weight):
 def test_swiglu(case, layer, mode):
     name = f"ffn_swiglu-{layer}"
     gate, up = case.ref[f"ffn_gate-{layer}"], case.ref[f"ffn_up-{layer}"]
-    got = swiglu(gate, up, case.cfg.numerics) if mode == "isolated" else case.ours(name)
+    got = case.model.ops.swiglu(gate, up) if mode == "isolated" else case.ours(name)
     case.check(name, mode, got)
 
 

@@ -12,9 +12,9 @@ import harness
 import numpy as np
 import pytest
 
-import refllama.arch.llama
+import refllama.layers
 from refllama.compare import compare
-from refllama.layers import rms_norm, rope_half, rope_interleaved
+from refllama.layers import rope_half, rope_interleaved
 from refllama.tolerances import REFERENCE_KINDS, TOLERANCES
 
 REF = harness.HERE / "ref"
@@ -25,17 +25,20 @@ def dump_short(model, tmp_path, name="dump"):
     return model.dump(ids, tmp_path / name, layers=[0, 1, 15, 29])  # the blocks the references keep
 
 
-def wrong_kv_head_scores(q, k, numerics="float32"):  # query head h reads kv head h % KVH, not h // (H / KVH)
+def wrong_kv_head_scores(q, k):  # query head h reads kv head h % KVH, not h // (H / KVH)
     T, H, HD = q.shape
     return np.einsum("thd,hsd->hts", q, k[np.arange(H) % k.shape[0]])
 
 
-BREAKS = {
-    "rope_layout_swapped": (lambda mp: mp.setitem(refllama.layers.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
-    "rms_eps_dropped": (lambda mp: mp.setattr(refllama.arch.llama, "rms_norm",
-                                              lambda x, w, eps, numerics="float32": rms_norm(x, w, 0.0)),
+def broken_ops(mp, model, **steps):  # the model's operations table with some steps replaced
+    mp.setattr(model, "ops", model.ops._replace(**steps))
+
+
+BREAKS = {  # breakage -> (apply(monkeypatch, model), the stage named)
+    "rope_layout_swapped": (lambda mp, m: mp.setitem(refllama.layers.ROPE, "interleaved", rope_half), "Qcur_rope-0"),
+    "rms_eps_dropped": (lambda mp, m: broken_ops(mp, m, rms_norm=lambda x, w, eps: refllama.layers.rms_norm(x, w, 0.0)),
                         "attn_norm-0"),
-    "wrong_kv_head": (lambda mp: mp.setattr(refllama.arch.llama, "attention_scores", wrong_kv_head_scores), "kq-0"),
+    "wrong_kv_head": (lambda mp, m: broken_ops(mp, m, attention_scores=wrong_kv_head_scores), "kq-0"),
 }
 
 
@@ -51,7 +54,7 @@ def test_unbroken_dump_is_within_tolerance_of_both_references(model, tmp_path):
 def test_broken_stage_is_named_as_first_divergence(model, tmp_path, monkeypatch, breakage):
     apply, expected = BREAKS[breakage]
     with monkeypatch.context() as mp:
-        apply(mp)
+        apply(mp, model)
         ours = dump_short(model, tmp_path)
     for rerun in (model, None):  # each side's stages re-run on its own inputs, and end to end only
         first = compare(ours, REF / "hf" / "short", rerun).first
@@ -75,7 +78,7 @@ def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, mo
 
 def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
     with monkeypatch.context() as mp:
-        BREAKS["rope_layout_swapped"][0](mp)
+        BREAKS["rope_layout_swapped"][0](mp, model)
         broken = dump_short(model, tmp_path, "broken")
     png = tmp_path / "errors.png"
     r = subprocess.run([sys.executable, "-m", "refllama.compare", str(broken), str(REF / "llamacpp" / "short"),
@@ -99,7 +102,7 @@ def test_a_ggml_engine_is_held_to_the_ggml_column_and_a_small_bug_is_named(tmp_p
     assert rep.column.name == "ggml" and rep.first is None, rep.first
     assert max(r["max_rel"] for r in rep.rows) == 0  # bit-equal to llama.cpp
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(refllama.arch.llama, "rms_norm", lambda x, w, eps, numerics="float32": rms_norm(x, w, 1e-6))
+        broken_ops(mp, ggml, rms_norm=lambda x, w, eps, norm=ggml.ops.rms_norm: norm(x, w, 1e-6))
         broken = dump_short(ggml, tmp_path, "ggml-eps")
     rep = compare(broken, REF / "llamacpp" / "short", ggml)
     assert rep.column.name == "ggml" and rep.first["name"] == "attn_norm-0"

@@ -53,17 +53,15 @@ def test_every_stage_isolated_and_end_to_end(gemma3_model, ref, tmp_path):
 def test_a_gemma_bug_is_named_at_its_stage(gemma3_path, breakage, stage, hint, monkeypatch, tmp_path):
     """refllama broken while it dumps (an engine with the bug), then compared, with the clean model re-running
     each side's stages, against transformers' reference: the broken stage is named, MINE adds the error."""
-    import refllama.arch.gemma3 as gemma3
-    from refllama.layers import rms_norm, swiglu
-
     m = refllama.load(gemma3_path, backend="numba", n_ctx=512)
     ref = HERE / "ref-gemma3" / "hf" / "short"
+    ops = m.ops
     with monkeypatch.context() as mp:
         if breakage == "geglu":
-            mp.setattr(gemma3, "geglu", swiglu)
+            mp.setattr(m, "ops", ops._replace(geglu=ops.swiglu))
         else:
-            mp.setattr(gemma3, "rms_norm", lambda x, w, eps: x if w is m.weights["layers"][0]["attn_post_norm"]
-                       else rms_norm(x, w, eps))
+            mp.setattr(m, "ops", ops._replace(rms_norm=lambda x, w, eps: x if w is m.weights["layers"][0][
+                "attn_post_norm"] else ops.rms_norm(x, w, eps)))
         ours = m.dump(Dump(ref).prompt_ids, tmp_path / "broken", layers=BLOCKS)
     rep = compare(ours, ref, m)
     assert rep.first is not None and rep.first["name"] == stage and rep.first["adds"] == ["MINE"], rep.first

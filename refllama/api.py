@@ -3,7 +3,7 @@
 This is the surface other tools drive (the CLI, the server, the checkpoint harness); keep it stable.
 """
 
-import dataclasses
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -17,6 +17,7 @@ from .dump import model_sha256, storage_plan, write_dump
 from .errors import RefllamaError
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf
+from .layers import FLOAT32
 from .sampling import Sampler, SamplingParams
 from .trace import trace
 from .xp import NUMERICS, THREADS_SET, Placement, backend_module, set_threads, to_numpy
@@ -77,8 +78,23 @@ def load(path=None, backend="numpy", n_ctx=None, threads=None, numerics="float32
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    cfg = dataclasses.replace(cfg, numerics=f"{numerics}-numba" if backend == "numba" else numerics)
-    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
+    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics,
+                 ops_for(backend, numerics))
+
+
+OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps; refllama.layers' own otherwise
+    ("numba", "float32"): "refllama.numba_ops",  # a decode step's small steps as Numba kernels
+    ("numpy", "ggml"): "refllama.ggml_numerics", ("cupy", "ggml"): "refllama.ggml_numerics",  # the NumPy emulation
+    ("numba", "ggml"): "refllama.ggml_kernels",  # the same arithmetic as Numba kernels
+}
+
+
+def ops_for(backend, numerics):
+    """The operations table (refllama.layers.Ops) of a backend and numerics, chosen once, at load: the forwards call
+    every step whose arithmetic a numerics sets through it. A numerics module is imported only when chosen."""
+    if (backend, numerics) not in OPS:
+        return FLOAT32
+    return importlib.import_module(OPS[backend, numerics]).OPS
 
 
 def placement(backend, xp, numerics="float32"):
@@ -125,8 +141,8 @@ class Generation:
             self.finish_reason = "length"
             raise StopIteration
         if self.n:  # decode: the last token, one step
-            self.logits = m.arch.forward(m.weights, m.config, np.asarray(self.history[-1:]), m.cache.n_past, m.cache,
-                                         last_only=True)
+            self.logits = m.arch.forward(m.weights, m.config, m.ops, np.asarray(self.history[-1:]), m.cache.n_past,
+                                         m.cache, last_only=True)
         token = self.sample(to_numpy(self.logits[-1]), self.history)
         if token in self.eog:
             self.finish_reason = "stop"
@@ -141,15 +157,17 @@ class Generation:
 
 
 class Model:
-    """A loaded model: config, tokenizer, weights on a backend, and one cache reused across calls."""
+    """A loaded model: config (the model file's hyper-parameters), tokenizer, weights on a backend, the run-time
+    choices apart from them (backend, numerics and its operations table `ops`, context size), and one cache reused
+    across calls."""
 
     def __init__(self, path, config, weights, tokenizer, chat_template_text, backend, xp, n_ctx=None,
-                 numerics="float32"):
+                 numerics="float32", ops=FLOAT32):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
-        self.arch = archs.get(config.arch)
+        self.arch, self.ops = archs.get(config.arch), ops
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
-        self.cache = Cache(config, self.n_ctx, xp, archs.freq_factors(weights, config, self.n_ctx), numerics)
+        self.cache = Cache(config, self.n_ctx, ops, xp, archs.freq_factors(weights, config, self.n_ctx))
 
     def _tokenizer(self):
         if self.tokenizer is None:
@@ -188,8 +206,8 @@ class Model:
             raise RefllamaError(f"{what} does not fit the context size {self.n_ctx}")
         if start_pos != self.cache.n_past:
             raise RefllamaError(f"position {start_pos} does not follow the {self.cache.n_past} cached positions")
-        return self.arch.forward(self.weights, self.config, np.asarray(ids, dtype=np.int64), start_pos, self.cache,
-                                 last_only)
+        return self.arch.forward(self.weights, self.config, self.ops, np.asarray(ids, dtype=np.int64), start_pos,
+                                 self.cache, last_only)
 
     def logits(self, ids):  # [T] -> [T, V] float32 numpy, from a fresh cache in one prefill
         return to_numpy(self._prefill(ids, last_only=False)).astype(np.float32, copy=False)

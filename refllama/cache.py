@@ -6,49 +6,26 @@ Everything here is computed or allocated once per context; a forward step only w
 import numpy as np
 
 from .errors import RefllamaError
+from .layers import FLOAT32
 from .safety import check_memory
 from .xp import to_numpy
 
 
-def rope_tables(cfg, n_ctx, freq_factors=None, local=False, numerics="float32"):  # -> cos, sin: [n_ctx, R/2] f32
-    """cos/sin of pos * theta_i with theta_i = base^(-2i/R), computed in float64 once, stored float32.
-    `local`: the tables of sliding-window layers where they have their own base (Gemma 3), unscaled.
-    numerics "ggml": the angles as ggml's rope computes them, in float32, theta_i = pos * s^i with s =
-    float32(base^(-2/R)) multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ
-    from the float64 angles by up to ~1e-5 radians; cos and sin as the C library's float32 functions give them."""
-    half = cfg.rope_dim // 2
+def rope_tables(cfg, n_ctx, freq_factors=None, local=False, ops=FLOAT32):  # -> cos, sin: [n_ctx, R/2] f32
+    """The model's RoPE tables in the numerics of `ops`; `local`: those of sliding-window layers where they have a
+    base of their own (Gemma 3), unscaled."""
     base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
     ff = None if freq_factors is None else to_numpy(freq_factors).astype(np.float64)
-    if numerics != "float32":
-        from .ggml_numerics import cos_sin
-
-        angle = np.empty((n_ctx, half), np.float32)  # half 0: no RoPE (GPT-2), empty tables
-        if half:
-            step = np.float32(base ** (-2.0 / cfg.rope_dim))
-            angle[:, 0] = np.arange(n_ctx, dtype=np.float32)
-            for i in range(1, half):
-                angle[:, i] = angle[:, i - 1] * step
-        if ff is not None:
-            angle = angle / ff.astype(np.float32)
-        cos, sin = cos_sin(angle * np.float32(1.0 / scale))
-        return cos * np.float32(cfg.rope_attn_factor), sin * np.float32(cfg.rope_attn_factor)
-    theta = base ** (-np.arange(half, dtype=np.float64) * 2.0 / cfg.rope_dim)  # [R/2]
-    if ff is not None:  # llama3-style: per-frequency divisors stored in the model file
-        theta = theta / ff
-    pos = np.arange(n_ctx, dtype=np.float64) / scale  # linear scaling stretches positions
-    angle = pos[:, None] * theta[None, :]  # [n_ctx, R/2]
-    scale = cfg.rope_attn_factor  # LongRoPE scales cos and sin (and so q.k) by this
-    return (scale * np.cos(angle)).astype(np.float32), (scale * np.sin(angle)).astype(np.float32)
+    return ops.rope_cos_sin(n_ctx, cfg.rope_dim, base, scale, cfg.rope_attn_factor, ff)
 
 
 class Cache:
     """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables (`cos_swa`, `sin_swa` too for models whose
-    sliding-window layers have a RoPE base of their own); `n_past` rows are valid. With numerics "ggml" K and V are
-    rounded to float16 as they are stored (llama.cpp's default cache type; the attention products then round q and
-    the softmax weights to float16 too, refllama.ggml_numerics); the arrays stay float32, holding float16 values,
-    so that the products read them without a conversion."""
+    sliding-window layers have a RoPE base of their own); `n_past` rows are valid. Where the numerics says so
+    (`ops.kv_f16`, numerics "ggml") K and V are rounded to float16 as they are stored (llama.cpp's default cache type);
+    the arrays stay float32, holding float16 values, so that the products read them without a conversion."""
 
-    def __init__(self, cfg, n_ctx, xp=np, freq_factors=None, numerics="float32"):
+    def __init__(self, cfg, n_ctx, ops=FLOAT32, xp=np, freq_factors=None):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
         kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
@@ -59,11 +36,11 @@ class Cache:
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
         self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
         self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
-        self.f16 = numerics != "float32"
-        cos, sin = rope_tables(cfg, n_ctx, freq_factors, numerics=numerics)
+        self.f16 = ops.kv_f16
+        cos, sin = rope_tables(cfg, n_ctx, freq_factors, ops=ops)
         self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
         if cfg.rope_base_swa:
-            cos, sin = rope_tables(cfg, n_ctx, freq_factors, local=True, numerics=numerics)
+            cos, sin = rope_tables(cfg, n_ctx, freq_factors, local=True, ops=ops)
             self.cos_swa, self.sin_swa = xp.asarray(cos), xp.asarray(sin)
         self.n_past = 0
 

@@ -37,8 +37,6 @@ class ModelConfig:
     rope_base_swa: float | None = None  # RoPE base of the sliding-window layers (Gemma 3's local layers)
     attn_scale: float | None = None  # softmax scale of q.k; None: 1/sqrt(head_dim)
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
-    numerics: str = "float32"  # how the forward computes, set by refllama.load: "ggml" (NumPy), "ggml-numba",
-    # "float32-numba" (refllama.layers.numerics_ops)
 
     @property
     def kq_scale(self):

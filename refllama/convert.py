@@ -20,7 +20,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from . import arch as archs
-from .arch.common import HF_LAYER, dims, permute_rows
+from .arch.pairs import permute_rows
+from .arch.tables import HF_LAYER, dims
 from .errors import RefllamaError
 from .gguf_loader import load_gguf
 

@@ -14,10 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from . import arch as archs
-from .arch import INPUT_STAGES, KV_STAGES, LAYOUTS, QK_STAGES, TOKEN_AXIS, permute_qk
+from .arch import LAYOUTS, QK_STAGES, permute_qk
 from .errors import RefllamaError
 
 FORMAT = "refllama-dump/1"
+INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
+TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
+KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
 
 
 def split_name(name):

@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
+from .ggml_numerics import (
     GROUP,
     GgmlMatrix,
     GgmlPlacement,
@@ -28,24 +28,14 @@ from .ggml_numerics import (  # noqa: F401 (table lookups: NumPy is fast)
     gelu,
     int_weights,
     quantize_q8_K,
+    rope_cos_sin,
 )
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor, byte_shape
-from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm  # noqa: F401 (ggml's own)
-from .quant import (
-    F32,
-    I8,
-    I32,
-    I64,
-    V32I8,
-    counted_loop,
-    fuse_layer,
-    load,
-    load_f16,
-    release_loader_pages,
-    splat,
-    warm_up_steps,
-)
+from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, splat
+from .layers import Ops
+from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
+from .quant import fuse_layer, release_loader_pages, warm_up_steps
 
 
 def host_has_vnni():
@@ -278,7 +268,7 @@ class GgmlNumbaPlacement(GgmlPlacement):
         x = np.zeros((2, 256), np.float32)
         for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes
             _ = x @ self(QuantizedTensor(np.zeros(byte_shape((1, 256), qtype), np.uint8), qtype, (1, 256))).T
-        warm_up_steps("ggml-numba", cfg.head_dim)
+        warm_up_steps(OPS, cfg.head_dim)
         cos_sin(x)
         release_loader_pages()
 
@@ -617,3 +607,9 @@ def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> 
     if v.shape[2] % 64 == 0 and v.strides[2] == 4:  # the sums in IR, V read in place
         return _mix_ir(np.ascontiguousarray(p), v).reshape(p.shape[1], -1)
     return _mix_f16(p, v).reshape(p.shape[1], -1)
+
+
+# numerics "ggml" on numba: ggml's RMSNorm and RoPE are numba_ops' own; GELU is a table lookup (NumPy is fast)
+OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
+          attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
+          kv_f16=True)

@@ -22,6 +22,7 @@ from numba import njit
 from .errors import RefllamaError
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
+from .layers import Ops, rms_norm
 from .quant import _Transposed
 from .xp import array_module
 
@@ -180,6 +181,23 @@ def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope compute
     """The C library's float32 cosf/sinf, which are not always correctly rounded (glibc: 48 of 7264 of SmolLM2's
     angles differ from cos in float64 rounded once); Numba's math.cos/sin on float32 call the same functions."""
     return _cos_sin(np.ascontiguousarray(angle, dtype=np.float32))
+
+
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None):  # -> cos, sin [n_ctx, R/2]
+    """The angles as ggml's rope computes them, in float32: theta_i = pos * s^i with s = float32(base^(-2/R)),
+    multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ from float64 angles by up
+    to ~1e-5 radians. cos and sin as the C library's float32 functions give them (cos_sin)."""
+    half = rope_dim // 2
+    angle = np.empty((n_ctx, half), np.float32)  # half 0: no RoPE (GPT-2), empty tables
+    if half:
+        step = np.float32(base ** (-2.0 / rope_dim))
+        angle[:, 0] = np.arange(n_ctx, dtype=np.float32)
+        for i in range(1, half):
+            angle[:, i] = angle[:, i - 1] * step
+    if freq_factors is not None:
+        angle = angle / freq_factors.astype(np.float32)
+    cos, sin = cos_sin(angle * np.float32(1.0 / scale))
+    return cos * np.float32(attn_factor), sin * np.float32(attn_factor)
 
 
 @njit(cache=True)
@@ -454,3 +472,9 @@ class GgmlPlacement:
                 return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
             return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp)
         return a if self.xp is np else self.xp.asarray(a)
+
+
+# numerics "ggml" on numpy (and cupy): RMSNorm is refllama.layers' own, which sums as ggml does
+OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
+          attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
+          kv_f16=True)

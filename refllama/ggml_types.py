@@ -1,10 +1,36 @@
-"""ggml's tensor types as refllama reads them: ids, block sizes, and the named form of a tensor kept quantized.
+"""GGUF's ids as refllama reads them: metadata value types; ggml's tensor types, their block sizes, and the named form
+of a tensor kept quantized.
 
-A table of its own so that the GGUF loader and the Numba backend both import it and neither imports the other.
+A table of its own so that the GGUF loader, the architectures and the numerics all import it and none imports another.
 """
 
 from enum import IntEnum
 from typing import NamedTuple
+
+
+class GGUFValueType(IntEnum):
+    """The type of a GGUF metadata value (gguf.h, `enum gguf_type`)."""
+
+    UINT8 = 0
+    INT8 = 1
+    UINT16 = 2
+    INT16 = 3
+    UINT32 = 4
+    INT32 = 5
+    FLOAT32 = 6
+    BOOL = 7
+    STRING = 8
+    ARRAY = 9
+    UINT64 = 10
+    INT64 = 11
+    FLOAT64 = 12
+
+
+V = GGUFValueType
+SCALAR_DTYPES = {V.UINT8: "<u1", V.INT8: "<i1", V.UINT16: "<u2", V.INT16: "<i2", V.UINT32: "<u4", V.INT32: "<i4",
+                 V.FLOAT32: "<f4", V.BOOL: "?", V.UINT64: "<u8", V.INT64: "<i8", V.FLOAT64: "<f8"}
+INTEGERS = (V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64)
+FLOATS = (V.FLOAT32, V.FLOAT64)
 
 
 class GGMLType(IntEnum):

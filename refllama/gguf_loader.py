@@ -12,17 +12,15 @@ from typing import NamedTuple
 import numpy as np
 
 from . import arch as archs
-from .arch.common import read_weights
+from .arch.tables import read_weights
 from .config import Loaded
 from .errors import RefllamaError, shown
-from .ggml_types import SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
+from .ggml_types import FLOATS, INTEGERS, SCALAR_DTYPES, SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
+from .ggml_types import GGUFValueType as V
 from .safety import check_memory, check_regular
 from .xp import Placement
 
-_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
-            12: "<f8"}
-STRING, ARRAY, UINT32, BOOL = 8, 9, 4, 7
-INTEGERS, FLOATS = (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)
+STRING, ARRAY, UINT32, BOOL, UINT64, INT64 = V.STRING, V.ARRAY, V.UINT32, V.BOOL, V.UINT64, V.INT64
 MAX_DIMS, MAX_NAME = 4, 64  # GGML_MAX_DIMS; GGML_MAX_NAME (a name must be shorter)
 TYPE_NAMES = {**{t: "integer" for t in INTEGERS}, **{t: "float" for t in FLOATS}, BOOL: "bool", STRING: "string",
               ARRAY: "array"}
@@ -60,34 +58,34 @@ class _Cursor:
         return b
 
     def scalar(self, vtype):
-        dt = np.dtype(_SCALARS[vtype])
+        dt = np.dtype(SCALAR_DTYPES[vtype])
         v = np.frombuffer(self.take(dt.itemsize), dt)[0]
         return bool(v) if vtype == BOOL else v.item()
 
     def count(self, item_size, what):
         """A count of items of at least item_size bytes each, refused if the rest of the file cannot hold them."""
-        n = self.scalar(10)
+        n = self.scalar(UINT64)
         if n * item_size > len(self.buf) - self.pos:
             self.fail(f"{what} claims {n} entries, more than the {len(self.buf) - self.pos} bytes left can hold")
         return n
 
     def string(self):
-        return str(self.take(self.scalar(10)), "utf-8", "replace")
+        return str(self.take(self.scalar(UINT64)), "utf-8", "replace")
 
     def field(self, key):
-        vtype = self.scalar(4)
+        vtype = self.scalar(UINT32)
         if vtype == ARRAY:
-            item = self.scalar(4)
+            item = self.scalar(UINT32)
             if item == STRING:
                 return Field(item, True, [self.string() for _ in range(self.count(8, f"array '{key}'"))])
-            if item not in _SCALARS:
+            if item not in SCALAR_DTYPES:
                 self.fail(f"metadata field {shown(key)} is an array of unsupported type {item}")
-            dt = np.dtype(_SCALARS[item])
+            dt = np.dtype(SCALAR_DTYPES[item])
             values = np.frombuffer(self.take(dt.itemsize * self.count(dt.itemsize, f"array '{key}'")), dt)
             return Field(item, True, values.tolist())
         if vtype == STRING:
             return Field(vtype, False, self.string())
-        if vtype not in _SCALARS:
+        if vtype not in SCALAR_DTYPES:
             self.fail(f"metadata field {shown(key)} has unsupported value type {vtype}")
         return Field(vtype, False, self.scalar(vtype))
 
@@ -96,13 +94,13 @@ class _Cursor:
         name = self.string()
         if len(name.encode()) >= MAX_NAME:
             self.fail(f"tensor name {shown(name)} is longer than {MAX_NAME - 1} bytes")
-        n_dims = self.scalar(4)
+        n_dims = self.scalar(UINT32)
         if not 1 <= n_dims <= MAX_DIMS:
             self.fail(f"tensor {shown(name)} has {n_dims} dimensions (1 to {MAX_DIMS} allowed)")
-        shape = tuple(self.scalar(11) for _ in range(n_dims))
+        shape = tuple(self.scalar(INT64) for _ in range(n_dims))
         if any(n < 1 for n in shape):
             self.fail(f"tensor {shown(name)} has shape {list(shape)}: every dimension must be at least 1")
-        raw_type, offset = self.scalar(4), self.scalar(10)
+        raw_type, offset = self.scalar(UINT32), self.scalar(UINT64)
         known = type_and_sizes(raw_type)
         if known is None:
             self.fail(f"tensor {shown(name)} has unknown type {raw_type}")

@@ -1,7 +1,7 @@
 """Hugging Face model directories: config.json, safetensors (single or sharded, memory-mapped), tokenizer.
 
 The architecture module that `architectures[0]` names reads the config and the weights table (refllama.arch);
-every layout transform from HF's tensors to refllama's is listed in `arch.common.read_weights`.
+every layout transform from HF's tensors to refllama's is listed in `arch.tables.read_weights`.
 """
 
 import os
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from . import arch as archs
-from .arch.common import read_weights
+from .arch.tables import read_weights
 from .config import Loaded
 from .errors import RefllamaError, shown
 from .safety import check_regular, inside, parse_json, read_json

@@ -5,8 +5,9 @@ S cached length (keys visible to the step). Activations are float32. Each functi
 module from its inputs, so the same code runs on NumPy and CuPy.
 """
 
-import importlib
-import sys
+from typing import Callable, NamedTuple
+
+import numpy as np
 
 from .xp import array_module
 
@@ -15,14 +16,12 @@ def embedding(tokens, w_embd):  # [T] int, [V, D] -> [T, D]
     return w_embd[tokens]
 
 
-def rms_norm(x, w, eps, numerics="float32"):  # [T, D], [D] -> [T, D]
-    if numerics in ("ggml-numba", "float32-numba"):  # the same arithmetic in a Numba kernel (one call, not six)
-        return numerics_ops(numerics).rms_norm(x, w, eps)
+def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: each row normed over its last axis
     xp = array_module(x)
     # llama.cpp and transformers both normalise in float32, multiplying by 1/sqrt(mean(x^2) + eps), then by w;
     # the float32 squares are added one by one in float64 as ggml adds them (cumsum is sequential; transformers
     # sums in float32: a difference in the last bit)
-    total = xp.square(x).astype(xp.float64).cumsum(axis=-1)[..., -1:]  # [T, 1]
+    total = xp.square(x).astype(xp.float64).cumsum(axis=-1)[..., -1:]  # [..., 1]
     mean_sq = (total / x.shape[-1]).astype(xp.float32)
     return x * (1.0 / xp.sqrt(mean_sq + xp.float32(eps))) * w
 
@@ -63,11 +62,16 @@ def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
 ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layout: llama.cpp's NORM and NEOX modes
 
 
-def rope_for(cfg):  # -> rope(x, cos, sin) for the model's pair layout and numerics
-    """ROPE[cfg.rope_layout]; in numerics "ggml", the same pairs rotated as ggml rotates them (numerics_ops)."""
-    if cfg.numerics != "float32":
-        return numerics_ops(cfg.numerics).ROPE[cfg.rope_layout]
-    return ROPE[cfg.rope_layout]
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None):  # -> cos, sin [n_ctx, R/2]
+    """cos/sin of pos * theta_i, theta_i = base^(-2i/R) divided by the model's frequency factors (Llama 3.1's
+    `rope_freqs`, LongRoPE's), positions divided by `scale` (linear scaling), both times `attn_factor` (LongRoPE's
+    attention factor): computed in float64 once, stored float32."""
+    theta = base ** (-np.arange(rope_dim // 2, dtype=np.float64) * 2.0 / rope_dim)  # [R/2]
+    if freq_factors is not None:
+        theta = theta / freq_factors
+    angle = (np.arange(n_ctx, dtype=np.float64) / scale)[:, None] * theta[None, :]  # [n_ctx, R/2]
+    return (attn_factor * np.cos(angle)).astype(np.float32), (attn_factor * np.sin(angle)).astype(np.float32)
+
 
 
 def causal_mask(start_pos, T, S, xp, window=None):  # -> [T, S] additive: 0 where visible, -inf elsewhere
@@ -87,44 +91,25 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-OPS = {"ggml": "refllama.ggml_numerics", "ggml-numba": "refllama.ggml_kernels",  # numerics -> its module
-       "float32-numba": "refllama.numba_ops"}
 
-
-def numerics_ops(numerics):
-    """The module that computes a step other than in plain float32 NumPy: "ggml", refllama.ggml_numerics (NumPy, the
-    readable emulation of llama.cpp's CPU arithmetic); "ggml-numba", refllama.ggml_kernels (the same in Numba);
-    "float32-numba", refllama.numba_ops (float32, a decode step's small steps in Numba). Imported on first use;
-    after that a dictionary lookup (this runs a few hundred times a token)."""
-    return sys.modules.get(OPS[numerics]) or importlib.import_module(OPS[numerics])
-
-
-def attention_scores(q, k, numerics="float32"):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
+def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
     """Grouped-query scores: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
 
-    K is broadcast over the G = H / KVH query heads of its group, never copied per head. In numerics "ggml" K is
-    float16, q is rounded to float16 and the sums are in llama.cpp's order (ggml_ops).
+    K is broadcast over the G = H / KVH query heads of its group, never copied per head.
     """
-    if numerics != "float32":
-        return numerics_ops(numerics).attention_scores(q, k)
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     q = q.transpose(1, 0, 2).reshape(KVH, H // KVH, T, HD)  # [KVH, G, T, HD]
     return (q @ k[:, None].transpose(0, 1, 3, 2)).reshape(H, T, S)  # [KVH, G, T, S] -> [H, T, S]
 
 
-def attention_weights(kq, mask, scale, numerics="float32"):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
+def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
     """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale)."""
-    if numerics != "float32":  # llama.cpp's exp and order of sums
-        return numerics_ops(numerics).attention_weights(kq, mask, scale)
     return softmax(kq * scale + mask)
 
 
-def attention_mix(p, v, numerics="float32"):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
-    """Each head's values weighted by its softmax row; in numerics "ggml" V is float16 and the weights are rounded
-    to float16."""
-    if numerics != "float32":
-        return numerics_ops(numerics).attention_mix(p, v)
+def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
+    """Each head's values weighted by its softmax row."""
     H, T, S = p.shape
     KVH, _, HD = v.shape
     out = p.reshape(KVH, H // KVH, T, S) @ v[:, None]  # [KVH, G, T, HD], V broadcast like K
@@ -137,28 +122,22 @@ def silu(x):  # [...] -> [...]
     return x * (0.5 + 0.5 * xp.tanh(0.5 * x))
 
 
-def swiglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
-    if numerics != "float32":  # llama.cpp's SiLU: x / (1 + exp(-x)) with its own vectorized exp
-        return numerics_ops(numerics).swiglu(gate, up)
+def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
     return silu(gate) * up
 
 
-def gelu_tanh(x, numerics="float32"):  # [...] -> [...]
+def gelu_tanh(x):  # [...] -> [...]
     """GELU in its tanh approximation (transformers' gelu_pytorch_tanh, GPT-2's and Gemma's).
 
     llama.cpp's CPU backend differs here: it rounds x to float16 and reads a 65536-entry table of float16 GELU
     values (ggml-cpu/vec.h, GGML_GELU_FP16), so its GELU carries float16 rounding, a relative error up to ~1e-3.
     refllama computes it in float32, as transformers does, or as llama.cpp does in numerics "ggml"."""
-    if numerics != "float32":
-        return numerics_ops(numerics).gelu(x)
     xp = array_module(x)
     c = xp.float32(0.7978845608028654)  # sqrt(2 / pi)
     return 0.5 * x * (1.0 + xp.tanh(c * (x + xp.float32(0.044715) * x * x * x)))
 
 
-def geglu(gate, up, numerics="float32"):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where SwiGLU has SiLU
-    if numerics != "float32":
-        return numerics_ops(numerics).geglu(gate, up)
+def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where SwiGLU has SiLU
     return gelu_tanh(gate) * up
 
 
@@ -173,3 +152,26 @@ def layer_norm(x, w, b, eps):  # [T, D], [D], [D] -> [T, D]: GPT-2's norm, mean 
 def softcap(x, cap):  # [...] -> [...] in (-cap, cap): Gemma's final_logit_softcapping
     xp = array_module(x)
     return cap * xp.tanh(x / cap)
+
+
+class Ops(NamedTuple):
+    """The steps whose arithmetic a numerics chooses, as one table: refllama.numerics picks one at load from
+    (backend, numerics), and every forward calls its steps through it (`ops.rms_norm(...)`), so none is forgotten.
+    FLOAT32, below, is this module's own functions; each other table computes the same steps, in llama.cpp's
+    arithmetic (numerics "ggml") or as Numba kernels, on the same shapes."""
+
+    rms_norm: Callable  # (x [..., D], w [D], eps) -> [..., D]
+    rope: dict  # q/k pair layout ("interleaved", "half") -> (x [T, n, HD], cos, sin [T, R/2]) -> [T, n, HD]
+    rope_cos_sin: Callable  # (n_ctx, R, base, scale, attn_factor, freq_factors [R/2] or None) -> cos, sin [n_ctx, R/2]
+    attention_scores: Callable  # (q [T, H, HD], k [KVH, S, HD]) -> [H, T, S]
+    attention_weights: Callable  # (kq [H, T, S], mask [T, S], scale) -> [H, T, S]
+    attention_mix: Callable  # (p [H, T, S], v [KVH, S, HD]) -> [T, H*HD]
+    swiglu: Callable  # (gate [T, F], up [T, F]) -> [T, F]
+    gelu: Callable  # [...] -> [...]
+    geglu: Callable  # (gate [T, F], up [T, F]) -> [T, F]
+    kv_f16: bool  # K and V rounded to float16 as the cache stores them (llama.cpp's default cache type)
+
+
+FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
+              attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu_tanh,
+              geglu=geglu, kv_f16=False)

@@ -18,7 +18,7 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import layers
-from .quant import F32, I32, I64, counted_loop, load, splat
+from .ir import F32, I32, I64, counted_loop, load, splat
 
 # ggml's arithmetic where refllama's float32 is the same (refllama.ggml_kernels takes these from here)
 
@@ -78,8 +78,8 @@ def _rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]: layers.rms_norm, squares add
     return out
 
 
-def rms_norm(x, w, eps):  # [T, D], [D] -> [T, D]
-    return _rms_norm(np.ascontiguousarray(x), w, np.float32(eps))
+def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: rows of any leading shape (Qwen3's per-head norms: [T, H, HD])
+    return _rms_norm(np.ascontiguousarray(x).reshape(-1, x.shape[-1]), w, np.float32(eps)).reshape(x.shape)
 
 
 @njit(cache=True)
@@ -244,6 +244,9 @@ def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD]
     return _mix1(np.ascontiguousarray(p), v).reshape(1, -1)
 
 
-swiglu, gelu, geglu = layers.swiglu, layers.gelu_tanh, layers.geglu  # NumPy's: its tanh is vectorized
+# SwiGLU and GELU stay NumPy's (its tanh is vectorized); so do the RoPE tables, computed once
+OPS = layers.Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=layers.rope_cos_sin, attention_scores=attention_scores,
+                 attention_weights=attention_weights, attention_mix=attention_mix, swiglu=layers.swiglu,
+                 gelu=layers.gelu_tanh, geglu=layers.geglu, kv_f16=False)
 
 

@@ -26,9 +26,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from . import numba_ops
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor, byte_shape
-from .layers import numerics_ops
+from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, splat
 
 QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
@@ -128,51 +129,6 @@ CHUNKS = 64  # rows are split into this many chunks across threads; each chunk r
 # fields sum each group of 32 across lanes, 32 multiply-adds then a horizontal sum per group (13 G weights/s on
 # SmolLM2's tied output matrix); written as vectors, 32 lanes accumulate d * (w * x) over the whole row and are
 # summed once.
-I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
-V32I8, V32F32 = ir.VectorType(I8, 32), ir.VectorType(F32, 32)
-
-
-def splat(builder, value, vtype):
-    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
-    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(I32, vtype.count),
-                                                                                  [0] * vtype.count))
-
-
-def load(builder, addr, ty):
-    return builder.load(builder.inttoptr(addr, ty.as_pointer()), align=1)
-
-
-def load_f16(builder, addr):  # a float16 at addr -> float
-    return builder.fpext(builder.bitcast(load(builder, addr, I16), ir.HalfType()), F32)
-
-
-def hsum(builder, v):  # <32 x float> -> float: halves added, 32 lanes -> 1
-    n = 32
-    while n > 1:
-        n //= 2
-        v = builder.fadd(*(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(k, k + n))))
-                           for k in (0, n)))
-    return builder.extract_element(v, ir.Constant(I32, 0))
-
-
-def counted_loop(builder, n, initial, body):
-    """IR of `for i in range(n)` (n >= 1: the body runs before the test) carrying values from one pass to the next:
-    `initial` are their first values, body(i, values) returns their next ones (it may emit loops of its own);
-    returns their values after the last pass."""
-    entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
-    builder.branch(loop)
-    builder.position_at_end(loop)
-    i, values = builder.phi(I64), [builder.phi(v.type) for v in initial]
-    new = body(i, values)
-    i1, tail = builder.add(i, ir.Constant(I64, 1)), builder.block
-    for phi, first, nxt in [(i, ir.Constant(I64, 0), i1), *zip(values, initial, new)]:
-        phi.add_incoming(first, entry)
-        phi.add_incoming(nxt, tail)
-    builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)
-    builder.position_at_end(done)
-    return new
-
-
 @intrinsic
 def q8_row_dot(typingctx, w, x, d, nb):
     """(w, x, d, nb) -> float: sum over nb groups of d[g] * sum_j w[g, j] * x[g, j]; w: int8 codes, x: float32,
@@ -498,7 +454,7 @@ class NumbaPlacement:
         """Load the kernels of the file's quantized matrix types and of a step's small steps, before the weights
         are read; then release the pages that only loading them needed."""
         warm_up(QUANTIZED & set(qtypes))
-        warm_up_steps("float32-numba", cfg.head_dim)
+        warm_up_steps(numba_ops.OPS, cfg.head_dim)
         release_loader_pages()
 
     def __call__(self, a):
@@ -517,16 +473,16 @@ def warm_up(qtypes):
         _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
 
 
-def warm_up_steps(numerics, head_dim):
-    """Call each step function of a numerics' module (refllama.layers.numerics_ops) once, on small arrays of the
-    types a step passes, so that Numba loads its kernels now: one loaded after release_loader_pages brings ~10 MB of
-    LLVM's pages back. K and V are views of the cache, which Numba types as strided (fewer positions than the
-    context) or contiguous (all of them: the context's last step): both."""
-    ops = numerics_ops(numerics)
+def warm_up_steps(ops, head_dim):
+    """Call each step of an operations table (refllama.layers.Ops) once, on small arrays of the types a step passes,
+    so that Numba loads its kernels now: one loaded after release_loader_pages brings LLVM's pages back. K and V are
+    views of the cache, which Numba types as strided (fewer positions than the context) or contiguous (all of them:
+    the context's last step): both. Norms run on rows [T, D] and on heads [T, H, HD]."""
     cache, cs = np.zeros((2, 4, head_dim), np.float32), np.zeros((1, head_dim // 2), np.float32)
     x = np.zeros((1, 2, head_dim), np.float32)
     ops.rms_norm(x[0], x[0, 0], 1e-5)
-    ops.ROPE["interleaved"](x, cs, cs)
+    ops.rms_norm(x, x[0, 0], 1e-5)
+    ops.rope["interleaved"](x, cs, cs)
     ops.swiglu(x[0], x[0])
     ops.geglu(x[0], x[0])  # numerics ggml: builds its GELU table
     for S in (2, 4):

@@ -16,6 +16,8 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
 
 from .errors import RefllamaError, shown
+from .ggml_types import FLOATS, INTEGERS
+from .ggml_types import GGUFValueType as V
 from .pretokenizer import ADD_BOS, NEWLINES, PRE, compile_regexes, split
 from .safety import check_regular, read_json, read_regular
 
@@ -27,7 +29,6 @@ _EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<｜end▁of▁sentence｜>"}
 _NORMAL_S_MARKERS = {"<|tool_response>", "<|plamo:eos|>"}  # one of these ends generation: "</s>" is normal (Gemma 4)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
-STRING, INTEGERS, FLOATS = 8, (0, 1, 2, 3, 4, 5, 10, 11), (6, 12)  # GGUF value types
 
 
 # llama.cpp's token attributes (llama.h): a GGUF token type sets one; name rules below add others
@@ -67,7 +68,7 @@ def _vocabulary(g):
     """(model, tokens, types) of a GGUF's tokenizer fields, checked: equal lengths, known types, distinct tokens
     (llama.cpp asserts that too). An empty token is named "[EMPTY_<id>]", as llama.cpp names it."""
     model = g.string("tokenizer.ggml.model", required=True)
-    tokens = g.array("tokenizer.ggml.tokens", (STRING,), "strings", required=True)
+    tokens = g.array("tokenizer.ggml.tokens", (V.STRING,), "strings", required=True)
     if not tokens:
         raise RefllamaError(f"{g.path}: metadata field 'tokenizer.ggml.tokens' is empty")
     tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
@@ -185,7 +186,7 @@ def from_gguf(g):
         else:
             known = ", ".join(sorted(PRE))
             raise RefllamaError(f"{g.path}: unsupported tokenizer.ggml.pre {shown(pre)} (supported: {known})")
-        merges = MergeRanks(g.array("tokenizer.ggml.merges", (STRING,), "strings", required=True), vocab)
+        merges = MergeRanks(g.array("tokenizer.ggml.merges", (V.STRING,), "strings", required=True), vocab)
         algo = Bpe(merges, regexes, ignore, byte_level, model == "gemma4")
         space_prefix = False
     else:

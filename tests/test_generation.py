@@ -5,7 +5,7 @@ import pytest
 
 import refllama
 from refllama.api import Model, stream_text
-from refllama.arch.llama import forward
+from refllama.arch.blocks import pre_norm_forward as forward
 
 
 def small_context(model, n_ctx):
@@ -17,9 +17,9 @@ def test_decode_step_by_step_equals_one_prefill(model):
     full = model.logits(ids)
     m = small_context(model, 64)
     prompt = 4
-    rows = [forward(m.weights, m.config, np.asarray(ids[:prompt]), 0, m.cache)]
+    rows = [forward(m.weights, m.config, m.ops, np.asarray(ids[:prompt]), 0, m.cache)]
     for pos in range(prompt, len(ids)):
-        rows.append(forward(m.weights, m.config, np.asarray(ids[pos:pos + 1]), pos, m.cache))
+        rows.append(forward(m.weights, m.config, m.ops, np.asarray(ids[pos:pos + 1]), pos, m.cache))
     np.testing.assert_allclose(np.concatenate(rows), full, atol=2e-4, rtol=0)
 
 

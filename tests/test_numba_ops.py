@@ -11,7 +11,6 @@ from numba.core.registry import CPUDispatcher as Dispatcher
 
 from refllama import ggml_kernels, layers, numba_ops
 from refllama.api import gemma3_path
-from refllama.layers import numerics_ops
 from refllama.quant import warm_up_steps
 
 rng = np.random.default_rng(0)
@@ -31,7 +30,7 @@ def test_rms_norm_is_layers_to_the_bit(T):
 @pytest.mark.parametrize("rope_dim", [64, 32], ids=["full", "partial"])
 def test_rope_equals_layers(layout, rope_dim):  # ggml's fused multiply-adds: within an ulp
     x, cos, sin = randn(2, 3, 64), randn(2, rope_dim // 2), randn(2, rope_dim // 2)
-    np.testing.assert_allclose(numba_ops.ROPE[layout](x, cos, sin), layers.ROPE[layout](x, cos, sin), rtol=1e-6,
+    np.testing.assert_allclose(numba_ops.OPS.rope[layout](x, cos, sin), layers.ROPE[layout](x, cos, sin), rtol=1e-6,
                                atol=1e-6)
 
 
@@ -46,8 +45,8 @@ def attention(ops, q, k, v, mask):  # scores, softmax weights, mix
 def test_one_token_attention_equals_layers(HD, S):
     K, V = randn(3, 300, HD), randn(3, 300, HD)  # a cache of 300 positions; S of them cached
     q, mask = randn(1, 9, HD), layers.causal_mask(S - 1, 1, S, np)
-    got = attention(numba_ops, q, K[:, :S], V[:, :S], mask)
-    want = attention(layers, q, K[:, :S], V[:, :S], mask)
+    got = attention(numba_ops.OPS, q, K[:, :S], V[:, :S], mask)
+    want = attention(layers.FLOAT32, q, K[:, :S], V[:, :S], mask)
     for g, w in zip(got, want):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())  # float32 sums in another order
@@ -56,7 +55,7 @@ def test_one_token_attention_equals_layers(HD, S):
 def test_a_batch_is_layers_itself():
     K, V, q = randn(3, 20, 64), randn(3, 20, 64), randn(4, 9, 64)
     mask = layers.causal_mask(16, 4, 20, np)
-    for g, w in zip(attention(numba_ops, q, K, V, mask), attention(layers, q, K, V, mask)):
+    for g, w in zip(attention(numba_ops.OPS, q, K, V, mask), attention(layers.FLOAT32, q, K, V, mask)):
         assert np.array_equal(g, w)
 
 
@@ -65,13 +64,14 @@ def loaded():  # kernel name -> how many compiled forms Numba holds, for both nu
             for name, f in vars(mod).items() if isinstance(f, Dispatcher)}
 
 
-@pytest.mark.parametrize("numerics", ["float32-numba", "ggml-numba"])
-def test_warm_up_loads_every_form_a_step_calls(numerics):
-    warm_up_steps(numerics, 64)
-    ops, before = numerics_ops(numerics), loaded()
+@pytest.mark.parametrize("ops", [numba_ops.OPS, ggml_kernels.OPS], ids=["float32", "ggml"])
+def test_warm_up_loads_every_form_a_step_calls(ops):
+    warm_up_steps(ops, 64)
+    before = loaded()
     K, x, cs = randn(3, 8, 64), randn(1, 9, 64), randn(1, 32)
     ops.rms_norm(x[0], x[0, 0], 1e-5)
-    ops.ROPE["interleaved"](x, cs, cs)
+    ops.rms_norm(x, x[0, 0], 1e-5)  # per-head norms
+    ops.rope["interleaved"](x, cs, cs)
     ops.swiglu(x[0], x[0])
     for S in (5, 8):  # part of the cache (strided), all of it (contiguous)
         attention(ops, x, K[:, :S], K[:, :S], layers.causal_mask(S - 1, 1, S, np))

@@ -49,7 +49,8 @@ def run_refllama(backend, path, threads, ids, numerics="float32"):
         t1 = time.perf_counter()
         token = int(np.argmax(logits[-1]))
         for _ in range(N_DECODE):
-            token = int(np.argmax(forward(m.weights, m.config, np.asarray([token]), m.cache.n_past, m.cache, True)[-1]))
+            logits = forward(m.weights, m.config, m.ops, np.asarray([token]), m.cache.n_past, m.cache, True)
+            token = int(np.argmax(logits[-1]))
         return t1 - t0, time.perf_counter() - t1
     return load, generate
 

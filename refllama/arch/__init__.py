@@ -1,34 +1,45 @@
 """Architectures, one module each: its weights table, its hyper-parameter reads, its RoPE pair layout as
-llama.cpp assigns it, its stage names and its forward. Loaders, dump, compare and the harness read these.
+llama.cpp assigns it, its stage names and its forward, built from the shared stages of `blocks`. No architecture
+imports another. Loaders, dump, compare and the harness read these.
 
-    llama  (also Mistral)   NORM pairs (2i, 2i+1)    the reference forward
+    llama  (also Mistral)   NORM pairs (2i, 2i+1)    blocks.pre_norm_forward, the reference forward
     qwen2                   NEOX pairs (i, i + R/2)  llama's forward, q/k/v biases
-    qwen3                   NEOX                     per-head q/k RMSNorm before RoPE: its own attention block
+    qwen3                   NEOX                     llama's forward, per-head q/k RMSNorm before RoPE
     phi3                    NEOX                     llama's forward, fused qkv and gate/up split at load, LongRoPE
     gemma3                  NEOX                     its own forward: scaled embeddings, four norms a block, GeGLU,
                                                      local (sliding-window) and global layers
     gpt2                    no RoPE                  its own forward: learned positions, LayerNorm, biases, GELU MLP
+
+The module interface (tests/test_arch.py holds every module to it):
+  required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
+            HF_ARCHITECTURES       config.json `architectures[0]` values it reads
+            ROPE_LAYOUT            "interleaved" or "half": llama.cpp's q/k pair layout for it
+            WEIGHTS, LAYER_WEIGHTS tables of tables.Weight rows: the model's and each block's tensors
+            INPUTS, STAGES         stage names it taps before the first block, and in each block, in order
+            config_from_gguf(g)    ModelConfig from a refllama.gguf_loader.GGUFFile
+            config_from_hf(c)      (ModelConfig, rope tensors function) from an HF config.json reader
+            forward(w, cfg, ops, tokens, start_pos, cache, last_only=False) -> logits [T or 1, V]
+  optional  HF_LAYER               a block's HF tensor prefix, if not tables.HF_LAYER (GPT-2's)
+            CHAT_TEMPLATE          for GGUF files that carry none (Gemma 3)
+            LLAMACPP_FUSED         llama.cpp graph nodes that fuse stages, for tools/dump_llamacpp.py
+            LLAMACPP_Q_SCALED      llama.cpp scales q before kq, so its kq is refllama's times kq_scale
 """
 
 from ..errors import RefllamaError, shown
 from . import gemma3, gpt2, llama, phi3, qwen2, qwen3
-from .common import (
-    INPUT_STAGES,
-    KV_STAGES,
-    LAYOUTS,
-    QK_STAGES,
-    TOKEN_AXIS,
-    Weight,
-    freq_factors,
-    pair_order,
-    permute_qk,
-)
+from .hparams import freq_factors
+from .pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
+from .tables import Weight
+
+REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
+            "config_from_gguf", "config_from_hf", "forward")
+OPTIONAL = ("HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
-__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "INPUT_STAGES", "KV_STAGES", "LAYOUTS", "QK_STAGES", "TOKEN_AXIS",
-           "Weight", "for_gguf", "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
+__all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",
+           "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
 
 
 def get(name):

@@ -16,11 +16,13 @@ What differs from Llama, as llama.cpp's src/models/gemma3.cpp and transformers' 
 import math
 
 from ..errors import RefllamaError, shown
-from ..layers import causal_mask, embedding, geglu, linear, rms_norm, softcap
+from ..ggml_types import GGUFValueType
+from ..layers import embedding, linear, softcap
 from ..trace import tap
 from ..xp import array_module
-from . import llama, qwen3
-from .common import Weight, block_count, gguf_config, hf_config, rope_parameters
+from . import blocks, tables
+from .hparams import block_count, gguf_config, hf_config, rope_parameters
+from .tables import Weight
 
 NAME = "gemma3"
 HF_ARCHITECTURES = ("Gemma3ForCausalLM",)
@@ -28,24 +30,20 @@ ROPE_LAYOUT = "half"  # NEOX: llama_model_rope_type lists gemma3 among the NEOX 
 SWA_PATTERN = 6  # every 6th layer global: llama.cpp's default (load_swa_pattern(ml, 6)) and transformers'
 LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa default, transformers' rope_local_base_freq
 
-WEIGHTS = (
-    llama.WEIGHTS[0],  # token_embd
-    Weight("output_norm", "D", "output_norm.weight", "model.norm.weight", hf_add=1.0),
-    llama.WEIGHTS[2],  # output (absent: tied to token_embd)
-)
-LAYER_WEIGHTS = (
-    Weight("attn_norm", "D", "attn_norm.weight", "input_layernorm.weight", hf_add=1.0),
-    Weight("attn_q", "H*HD, D", "attn_q.weight", "self_attn.q_proj.weight"),
-    Weight("attn_k", "KVH*HD, D", "attn_k.weight", "self_attn.k_proj.weight"),
-    Weight("attn_v", "KVH*HD, D", "attn_v.weight", "self_attn.v_proj.weight"),
-    Weight("attn_q_norm", "HD", "attn_q_norm.weight", "self_attn.q_norm.weight", hf_add=1.0),
-    Weight("attn_k_norm", "HD", "attn_k_norm.weight", "self_attn.k_norm.weight", hf_add=1.0),
-    Weight("attn_output", "D, H*HD", "attn_output.weight", "self_attn.o_proj.weight"),
+WEIGHTS = (tables.TOKEN_EMBD, tables.OUTPUT_NORM._replace(hf_add=1.0), tables.OUTPUT)  # output absent: tied
+LAYER_WEIGHTS = (  # every norm (1 + w): HF stores w
+    tables.ATTN_NORM._replace(hf_add=1.0),
+    tables.ATTN_Q,
+    tables.ATTN_K,
+    tables.ATTN_V,
+    tables.ATTN_Q_NORM._replace(hf_add=1.0),
+    tables.ATTN_K_NORM._replace(hf_add=1.0),
+    tables.ATTN_OUTPUT,
     Weight("attn_post_norm", "D", "post_attention_norm.weight", "post_attention_layernorm.weight", hf_add=1.0),
     Weight("ffn_norm", "D", "ffn_norm.weight", "pre_feedforward_layernorm.weight", hf_add=1.0),
-    Weight("ffn_gate", "F, D", "ffn_gate.weight", "mlp.gate_proj.weight"),
-    Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight"),
-    Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight"),
+    tables.FFN_GATE,
+    tables.FFN_UP,
+    tables.FFN_DOWN,
     Weight("ffn_post_norm", "D", "post_ffw_norm.weight", "post_feedforward_layernorm.weight", hf_add=1.0),
 )
 INPUTS = ("inp_embd", "inp_scaled")
@@ -76,7 +74,7 @@ def config_from_gguf(g):
     if window:
         key = f"{arch}.attention.sliding_window_pattern"
         if g.has(key) and g.fields[key].is_array:
-            flags = g.array(key, (7,), "bools")  # 7: GGUF's bool type
+            flags = g.array(key, (GGUFValueType.BOOL,), "bools")
             if len(flags) != n_layer:
                 raise RefllamaError(f"{g.path}: metadata field '{key}' has {len(flags)} entries for {n_layer} layers")
             swa = tuple(bool(f) for f in flags)
@@ -132,47 +130,43 @@ def config_from_hf(c):
                      logit_softcap=float(cap) if cap else None)
 
 
-def forward(w, cfg, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
+def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
     """Gemma 3's forward: as llama's, with the embeddings scaled, local and global layers, and the block below."""
     T = len(tokens)
     cache.check_room(T)
     xp = array_module(w["output_norm"])
-    S = start_pos + T
-    span = slice(start_pos, S)
-    rope = {False: (cache.cos[span], cache.sin[span]), True: None}  # [T, R/2] each, by "is local"
-    mask = {False: causal_mask(start_pos, T, S, xp), True: None}  # [T, S]
+    at = {False: blocks.positions(cache, start_pos, T, xp), True: None}  # by "is local"
     if cfg.swa_layers is not None:
-        rope[True] = (cache.cos_swa[span], cache.sin_swa[span])
-        mask[True] = causal_mask(start_pos, T, S, xp, cfg.sliding_window)
+        at[True] = blocks.positions(cache, start_pos, T, xp, cfg.sliding_window, local=True)
 
     x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
     # llama.cpp scales by sqrtf(D), transformers by a float32 tensor of sqrt(D): the same float32 number
     x = tap("inp_scaled", None, x * xp.float32(math.sqrt(cfg.n_embd)))
     for i, lw in enumerate(w["layers"]):
         local = bool(cfg.swa_layers and cfg.swa_layers[i])
-        x = block(x, lw, cfg, i, start_pos, cache, *rope[local], mask[local])  # [T, D]
-    cache.n_past = S
+        x = block(x, lw, cfg, ops, i, at[local])  # [T, D]
+    cache.n_past = start_pos + T
 
     if last_only:
         x = x[-1:]  # [1, D]
-    x = tap("result_norm", None, rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
+    x = tap("result_norm", None, ops.rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
     logits = linear(x, w["output"])  # [T, V]
     if cfg.logit_softcap:
         logits = softcap(logits, cfg.logit_softcap)
     return tap("result_output", None, logits)
 
 
-def block(x, lw, cfg, i, start_pos, cache, cos, sin, mask):  # [T, D] -> [T, D], layer i
+def block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i
     eps = cfg.rms_eps
-    # attention as Qwen3's: q/k/v, per-head q/k norms, RoPE, attention, output projection (attn_out)
-    h = qwen3.attention_block(x, lw, cfg, i, start_pos, cache, cos, sin, mask)  # [T, D]
-    h = tap("attn_post_norm", i, rms_norm(h, lw["attn_post_norm"], eps))
+    h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], eps))  # [T, D]
+    q, k, v = blocks.qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
+    q, k = blocks.qk_norm(q, k, lw, cfg, ops, i)  # each head normed over its HD dims
+    q, k = blocks.rope_qk(q, k, cfg, ops, at, i)
+    h = blocks.attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
+    h = tap("attn_post_norm", i, ops.rms_norm(h, lw["attn_post_norm"], eps))
     x = tap("sa_out", i, x + h)  # the attention residual
 
-    h = tap("ffn_norm", i, rms_norm(x, lw["ffn_norm"], eps))  # [T, D]
-    gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"]))  # [T, F]
-    up = tap("ffn_up", i, linear(h, lw["ffn_up"]))  # [T, F]
-    h = tap("ffn_geglu", i, geglu(gate, up, cfg.numerics))  # [T, F]
-    h = tap("ffn_out", i, linear(h, lw["ffn_down"]))  # [T, D]
-    h = tap("ffn_post_norm", i, rms_norm(h, lw["ffn_post_norm"], eps))
+    h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], eps))  # [T, D]
+    h = blocks.gated_ffn(h, lw, ops, "geglu", i)  # [T, D]
+    h = tap("ffn_post_norm", i, ops.rms_norm(h, lw["ffn_post_norm"], eps))
     return tap("l_out", i, x + h)

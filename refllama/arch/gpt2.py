@@ -12,11 +12,13 @@ HF stores its projections as Conv1D weights, [in, out]: they are transposed at l
 
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
-from ..layers import causal_mask, embedding, gelu_tanh, layer_norm, linear
+from ..ggml_types import GGUFValueType
+from ..layers import embedding, layer_norm, linear
 from ..trace import tap
 from ..xp import array_module
-from . import llama
-from .common import Weight, block_count
+from . import blocks
+from .hparams import block_count
+from .tables import Weight
 
 NAME = "gpt2"
 HF_ARCHITECTURES = ("GPT2LMHeadModel",)
@@ -63,7 +65,7 @@ def _config(path, n_layer, n_embd, n_head, n_ff, vocab, n_ctx, eps, tied):
 
 def config_from_gguf(g):
     """`gpt2.*` metadata as llama.cpp reads it; the norm's eps is `attention.layer_norm_epsilon`."""
-    tokens = g.array("tokenizer.ggml.tokens", (8,), "strings", required=True)  # 8: GGUF's string type
+    tokens = g.array("tokenizer.ggml.tokens", (GGUFValueType.STRING,), "strings", required=True)
 
     def count(name):
         return int(g.integer(f"gpt2.{name}"))
@@ -90,40 +92,29 @@ def config_from_hf(c):
     return cfg, lambda: {}  # no RoPE tables
 
 
-def forward(w, cfg, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
+def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
     """GPT-2's forward: token and position embeddings, n_layer blocks of attention + GELU MLP, LayerNorm, logits."""
     T = len(tokens)
     cache.check_room(T)
     xp = array_module(w["output_norm"])
     if start_pos + T > cfg.n_ctx_train:
         raise RefllamaError(f"position {start_pos + T - 1} is past GPT-2's {cfg.n_ctx_train} learned positions")
-    mask = causal_mask(start_pos, T, start_pos + T, xp)  # [T, S]
+    at = blocks.positions(cache, start_pos, T, xp)  # no RoPE: its tables are empty, only the mask is used
 
     x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
     pos = tap("pos_embd", None, embedding(xp.arange(start_pos, start_pos + T), w["position_embd"]))  # [T, D]
     x = tap("inpL", None, x + pos)
     for i, lw in enumerate(w["layers"]):
-        x = tap("ffn_inp", i, x + attention_block(x, lw, cfg, i, start_pos, cache, mask))  # [T, D]
-        x = tap("l_out", i, x + mlp_block(x, lw, cfg, i))  # [T, D]
+        h = tap("attn_norm", i, layer_norm(x, lw["attn_norm"], lw["attn_norm_bias"], cfg.rms_eps))  # [T, D]
+        q, k, v = blocks.qkv(h, lw, cfg, i)  # [T, H, HD] each (KVH = H), positions already in x
+        x = tap("ffn_inp", i, x + blocks.attend(q, k, v, lw, cfg, ops, i, at))  # [T, D]
+        h = tap("ffn_norm", i, layer_norm(x, lw["ffn_norm"], lw["ffn_norm_bias"], cfg.rms_eps))  # [T, D]
+        h = tap("ffn_up", i, linear(h, lw["ffn_up"], lw["ffn_up_bias"]))  # [T, F]
+        h = tap("ffn_gelu", i, ops.gelu(h))  # [T, F]
+        x = tap("l_out", i, x + tap("ffn_out", i, linear(h, lw["ffn_down"], lw["ffn_down_bias"])))  # [T, D]
     cache.n_past = start_pos + T
 
     if last_only:
         x = x[-1:]  # [1, D]
     x = tap("result_norm", None, layer_norm(x, w["output_norm"], w["output_norm_bias"], cfg.rms_eps))  # [T, D]
     return tap("result_output", None, linear(x, w["output"]))  # [T, V]
-
-
-def attention_block(x, lw, cfg, i, start_pos, cache, mask):  # [T, D] -> [T, D]
-    T, H, HD = len(x), cfg.n_head, cfg.head_dim
-    h = tap("attn_norm", i, layer_norm(x, lw["attn_norm"], lw["attn_norm_bias"], cfg.rms_eps))  # [T, D]
-    q = tap("Qcur", i, linear(h, lw["attn_q"], lw["attn_q_bias"]).reshape(T, H, HD))  # [T, H, HD]
-    k = tap("Kcur", i, linear(h, lw["attn_k"], lw["attn_k_bias"]).reshape(T, H, HD))
-    v = tap("Vcur", i, linear(h, lw["attn_v"], lw["attn_v_bias"]).reshape(T, H, HD))
-    return llama.attend(q, k, v, lw, cfg, i, start_pos, cache, mask)  # no RoPE: positions are in x already
-
-
-def mlp_block(x, lw, cfg, i):  # [T, D] -> [T, D]
-    h = tap("ffn_norm", i, layer_norm(x, lw["ffn_norm"], lw["ffn_norm_bias"], cfg.rms_eps))  # [T, D]
-    h = tap("ffn_up", i, linear(h, lw["ffn_up"], lw["ffn_up_bias"]))  # [T, F]
-    h = tap("ffn_gelu", i, gelu_tanh(h, cfg.numerics))  # [T, F]
-    return tap("ffn_out", i, linear(h, lw["ffn_down"], lw["ffn_down_bias"]))  # [T, D]

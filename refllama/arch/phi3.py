@@ -1,32 +1,35 @@
-"""Phi-3: llama's forward on NEOX RoPE pairs, with q, k and v fused in one matrix (`attn_qkv`), gate and up
-fused in another (`ffn_up`, gate rows first), both split at load, and LongRoPE: frequency factors for short
-and long contexts (`rope_factors_short`/`_long`, chosen by the context size as llama.cpp does) and an
+"""Phi-3: llama's forward (blocks.pre_norm_forward) on NEOX RoPE pairs, with q, k and v fused in one matrix
+(`attn_qkv`), gate and up fused in another (`ffn_up`, gate rows first), both split at load, and LongRoPE: frequency
+factors for short and long contexts (`rope_factors_short`/`_long`, chosen by the context size as llama.cpp does) and an
 attention factor that scales cos and sin."""
 
-from . import llama
-from .common import Weight, gguf_config, hf_config
+from . import blocks, tables
+from .hparams import gguf_config, hf_config
+from .tables import Weight
 
 NAME = "phi3"
 HF_ARCHITECTURES = ("Phi3ForCausalLM",)
 ROPE_LAYOUT = "half"  # NEOX
 
 WEIGHTS = (
-    *llama.WEIGHTS[:3],
+    tables.TOKEN_EMBD,
+    tables.OUTPUT_NORM,
+    tables.OUTPUT,
     Weight("rope_factors_short", "R/2", "rope_factors_short.weight", None, required=False),
     Weight("rope_factors_long", "R/2", "rope_factors_long.weight", None, required=False),
 )
 LAYER_WEIGHTS = (
-    Weight("attn_norm", "D", "attn_norm.weight", "input_layernorm.weight"),
+    tables.ATTN_NORM,
     Weight("attn_qkv", "H*HD + 2*KVH*HD, D", "attn_qkv.weight", "self_attn.qkv_proj.weight",
            split=(("attn_q", "H*HD"), ("attn_k", "KVH*HD"), ("attn_v", "KVH*HD"))),
-    Weight("attn_output", "D, H*HD", "attn_output.weight", "self_attn.o_proj.weight"),
-    Weight("ffn_norm", "D", "ffn_norm.weight", "post_attention_layernorm.weight"),
+    tables.ATTN_OUTPUT,
+    tables.FFN_NORM,
     Weight("ffn_gate_up", "2*F, D", "ffn_up.weight", "mlp.gate_up_proj.weight",
            split=(("ffn_gate", "F"), ("ffn_up", "F"))),
-    Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight"),
+    tables.FFN_DOWN,
 )
-INPUTS, STAGES = llama.INPUTS, llama.STAGES
-forward = llama.forward
+INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES
+forward = blocks.pre_norm_forward
 
 
 def config_from_gguf(g):

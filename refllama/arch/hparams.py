@@ -1,83 +1,13 @@
-"""What every architecture module shares: the weights-table row, shapes in the legend's letters, the q/k pair
-permutation, and the hyper-parameter reads common to GGUF metadata and HF config.json.
-"""
+"""Hyper-parameter reads common to every family: GGUF metadata and HF config.json, each value checked for its type
+and range, and the RoPE frequency factors they describe."""
 
-import ast
 import math
-from typing import NamedTuple
 
 import numpy as np
 
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
-from ..ggml_types import QuantizedTensor
-
-LAYOUTS = ("interleaved", "half")  # llama.cpp's rope modes NORM (pairs 2i, 2i+1) and NEOX (pairs i, i + R/2)
-QK_STAGES = ("Qcur", "Kcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope")  # last axis: a head's dims
-INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
-TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
-KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
-GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
-
-
-class Weight(NamedTuple):
-    """One row of an architecture's weights table."""
-
-    key: str  # refllama's name: llama.cpp's tensor name without `blk.N.` and `.weight`
-    shape: str  # numpy order, [out, in], in the legend's letters (D, H, KVH, HD, F, V, R)
-    gguf: str | None  # GGUF tensor name (a block's: after `blk.N.`); None: not stored in GGUF files
-    hf: str | None  # HF tensor name (a block's: after `model.layers.N.`); None: not stored in HF files
-    required: bool = True
-    hf_permute: str | None = None  # "H" or "KVH": HF's per-head q/k rows go to llama.cpp's NORM pairs at load
-    split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
-    hf_add: float = 0.0  # added to the HF tensor at load (Gemma's norms: HF stores w for a (1 + w) weight)
-    hf_transpose: bool = False  # HF stores it [in, out] (GPT-2's Conv1D): transposed at load
-
-
-def dims(cfg):
-    return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
-            "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train}
-
-
-def size(expr, d):
-    """The value of a shape expression such as "H*HD + 2*KVH*HD" or "R/2" for the dims d."""
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Name):
-            return d[node.id]
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult, ast.Div)):
-            a, b = ev(node.left), ev(node.right)
-            return a + b if isinstance(node.op, ast.Add) else a * b if isinstance(node.op, ast.Mult) else a // b
-        raise ValueError(f"bad shape expression {expr!r}")
-    return ev(ast.parse(expr.strip(), mode="eval"))
-
-
-def shape_of(w, d):
-    return tuple(size(e, d) for e in w.shape.split(","))
-
-
-def pair_order(head_dim, rope_dim, to):  # -> [HD] indices: out[..., j] = x[..., order[j]]
-    """The reordering of a head's dims that takes q/k from one RoPE pair layout to the other ("half" or
-    "interleaved"); only the first rope_dim dims rotate, the rest stay where they are."""
-    to_half = np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2), np.arange(rope_dim, head_dim)])
-    return to_half if to == "half" else np.argsort(to_half)
-
-
-def permute_qk(a, to, rope_dim=None, axis=-1):
-    """q/k from one pair layout to the other: "half" (HF, llama.cpp's NEOX) <-> "interleaved" (llama.cpp's NORM).
-
-    `axis` holds a head's HD dims (the last axis of a [T, H, HD] stage, axis 1 of weight rows [H, HD, D]);
-    rope_dim (default HD) are the leading dims that rotate (partial rotary). The helper for anyone whose engine
-    keeps the other layout; refllama's loaders and dump reader use it too."""
-    hd = a.shape[axis]
-    return np.take(a, pair_order(hd, hd if rope_dim is None else rope_dim, to), axis=axis)
-
-
-def permute_rows(w, n_heads, rope_dim, to):  # [n*HD, ...] -> same, each head's rows reordered
-    return permute_qk(w.reshape(n_heads, -1, *w.shape[1:]), to, rope_dim, axis=1).reshape(w.shape)
+from ..ggml_types import GGUFValueType
 
 
 def block_count(g, arch):
@@ -102,7 +32,7 @@ def gguf_config(g, rope_layout, **fields):
         return g.real(f"{arch}.{name}", default, positive=positive)
 
     n_embd, n_head = count("embedding_length"), count("attention.head_count")
-    n_tokens = len(g.array("tokenizer.ggml.tokens", (8,), "strings") or []) or None  # 8: GGUF's string type
+    n_tokens = len(g.array("tokenizer.ggml.tokens", (GGUFValueType.STRING,), "strings") or []) or None
     if n_tokens is None and not g.has(f"{arch}.vocab_size"):
         raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
     vocab = count("vocab_size", n_tokens)
@@ -230,48 +160,3 @@ def freq_factors(w, cfg, n_ctx):  # -> [R/2] float32 or None
     if "rope_factors_short" in w:
         return w["rope_factors_long"] if n_ctx > (cfg.rope_ctx_orig or cfg.n_ctx_train) else w["rope_factors_short"]
     return w.get("rope_freqs")
-
-
-def read_weights(arch, cfg, side, fetch, has, place):
-    """refllama's weight dict from an architecture's tables: `side` "gguf" or "hf" picks the name column,
-    `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored,
-    `place(tensor)` puts each final tensor where the backend computes (refllama.xp.Placement).
-
-    Layout transforms, all of them: HF's per-head q/k rows (and biases) reordered to llama.cpp's NORM pairs where
-    the table says `hf_permute` (llama only: llama.cpp's converter does the same); fused tensors split by rows."""
-    d = dims(cfg)
-
-    def take(row, prefix, out):
-        name = getattr(row, side)
-        if name is None or (not row.required and not has(prefix + name)):
-            return
-        shape = shape_of(row, d)
-        t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
-        if side == "hf" and row.hf_transpose:
-            t = np.ascontiguousarray(t.T)
-        if side == "hf" and row.hf_permute:
-            t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
-        if side == "hf" and row.hf_add:
-            t = t + np.float32(row.hf_add)
-        if row.split:
-            sizes = [size(e, d) for _, e in row.split]
-            parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])
-            out.update(zip((key for key, _ in row.split), map(place, parts)))
-        else:
-            out[row.key] = place(t)
-
-    w = {}
-    for row in arch.WEIGHTS:
-        if not (row.key == "output" and cfg.tied_output):
-            take(row, "", w)
-    if cfg.tied_output:
-        w["output"] = w["token_embd"]
-    w["layers"] = []
-    for i in range(cfg.n_layer):
-        lw = {}
-        for row in arch.LAYER_WEIGHTS:
-            take(row, (GGUF_LAYER if side == "gguf" else getattr(arch, "HF_LAYER", HF_LAYER)).format(i=i), lw)
-        if hasattr(place, "layer"):  # a backend that joins a layer's matrices (refllama.quant.fuse_layer)
-            place.layer(lw)
-        w["layers"].append(lw)
-    return w

@@ -1,0 +1,116 @@
+"""Weights tables: the row type every architecture's table is made of, the rows several families share (named once),
+shapes in the legend's letters, and the reader that builds refllama's weight dict from a table."""
+
+import ast
+from typing import NamedTuple
+
+import numpy as np
+
+from ..ggml_types import QuantizedTensor
+from .pairs import permute_rows
+
+GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
+
+
+class Weight(NamedTuple):
+    """One row of an architecture's weights table."""
+
+    key: str  # refllama's name: llama.cpp's tensor name without `blk.N.` and `.weight`
+    shape: str  # numpy order, [out, in], in the legend's letters (D, H, KVH, HD, F, V, R)
+    gguf: str | None  # GGUF tensor name (a block's: after `blk.N.`); None: not stored in GGUF files
+    hf: str | None  # HF tensor name (a block's: after `model.layers.N.`); None: not stored in HF files
+    required: bool = True
+    hf_permute: str | None = None  # "H" or "KVH": HF's per-head q/k rows go to llama.cpp's NORM pairs at load
+    split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
+    hf_add: float = 0.0  # added to the HF tensor at load (Gemma's norms: HF stores w for a (1 + w) weight)
+    hf_transpose: bool = False  # HF stores it [in, out] (GPT-2's Conv1D): transposed at load
+
+
+# rows that several families share, named once; a family's own variant is `ROW._replace(...)`
+TOKEN_EMBD = Weight("token_embd", "V, D", "token_embd.weight", "model.embed_tokens.weight")
+OUTPUT_NORM = Weight("output_norm", "D", "output_norm.weight", "model.norm.weight")
+OUTPUT = Weight("output", "V, D", "output.weight", "lm_head.weight", required=False)  # absent: tied to token_embd
+ATTN_NORM = Weight("attn_norm", "D", "attn_norm.weight", "input_layernorm.weight")
+ATTN_Q = Weight("attn_q", "H*HD, D", "attn_q.weight", "self_attn.q_proj.weight")
+ATTN_K = Weight("attn_k", "KVH*HD, D", "attn_k.weight", "self_attn.k_proj.weight")
+ATTN_V = Weight("attn_v", "KVH*HD, D", "attn_v.weight", "self_attn.v_proj.weight")
+ATTN_Q_BIAS = Weight("attn_q_bias", "H*HD", "attn_q.bias", "self_attn.q_proj.bias")
+ATTN_K_BIAS = Weight("attn_k_bias", "KVH*HD", "attn_k.bias", "self_attn.k_proj.bias")
+ATTN_V_BIAS = Weight("attn_v_bias", "KVH*HD", "attn_v.bias", "self_attn.v_proj.bias")
+ATTN_Q_NORM = Weight("attn_q_norm", "HD", "attn_q_norm.weight", "self_attn.q_norm.weight")
+ATTN_K_NORM = Weight("attn_k_norm", "HD", "attn_k_norm.weight", "self_attn.k_norm.weight")
+ATTN_OUTPUT = Weight("attn_output", "D, H*HD", "attn_output.weight", "self_attn.o_proj.weight")
+FFN_NORM = Weight("ffn_norm", "D", "ffn_norm.weight", "post_attention_layernorm.weight")
+FFN_GATE = Weight("ffn_gate", "F, D", "ffn_gate.weight", "mlp.gate_proj.weight")
+FFN_UP = Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight")
+FFN_DOWN = Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight")
+
+
+def dims(cfg):
+    return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
+            "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train}
+
+
+def size(expr, d):
+    """The value of a shape expression such as "H*HD + 2*KVH*HD" or "R/2" for the dims d."""
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Name):
+            return d[node.id]
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult, ast.Div)):
+            a, b = ev(node.left), ev(node.right)
+            return a + b if isinstance(node.op, ast.Add) else a * b if isinstance(node.op, ast.Mult) else a // b
+        raise ValueError(f"bad shape expression {expr!r}")
+    return ev(ast.parse(expr.strip(), mode="eval"))
+
+
+def shape_of(w, d):
+    return tuple(size(e, d) for e in w.shape.split(","))
+
+
+def read_weights(arch, cfg, side, fetch, has, place):
+    """refllama's weight dict from an architecture's tables: `side` "gguf" or "hf" picks the name column,
+    `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored,
+    `place(tensor)` puts each final tensor where the backend computes (refllama.xp.Placement).
+
+    Layout transforms, all of them: HF's per-head q/k rows (and biases) reordered to llama.cpp's NORM pairs where
+    the table says `hf_permute` (llama only: llama.cpp's converter does the same); fused tensors split by rows."""
+    d = dims(cfg)
+
+    def take(row, prefix, out):
+        name = getattr(row, side)
+        if name is None or (not row.required and not has(prefix + name)):
+            return
+        shape = shape_of(row, d)
+        t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
+        if side == "hf" and row.hf_transpose:
+            t = np.ascontiguousarray(t.T)
+        if side == "hf" and row.hf_permute:
+            t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
+        if side == "hf" and row.hf_add:
+            t = t + np.float32(row.hf_add)
+        if row.split:
+            sizes = [size(e, d) for _, e in row.split]
+            parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])
+            out.update(zip((key for key, _ in row.split), map(place, parts)))
+        else:
+            out[row.key] = place(t)
+
+    w = {}
+    for row in arch.WEIGHTS:
+        if not (row.key == "output" and cfg.tied_output):
+            take(row, "", w)
+    if cfg.tied_output:
+        w["output"] = w["token_embd"]
+    w["layers"] = []
+    for i in range(cfg.n_layer):
+        lw = {}
+        for row in arch.LAYER_WEIGHTS:
+            take(row, (GGUF_LAYER if side == "gguf" else getattr(arch, "HF_LAYER", HF_LAYER)).format(i=i), lw)
+        if hasattr(place, "layer"):  # a backend that joins a layer's matrices (refllama.quant.fuse_layer)
+            place.layer(lw)
+        w["layers"].append(lw)
+    return w

@@ -1,0 +1,48 @@
+"""LLVM IR helpers for the hot loops that Numba's own loops vectorize poorly: types, loads from addresses, a splat,
+a horizontal sum and a counted loop that carries values from one pass to the next."""
+
+from llvmlite import ir
+
+I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+V32I8, V32F32 = ir.VectorType(I8, 32), ir.VectorType(F32, 32)
+
+
+def splat(builder, value, vtype):
+    v = builder.insert_element(ir.Constant(vtype, ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(vtype, ir.Undefined), ir.Constant(ir.VectorType(I32, vtype.count),
+                                                                                  [0] * vtype.count))
+
+
+def load(builder, addr, ty):
+    return builder.load(builder.inttoptr(addr, ty.as_pointer()), align=1)
+
+
+def load_f16(builder, addr):  # a float16 at addr -> float
+    return builder.fpext(builder.bitcast(load(builder, addr, I16), ir.HalfType()), F32)
+
+
+def hsum(builder, v):  # <32 x float> -> float: halves added, 32 lanes -> 1
+    n = 32
+    while n > 1:
+        n //= 2
+        v = builder.fadd(*(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(k, k + n))))
+                           for k in (0, n)))
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+def counted_loop(builder, n, initial, body):
+    """IR of `for i in range(n)` (n >= 1: the body runs before the test) carrying values from one pass to the next:
+    `initial` are their first values, body(i, values) returns their next ones (it may emit loops of its own);
+    returns their values after the last pass."""
+    entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
+    builder.branch(loop)
+    builder.position_at_end(loop)
+    i, values = builder.phi(I64), [builder.phi(v.type) for v in initial]
+    new = body(i, values)
+    i1, tail = builder.add(i, ir.Constant(I64, 1)), builder.block
+    for phi, first, nxt in [(i, ir.Constant(I64, 0), i1), *zip(values, initial, new)]:
+        phi.add_incoming(first, entry)
+        phi.add_incoming(nxt, tail)
+    builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)
+    builder.position_at_end(done)
+    return new
