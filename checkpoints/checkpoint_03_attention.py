@@ -1,7 +1,7 @@
 """Stage 3: attention: unscaled scores (`kq-N`), softmax weights (`kq_soft_max-N`), weighted values
 (`kqv_out-N`), output projection (`attn_out-N`)."""
 
-from refllama.ggml_numerics import round_f16
+from refllama.ggml_tables import round_f16
 from refllama.layers import causal_mask, linear
 
 

@@ -19,8 +19,9 @@ from typing import NamedTuple
 import numpy as np
 
 from . import arch as archs
-from .dump import NUMERICS, Dump, forward_order, known_stages, model_sha256, split_name, stack_records
+from .dump import PRODUCER_NUMERICS, Dump, forward_order, known_stages, model_sha256, split_name, stack_records
 from .errors import RefllamaError
+from .ggml_tables import round_f16
 from .layers import ROPE, silu
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 from .trace import recording, stage_name
@@ -355,102 +356,172 @@ def _heads(stage, a, cfg):
     return None
 
 
-def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
-    """Lines naming the usual signatures: a constant factor, a sign flip, the other RoPE pair layout, a
-    permutation of heads, another stage's value, another activation, another eps, another softmax scale."""
-    exact = tol[1] if tol else 1e-8
-    cfg = model.config if model else None
-    valid = visible(stage, positions, want.shape)
-    m = np.ones(want.shape, bool) if valid is None else valid
-    b, w = bad[m].astype(np.float64), want[m].astype(np.float64)
+class Evidence(NamedTuple):
+    """What the hint detectors look at: the first diverging stage as the side that adds error has it (`bad`) and as
+    it should be (`want`), at `positions`; `valid` marks the entries compared, `close` says whether two arrays are
+    equal to the column's tolerance."""
 
-    def close(x, y):
-        return metrics(x, y)["nmse"] <= exact
+    stage: str
+    layer: int | None
+    positions: list
+    bad: np.ndarray
+    want: np.ndarray
+    valid: np.ndarray  # bool, want's shape
+    b: np.ndarray  # bad's compared entries, float64
+    w: np.ndarray  # want's
+    exact: float  # the column's nmse tolerance
+    cfg: object  # ModelConfig or None
+    model: object  # refllama.api.Model or None
+    bad_dump: object
+    good: object  # the dump (or re-run) holding the expected values
 
-    out = []
-    if w.any():
-        c = float(b @ w / (w @ w))
-        if abs(c - 1) > 1e-3 and close(b, c * w):
-            out.append(f"hint: {c:.6g} x the expected values (1/{1 / c:.6g}): a scale factor"
-                       + (" (a sign flip)" if abs(c + 1) < 1e-3 else ""))
-        flipped = np.mean((np.sign(b) != np.sign(w)) & np.isclose(np.abs(b), np.abs(w), rtol=1e-3, atol=0)
-                          & (np.abs(w) > 1e-6 * np.abs(w).max()))
-        if 0.05 < flipped and not out:
-            out.append(f"hint: {flipped:.0%} of the values have the expected magnitude and the opposite sign")
-    if stage in archs.QK_STAGES and cfg is not None:
-        other = "half" if cfg.rope_layout == "interleaved" else "interleaved"
-        if close(archs.permute_qk(bad, other, cfg.rope_dim), want):
-            out.append(f"hint: equal after converting q/k to the '{other}' pair layout: the manifest's qk_layout "
-                       "is wrong, or the weights' rows are permuted")
-    heads = _heads(stage, bad, cfg)
-    if heads is not None and stage not in ATTENTION:
-        wh = _heads(stage, want, cfg)
+    def close(self, x, y):
+        return metrics(x, y)["nmse"] <= self.exact
+
+    def inputs(self):
+        return _inputs_of(self.stage, self.layer, self.bad_dump, self.positions, self.cfg)
+
+
+def scale_factor(e, found):
+    if e.w.any():
+        c = float(e.b @ e.w / (e.w @ e.w))
+        if abs(c - 1) > 1e-3 and e.close(e.b, c * e.w):
+            yield (f"hint: {c:.6g} x the expected values (1/{1 / c:.6g}): a scale factor"
+                    + (" (a sign flip)" if abs(c + 1) < 1e-3 else ""))
+
+
+def sign_flip(e, found):
+    flipped = np.mean((np.sign(e.b) != np.sign(e.w)) & np.isclose(np.abs(e.b), np.abs(e.w), rtol=1e-3, atol=0)
+                      & (np.abs(e.w) > 1e-6 * np.abs(e.w).max())) if e.w.any() else 0
+    if 0.05 < flipped and not found:
+        yield f"hint: {flipped:.0%} of the values have the expected magnitude and the opposite sign"
+
+
+def other_pair_layout(e, found):
+    if e.stage in archs.QK_STAGES and e.cfg is not None:
+        other = _other_layout(e.cfg)
+        if e.close(archs.permute_qk(e.bad, other, e.cfg.rope_dim), e.want):
+            yield (f"hint: equal after converting q/k to the '{other}' pair layout: the manifest's qk_layout is "
+                    "wrong, or the weights' rows are permuted")
+
+
+def permuted_heads(e, found):
+    heads = _heads(e.stage, e.bad, e.cfg)
+    if heads is not None and e.stage not in ATTENTION:
+        wh = _heads(e.stage, e.want, e.cfg)
         n = heads.shape[1]
-        match = [next((g for g in range(n) if close(heads[:, h], wh[:, g])), None) for h in range(n)]
+        match = [next((g for g in range(n) if e.close(heads[:, h], wh[:, g])), None) for h in range(n)]
         if None not in match and match != list(range(n)):
-            out.append(f"hint: equal up to a permutation of heads: head h holds the expected head {match}[h]")
-    if layer is not None and good is not None:
-        for other_name in good.names:
-            o_stage, o_layer = split_name(other_name)
-            if o_layer == layer and o_stage != stage and set(positions) <= set(good.positions(other_name)):
-                o = take(good, other_name, positions)
-                if o.shape == bad.shape and close(bad, o):
-                    out.append(f"hint: equals the expected {other_name}: the two are swapped, or read from one "
-                               "another's weights")
-    inputs = _inputs_of(stage, layer, bad_dump, positions, cfg)
-    if stage in GATED and inputs:
+            yield f"hint: equal up to a permutation of heads: head h holds the expected head {match}[h]"
+
+
+def another_stage(e, found):
+    if e.layer is None or e.good is None:
+        return
+    for name in e.good.names:
+        stage, layer = split_name(name)
+        if layer == e.layer and stage != e.stage and set(e.positions) <= set(e.good.positions(name)):
+            o = take(e.good, name, e.positions)
+            if o.shape == e.bad.shape and e.close(e.bad, o):
+                yield f"hint: equals the expected {name}: the two are swapped, or read from one another's weights"
+
+
+def another_activation(e, found):
+    inputs = e.inputs() if e.stage in GATED else None
+    if inputs:
         gate, up = inputs
-        err = {label: metrics(f(gate) * up, bad)["nmse"] for label, f in ACTIVATIONS.items() if label != GATED[stage]}
+        err = {label: metrics(f(gate) * up, e.bad)["nmse"] for label, f in ACTIVATIONS.items()
+               if label != GATED[e.stage]}
         best = min(err, key=err.get)
-        if err[best] <= exact:
-            out.append(f"hint: matches {best}(ffn_gate) * ffn_up; the model's is {GATED[stage]}")
-    if stage == "kq_soft_max" and inputs and cfg is not None:
+        if err[best] <= e.exact:
+            yield f"hint: matches {best}(ffn_gate) * ffn_up; the model's is {GATED[e.stage]}"
+
+
+def another_softmax_scale(e, found):
+    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
+    if inputs:
         (kq,) = inputs
-        mask = np.where(visible(stage, positions, kq.shape), 0.0, -np.inf)
-        hd, scale = cfg.head_dim, cfg.kq_scale
+        mask = np.where(visible(e.stage, e.positions, kq.shape), 0.0, -np.inf)
+        hd, scale = e.cfg.head_dim, e.cfg.kq_scale
         for label, s in (("1/HD", 1 / hd), ("1 (no scale)", 1.0), ("1/sqrt(HD)", hd ** -0.5)):
             p = _softmax(np.nan_to_num(kq) * s + mask)
-            if close(p[m], b) and s != scale:
-                out.append(f"hint: matches softmax(kq * {label}); the model's scale is {scale:.4g}")
-    if stage in ("attn_norm", "ffn_norm", "result_norm") and inputs and cfg is not None:
+            if e.close(p[e.valid], e.b) and s != scale:
+                yield f"hint: matches softmax(kq * {label}); the model's scale is {scale:.4g}"
+
+
+def another_norm_eps(e, found):
+    inputs = e.inputs() if e.stage in ("attn_norm", "ffn_norm", "result_norm") and e.cfg is not None else None
+    if inputs:
         (x,) = inputs
         ms = np.mean(x.astype(np.float64) ** 2, axis=-1)
-        ratio = np.median(np.abs(want) / np.maximum(np.abs(bad), 1e-30), axis=-1) ** 2  # (ms + eps') / (ms + eps)
-        eps = ratio * (ms + cfg.rms_eps) - ms
+        ratio = np.median(np.abs(e.want) / np.maximum(np.abs(e.bad), 1e-30), axis=-1) ** 2  # (ms + eps') / (ms + eps)
+        eps = ratio * (ms + e.cfg.rms_eps) - ms
         if np.all(np.abs(ratio - 1) > 1e-7) and np.ptp(eps) <= 0.1 * abs(np.median(eps)) + 1e-12:
-            out.append(f"hint: matches an RMS norm with eps {np.median(eps):.3g}; the model's is {cfg.rms_eps:g}")
-    if stage in ("Qcur_rope", "Kcur_rope") and cfg is not None:
-        inp = _inputs_of(stage, layer, bad_dump, positions, cfg)
-        if inp and model is not None:
-            other = "half" if cfg.rope_layout == "interleaved" else "interleaved"
-            cos, sin = (to_numpy(t)[positions] for t in (model.cache.cos, model.cache.sin))
-            held_other = archs.permute_qk(inp[0].astype(np.float32), other, cfg.rope_dim)  # q/k in the other order
-            swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
-            if close(swapped, bad):
-                out.append("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs "
-                           "(i, i + R/2), or the reverse; the engine's RoPE and its q/k layout disagree")
-    if stage == "kq_soft_max":
-        future = ~visible(stage, positions, bad.shape)
-        if np.nansum(np.abs(bad[future])) > 1e-3 * np.nansum(np.abs(bad[m])):
-            out.append("hint: weights on keys after each query's own position: the causal mask is missing")
+            yield f"hint: matches an RMS norm with eps {np.median(eps):.3g}; the model's is {e.cfg.rms_eps:g}"
+
+
+def rope_on_the_wrong_pairs(e, found):
+    inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
+    if inputs and e.model is not None:
+        cfg, other = e.cfg, _other_layout(e.cfg)
+        cos, sin = (to_numpy(t)[e.positions] for t in (e.model.cache.cos, e.model.cache.sin))
+        held_other = archs.permute_qk(inputs[0].astype(np.float32), other, cfg.rope_dim)  # q/k in the other order
+        swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
+        if e.close(swapped, e.bad):
+            yield ("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs (i, i + R/2), "
+                    "or the reverse; the engine's RoPE and its q/k layout disagree")
+
+
+def missing_mask(e, found):
+    if e.stage == "kq_soft_max":
+        future = ~visible(e.stage, e.positions, e.bad.shape)
+        if np.nansum(np.abs(e.bad[future])) > 1e-3 * np.nansum(np.abs(e.bad[e.valid])):
+            yield "hint: weights on keys after each query's own position: the causal mask is missing"
+
+
+def rounded(e, found):
     for fmt, rounding in ROUNDINGS.items():
-        rounded = b.size and np.array_equal(rounding(b), b) and not np.array_equal(rounding(w), w)
-        if rounded and bad_dump.numerics != fmt:
-            out.append(f"hint: every value is a {fmt} number: rounded to {fmt} (if the engine computes in {fmt}, say "
-                       f"so: manifest 'numerics', or --numerics {fmt})")
-            break
-    wrong = _error_by(np.where(m, bad.astype(np.float64) - want, np.nan), float(np.mean(w ** 2)) or 1.0,
-                      Dump.axis_of(stage)) > exact
-    n_prompt = len(bad_dump.prompt_ids)
-    decode = [p >= n_prompt for p in positions]
+        if e.b.size and np.array_equal(rounding(e.b), e.b) and not np.array_equal(rounding(e.w), e.w) \
+                and e.bad_dump.numerics != fmt:
+            yield (f"hint: every value is a {fmt} number: rounded to {fmt} (if the engine computes in {fmt}, say so: "
+                    f"manifest 'numerics', or --numerics {fmt})")
+            return
+
+
+def by_position(e, found):
+    wrong = _error_by(np.where(e.valid, e.bad.astype(np.float64) - e.want, np.nan), float(np.mean(e.w ** 2)) or 1.0,
+                      Dump.axis_of(e.stage)) > e.exact
+    n_prompt = len(e.bad_dump.prompt_ids)
+    decode = [p >= n_prompt for p in e.positions]
     if any(decode) and list(wrong) == decode:
-        steps = _spans([p for p in positions if p >= n_prompt])
-        out.append(f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode "
-                   "path (its position, its KV cache slot, its mask)")
-    elif not out and len(positions) > 1 and not wrong[0] and wrong[1:].all():
-        out.append("hint: the first position is right and the later ones are not: something that depends on "
-                   "the position (RoPE's theta or positions, the mask, the KV cache)")
-    return out
+        steps = _spans([p for p in e.positions if p >= n_prompt])
+        yield (f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode path "
+                "(its position, its KV cache slot, its mask)")
+    elif not found and len(e.positions) > 1 and not wrong[0] and wrong[1:].all():
+        yield ("hint: the first position is right and the later ones are not: something that depends on the "
+                "position (RoPE's theta or positions, the mask, the KV cache)")
+
+
+# the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
+DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
+             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, missing_mask, rounded, by_position)
+
+
+def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
+    """Lines naming the usual signatures of a bug at the first diverging stage, one detector each (DETECTORS)."""
+    valid = visible(stage, positions, want.shape)
+    valid = np.ones(want.shape, bool) if valid is None else valid
+    e = Evidence(stage, layer, positions, bad, want, valid, bad[valid].astype(np.float64),
+                 want[valid].astype(np.float64), tol[1] if tol else 1e-8, model.config if model else None, model,
+                 bad_dump, good)
+    found = []
+    for detect in DETECTORS:
+        found.extend(detect(e, found))
+    return found
+
+
+def _other_layout(cfg):
+    return "half" if cfg.rope_layout == "interleaved" else "interleaved"
 
 
 def _inputs_of(stage, layer, dump, positions, cfg=None):
@@ -484,11 +555,7 @@ def _bfloat16(x):
     return ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
 
 
-def _float16(x):
-    return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
-
-
-ROUNDINGS = {"bfloat16": _bfloat16, "float16": _float16}
+ROUNDINGS = {"bfloat16": _bfloat16, "float16": lambda x: round_f16(np.asarray(x, np.float32))}
 GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh"}  # a gated unit's stage: the activation of its gate
 ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
     "silu": silu,
@@ -659,8 +726,8 @@ def main(argv=None):
     p.add_argument("-m", "--model", help="the model both ran, to re-run stages on each side's inputs (default: "
                    "the one the dumps name, or the installed SmolLM2, if its sha256 matches)")
     p.add_argument("--no-rerun", action="store_true", help="compare end to end only, without loading a model")
-    p.add_argument("--numerics", choices=NUMERICS, help="what MINE computes in (default: its manifest's 'numerics', "
-                   "else float32)")
+    p.add_argument("--numerics", choices=PRODUCER_NUMERICS,
+                   help="what MINE computes in (default: its manifest's 'numerics', else float32)")
     p.add_argument("--tolerance", choices=COLUMNS, help="tolerance column (default: chosen from both dumps)")
     p.add_argument("--logits", action="store_true", help="judge the whole text by its logits: KL divergence, top-1 "
                    "agreement, perplexities")

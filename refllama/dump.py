@@ -128,7 +128,8 @@ def known_stages(arch):
     return (*input_stages(arch), *layer_stages(arch), "result_norm", "result_output")
 
 
-NUMERICS = ("float32", "bfloat16", "float16", "ggml")  # what a producer computes in; "ggml": llama.cpp's quantized
+# what a dump's producer computes in (any engine's; refllama's own are xp.NUMERICS); "ggml": llama.cpp's quantized
+PRODUCER_NUMERICS = ("float32", "bfloat16", "float16", "ggml")
 
 
 def numerics_of(manifest):
@@ -136,8 +137,9 @@ def numerics_of(manifest):
     llama.cpp (unless run with F32 weights and KV cache), float32 for anything else."""
     declared = manifest.get("numerics")
     if declared is not None:
-        if declared not in NUMERICS:
-            raise RefllamaError(f"manifest field 'numerics' must be one of {', '.join(NUMERICS)}, got {declared!r}")
+        if declared not in PRODUCER_NUMERICS:
+            raise RefllamaError(f"manifest field 'numerics' must be one of {', '.join(PRODUCER_NUMERICS)}, "
+                                f"got {declared!r}")
         return declared
     producer = str(manifest.get("producer", "")).lower()
     return "ggml" if "llama.cpp" in producer and "f32 weights and kv cache" not in producer else "float32"

@@ -30,12 +30,14 @@ from .ggml_numerics import (
     quantize_q8_K,
     rope_cos_sin,
 )
+from .ggml_tables import LAYOUT
+from .ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from .ggml_types import GGMLType as QT
-from .ggml_types import QuantizedTensor, byte_shape
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, splat
+from .kernel_pages import release_loader_pages, warm_up_steps
 from .layers import Ops
+from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
-from .quant import fuse_layer, release_loader_pages, warm_up_steps
 
 
 def host_has_vnni():
@@ -46,8 +48,12 @@ def host_has_vnni():
 
 
 VNNI = host_has_vnni()
-BLOCK_BYTES = {QT.Q4_0: 18, QT.Q4_1: 20, QT.Q5_0: 22, QT.Q8_0: 34}
+BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0)}  # the types with IR kernels
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
+
+
+def field_at(builder, blk, qtype, name):  # the address of a field of the block at blk (refllama.ggml_tables.LAYOUT)
+    return builder.add(blk, ir.Constant(I64, LAYOUT[qtype][name][0]))
 
 
 def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
@@ -65,11 +71,11 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
 
 def _q5_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nibble | fifth bit << 4, minus 16
     v16, v32 = ir.VectorType(I8, 16), ir.VectorType(I32, 32)
-    qs = load(builder, builder.add(blk, ir.Constant(I64, 6)), v16)
+    qs = load(builder, field_at(builder, blk, QT.Q5_0, "qs"), v16)
     nibbles = builder.shuffle_vector(builder.and_(qs, ir.Constant(v16, [15] * 16)),
                                      builder.lshr(qs, ir.Constant(v16, [4] * 16)),
                                      ir.Constant(v32, list(range(32))))
-    bits = builder.lshr(splat(builder, load(builder, builder.add(blk, ir.Constant(I64, 2)), I32), v32),
+    bits = builder.lshr(splat(builder, load(builder, field_at(builder, blk, QT.Q5_0, "qh"), I32), v32),
                         ir.Constant(v32, list(range(32))))  # bit j of qh is value j's fifth bit
     high = builder.shl(builder.trunc(builder.and_(bits, ir.Constant(v32, [1] * 32)), V32I8),
                        ir.Constant(V32I8, [4] * 32))
@@ -91,23 +97,23 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     def block(i, sums):  # -> the n_tok tokens' 8-lane sums and the vector of Q4_1's offset sums, block i added
         *accs, summs = sums
         blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
-        dw = load_f16(builder, blk)
+        dw = load_f16(builder, field_at(builder, blk, qtype, "d"))
         if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
-            q = load(builder, builder.add(blk, ir.Constant(I64, 2)), V32I8) if qtype == QT.Q8_0 else \
+            q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
                 _q5_codes(builder, blk)
             neg = builder.icmp_signed("<", q, zero)
             is_zero = builder.icmp_signed("==", q, zero)
             u = builder.select(neg, builder.sub(zero, q), q)
         else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
             v16 = ir.VectorType(I8, 16)
-            qs = load(builder, builder.add(blk, ir.Constant(I64, 4 if qtype == QT.Q4_1 else 2)), v16)
+            qs = load(builder, field_at(builder, blk, qtype, "qs"), v16)
             lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
             hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
             u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
         at = builder.mul(i, d_row)
         d = builder.fmul(splat(builder, dw, vtok), load(builder, builder.add(xd, at), vtok))  # [n_tok] d_w * d_x
         if qtype == QT.Q4_1:
-            mw = load_f16(builder, builder.add(blk, ir.Constant(I64, 2)))
+            mw = load_f16(builder, field_at(builder, blk, qtype, "m"))
             summs = builder.call(fman, [splat(builder, mw, vtok), load(builder, builder.add(xs, at), vtok), summs])
         new = []
         for k in range(n_tok):
@@ -403,6 +409,21 @@ def _reduce16(a):  # 16 lanes -> their sum in _mm512_reduce_add_ps's order
     return a[0]
 
 
+@njit(cache=True)
+def _fold64(lanes):  # [64, m] -> lanes[:16] = (0 + 2) + (1 + 3) of the four 16-lane accumulators (ggml_vec_dot_f16)
+    for lane in range(16):
+        for j in range(lanes.shape[1]):
+            lanes[lane, j] = (lanes[lane, j] + lanes[32 + lane, j]) + (lanes[16 + lane, j] + lanes[48 + lane, j])
+
+
+@njit(cache=True)
+def _reduce16_rows(lanes):  # [>=16, m] -> lanes[0] = each column's 16 lanes summed as _reduce16 sums them
+    for width in (8, 4, 2, 1):
+        for lane in range(width):
+            for j in range(lanes.shape[1]):
+                lanes[lane, j] += lanes[width + lane, j]
+
+
 @njit(parallel=True, cache=True)
 def _softmax(kq, mask, scale):
     H, T, S = kq.shape
@@ -447,14 +468,9 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
             x = a[c + lane]
             for j in range(m):
                 lanes[lane, j] += x * bt[c + lane, j]
-    if not many:  # (0 + 2) + (1 + 3) of the four 16-lane accumulators
-        for lane in range(16):
-            for j in range(m):
-                lanes[lane, j] = (lanes[lane, j] + lanes[32 + lane, j]) + (lanes[16 + lane, j] + lanes[48 + lane, j])
-    for width in (8, 4, 2, 1):  # _mm512_reduce_add_ps
-        for lane in range(width):
-            for j in range(m):
-                lanes[lane, j] += lanes[width + lane, j]
+    if not many:
+        _fold64(lanes)
+    _reduce16_rows(lanes)
     for j in range(m):
         total = np.float64(lanes[0, j])
         for i in range(body, n):
@@ -518,15 +534,9 @@ def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 =
         y0, v0 = lanes.ctypes.data, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
         for s in range(used):
             axpy_exact(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
-        if W == 64:  # (0 + 2) + (1 + 3) of the four 16-lane accumulators
-            for lane in range(16):
-                for d in range(HD):
-                    lanes[lane, d] = (lanes[lane, d] + lanes[32 + lane, d]) + (lanes[16 + lane, d] +
-                                                                                lanes[48 + lane, d])
-        for width in (8, 4, 2, 1):  # _mm512_reduce_add_ps
-            for lane in range(width):
-                for d in range(HD):
-                    lanes[lane, d] += lanes[width + lane, d]
+        if W == 64:
+            _fold64(lanes)
+        _reduce16_rows(lanes)
         out[t, h] = lanes[0]
     return out
 

@@ -19,17 +19,19 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from . import ggml_tables
 from .errors import RefllamaError
+from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, round_f16
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor
 from .layers import Ops, rms_norm
-from .quant import _Transposed
+from .matrices import WeightMatrix
 from .xp import array_module
 
 Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
                 QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
-QUANTIZED = frozenset(VEC_DOT_TYPE)
+EMULATED = frozenset(VEC_DOT_TYPE)
 GROUP = {QT.Q6_K: 16}  # values per integer sum: 32, but Q6_K's sub-blocks of 16
 SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 32, but the K-quants' 256
 
@@ -44,18 +46,14 @@ def expf(x):  # [...] f32 -> [...] f32: ggml_v_expf (ggml-cpu/vec.h), its AVX-51
     """exp(x) = 2^n * p(b), n = round(x / ln 2), b = x - n ln 2 (ln 2 in two parts), p a degree-5 polynomial:
     within 2.2 ulp of the true exp (measured on [-100, 80]), and what llama.cpp's softmax and SiLU use. (Its AVX2
     form ends with k + k * p(b) - 1 instead of a scaling, and rounds differently in the last bit.)"""
-    f = np.float32
-
-    def h(text):  # a C hex float literal, as float32
-        return f(float.fromhex(text))
+    f, t = np.float32, ggml_tables
 
     with np.errstate(invalid="ignore", over="ignore"):
-        z = fma(x, h("0x1.715476p+0"), h("0x1.8p23"))
-        n = z - h("0x1.8p23")
-        b = fma(-n, h("0x1.7f7d1cp-20"), fma(-n, h("0x1.62e4p-1"), x))
+        z = fma(x, t.EXPF_LOG2E, t.EXPF_R)
+        n = z - t.EXPF_R
+        b = fma(-n, t.EXPF_LN2_LO, fma(-n, t.EXPF_LN2_HI, x))
         u = b * b
-        j = fma(fma(fma(h("0x1.0e4020p-7"), b, h("0x1.573e2ep-5")), u, fma(h("0x1.555e66p-3"), b, h("0x1.fffdb6p-2"))),
-                u, fma(h("0x1.ffffecp-1"), b, f(1.0)))
+        j = fma(fma(fma(t.EXPF_C5, b, t.EXPF_C4), u, fma(t.EXPF_C3, b, t.EXPF_C2)), u, fma(t.EXPF_C1, b, f(1.0)))
         res = np.ldexp(j, np.nan_to_num(n, posinf=0, neginf=0).astype(np.int32))  # _mm512_scalef_ps
         return np.where(np.abs(n) > 192, np.where(n <= 0, f(0), f(np.inf)), res).astype(np.float32)
 
@@ -85,9 +83,8 @@ def gelu_table():
     each 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in float32 with the C library's tanhf, rounded."""
     global GELU_TABLE
     if GELU_TABLE is None:
-        x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
         with np.errstate(all="ignore"):
-            GELU_TABLE = round_f16(_gelu_table(x))
+            GELU_TABLE = round_f16(_gelu_table(F16_TABLE))
     return GELU_TABLE
 
 
@@ -208,10 +205,6 @@ def _cos_sin(angle):
     return c, s
 
 
-def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nearest even, as F16C does)
-    return x.astype(np.float16).astype(np.float32)
-
-
 def quantize_q8_0(x):  # [T, K] f32 -> q [T, K] int8, d32, d [T, K/32] f32 (d: float16 values)
     """Blocks of 32: d = amax / 127, q = round-half-even(x * (127 / amax)) (127 / amax, not 1 / d; 0 for an
     all-zero block); d is stored as float16 (d32: before that rounding, which Q8_1's s uses). ggml's x86
@@ -270,66 +263,21 @@ class IntWeights(NamedTuple):
     dmin: object = None
 
 
-def _f16(a):  # [..., 2] bytes -> [...] f32
-    return np.ascontiguousarray(a).view(np.float16).astype(np.float32)[..., 0]
-
-
-def _nibbles(qs):  # [..., 16] bytes -> [..., 32] codes: byte j holds value j (low nibble) and j + 16 (high)
-    return np.concatenate([qs & 15, qs >> 4], axis=-1)
-
-
-def _high_bits(qh, n):  # [..., 4] bytes of a little-endian uint32 -> [..., n] its low n bits, bit j for value j
-    return (np.ascontiguousarray(qh).view("<u4") >> np.arange(n, dtype=np.uint32)) & 1
-
-
-def _k_scales(blocks):  # Q4_K/Q5_K [b, >=16] bytes -> sc, m [b, 8]: 6-bit scales and mins packed in 12 bytes
-    from gguf.quants import Q4_K
-
-    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
-    return sc.reshape(-1, 8).astype(np.float32), m.reshape(-1, 8).astype(np.float32)
-
-
-def _k_codes(qs, n):  # [b, 128] bytes -> [b, 256]: each 64 values are 32 low nibbles, then the same 32 high
-    return (qs.reshape(n, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1) & 15).reshape(n, 256)
-
-
 def int_weights(raw, qtype, shape):
-    """IntWeights of a GGUF matrix's raw bytes [N, row bytes] (block layouts: ggml-common.h)."""
+    """IntWeights of a GGUF matrix's raw bytes [N, row bytes] (refllama.ggml_tables decodes the block layouts)."""
     N, K = shape
-    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0):
-        b = np.asarray(raw).reshape(N, K // 32, -1)
-        d = _f16(b[..., 0:2])  # [N, K/32]
-        if qtype == QT.Q8_0:
-            return IntWeights(qtype, np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(N, K), d)
-        if qtype == QT.Q4_0:
-            return IntWeights(qtype, (_nibbles(b[..., 2:]).astype(np.int8) - 8).reshape(N, K), d)
-        if qtype == QT.Q5_0:
-            codes = _nibbles(b[..., 6:]) | (_high_bits(b[..., 2:6], 32) << 4).astype(np.uint8)
-            return IntWeights(qtype, (codes.astype(np.int8) - 16).reshape(N, K), d)
-        m = _f16(b[..., 2:4])
-        if qtype == QT.Q4_1:
-            return IntWeights(qtype, _nibbles(b[..., 4:]).astype(np.int8).reshape(N, K), d, m=m)
-        codes = _nibbles(b[..., 8:]) | (_high_bits(b[..., 4:8], 32) << 4).astype(np.uint8)
-        return IntWeights(qtype, codes.astype(np.int8).reshape(N, K), d, m=m)
-    n = N * K // 256
-    b = np.asarray(raw).reshape(n, -1)
-    d = _f16(b[:, 0:2]) if qtype != QT.Q6_K else _f16(b[:, 208:210])  # [n]
-    if qtype == QT.Q6_K:  # ql [128], qh [64], scales [16] int8, d: each 128 values take 64 ql bytes, 32 qh bytes
-        ql, qh = b[:, :128].reshape(n, 2, 1, 64), b[:, 128:192].reshape(n, 2, 1, 32)
-        lo = (ql >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15  # [n, 2, 2, 64]
-        hi = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3  # [n, 2, 4, 32]
-        codes = (lo.reshape(n, 2, 4, 32) | (hi << 4)).astype(np.int8) - 32
-        sc = b[:, 192:208].view(np.int8).astype(np.float32)
-        return IntWeights(qtype, codes.reshape(N, K), d.reshape(N, -1), sc=sc.reshape(N, -1))
-    dmin = _f16(b[:, 2:4])
-    sc, m = _k_scales(b)
-    if qtype == QT.Q4_K:
-        codes = _k_codes(b[:, 16:144], n)
-    else:  # Q5_K: qh [32]: bit i of byte l is the fifth bit of value l of the i-th group of 32
-        high = (b[:, 16:48].reshape(n, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
-        codes = _k_codes(b[:, 48:176], n) | (high.reshape(n, 256) << 4)
-    return IntWeights(qtype, codes.astype(np.int8).reshape(N, K), d.reshape(N, -1), sc=sc.reshape(N, -1),
-                      m=m.reshape(N, -1), dmin=dmin.reshape(N, -1))
+    b = blocks(raw, qtype, shape)  # [N, K/block, block bytes]
+    q = codes(b, qtype).reshape(N, K)
+    d = f16(field(b, qtype, "d"))  # [N, K/block]
+    if qtype in (QT.Q4_0, QT.Q5_0, QT.Q8_0):
+        return IntWeights(qtype, q, d)
+    if qtype in (QT.Q4_1, QT.Q5_1):
+        return IntWeights(qtype, q, d, m=f16(field(b, qtype, "m")))
+    if qtype == QT.Q6_K:
+        sc = np.ascontiguousarray(field(b, qtype, "scales")).view(np.int8).astype(np.float32)  # [N, K/256, 16]
+        return IntWeights(qtype, q, d, sc=sc.reshape(N, -1))
+    sc, m = k_scales(field(b, qtype, "scales"))  # [N, K/256, 8] each
+    return IntWeights(qtype, q, d, sc=sc.reshape(N, -1), m=m.reshape(N, -1), dmin=f16(field(b, qtype, "dmin")))
 
 
 def dequantize(w):  # IntWeights -> [N, K] f32, in ggml's order of float operations (dequantize_row_*)
@@ -356,7 +304,7 @@ def block_sums(xq, codes_t, group):  # [T, K] int8, [K/group, group, N] f32 -> [
     return xp.matmul(xg, codes_t)
 
 
-class GgmlMatrix:
+class GgmlMatrix(WeightMatrix):
     """A quantized [N, K] matrix that multiplies as llama.cpp's CPU backend does. `x @ w.T` quantizes x to the
     type's vec-dot type and sums as ggml_vec_dot_*; `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
 
@@ -370,10 +318,6 @@ class GgmlMatrix:
         self.group = group
         self.codes_t = xp.asarray(w.codes.astype(np.float32).reshape(N, K // group, group).transpose(1, 2, 0))
         self.w = IntWeights(qtype, None, *(None if a is None else xp.asarray(a) for a in w[2:]))
-
-    @property
-    def T(self):
-        return _Transposed(self)
 
     def matmul(self, x):  # [T, K] f32 -> [T, N] f32
         N, K = self.shape
@@ -430,16 +374,12 @@ class GgmlMatrix:
         return dequantize(sub)
 
 
-class F16Matrix:
+class F16Matrix(WeightMatrix):
     """A float16 matrix: llama.cpp rounds the float32 operand to float16 and sums the products in float32."""
 
     def __init__(self, w, xp=np):
         self.w = xp.asarray(w, dtype=np.float16)
         self.shape = self.w.shape
-
-    @property
-    def T(self):
-        return _Transposed(self)
 
     def matmul(self, x):
         return round_f16(x) @ self.w.T.astype(np.float32)
@@ -452,7 +392,7 @@ class GgmlPlacement:
     """Weights for `numerics="ggml"` on numpy (or cupy): quantized matrices as GgmlMatrix, float16 ones as
     F16Matrix, the rest float32."""
 
-    keep = QUANTIZED | {QT.F16}
+    keep = EMULATED | {QT.F16}
 
     def __init__(self, xp=np):
         self.xp = xp

@@ -18,6 +18,17 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from . import layers
+from .ggml_tables import (
+    EXPF_C1,
+    EXPF_C2,
+    EXPF_C3,
+    EXPF_C4,
+    EXPF_C5,
+    EXPF_LN2_HI,
+    EXPF_LN2_LO,
+    EXPF_LOG2E,
+    EXPF_R,
+)
 from .ir import F32, I32, I64, counted_loop, load, splat
 
 # ggml's arithmetic where refllama's float32 is the same (refllama.ggml_kernels takes these from here)
@@ -46,10 +57,8 @@ def pow2(typingctx, n):
     return types.float64(types.int64), codegen
 
 
-EXPF = [np.float32(float.fromhex(c)) for c in (  # ggml_v_expf's constants, as refllama.ggml_numerics.expf
-    "0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1",
-    "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2", "0x1.ffffecp-1")]
-R, LOG2E, LN2_LO, LN2_HI, C5, C4, C3, C2, C1 = EXPF
+R, LOG2E, LN2_LO, LN2_HI, C5, C4, C3, C2, C1 = (EXPF_R, EXPF_LOG2E, EXPF_LN2_LO, EXPF_LN2_HI, EXPF_C5, EXPF_C4, EXPF_C3,
+                                                 EXPF_C2, EXPF_C1)
 
 
 @njit(cache=True)

@@ -15,9 +15,6 @@ product with a 4-bit form, or an 8-bit one with float16 scales, is a vector loop
 target-independent); a batch's is a Numba kernel that dequantizes 4 rows at a time for all its tokens.
 """
 
-import ctypes
-import re
-import sys
 import types as pytypes
 from typing import NamedTuple
 
@@ -27,22 +24,14 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from . import numba_ops
+from .ggml_tables import F16_TABLE, blocks, codes, f16, f16_bits, field, k_scales
 from .ggml_types import GGMLType as QT
 from .ggml_types import QuantizedTensor, byte_shape
 from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, splat
+from .kernel_pages import release_loader_pages, warm_up_steps
+from .matrices import WeightMatrix, fuse_layer
 
-QUANTIZED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
-F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
-
-
-def _f16(a):  # [..., 2] bytes -> float32 values
-    return np.ascontiguousarray(a).view(np.float16).astype(np.float32)
-
-
-def _f16_bits(a):  # [..., 2] bytes -> uint16 bits of the float16 values
-    return np.ascontiguousarray(a).view(np.uint16)
-
-
+REPACKED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
 def as_f32(s, table):
     """A scale as float32: float16 bits (uint16) through the table, float32 as it is."""
 
@@ -52,12 +41,6 @@ def _as_f32(s, table):
     if isinstance(s, types.Integer):
         return lambda s, table: table[s]
     return lambda s, table: s
-
-
-def _pack_nibbles(codes):  # [N, K] values 0..15 -> [N, K/2], per 32-group: byte j = code j | code j+16 << 4
-    n, k = codes.shape
-    g = codes.reshape(n, k // 32, 2, 16)
-    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).astype(np.uint8)
 
 
 class Q4Form(NamedTuple):
@@ -79,46 +62,28 @@ class Q8Form(NamedTuple):
 def repack(raw, qtype, shape):
     """The kernel form (Q4Form or Q8Form) of a GGUF tensor's raw bytes [N, row bytes]."""
     n, k = shape
-    if qtype in (QT.Q4_0, QT.Q4_1):
-        blocks = raw.reshape(n, k // 32, -1)
-        d = _f16_bits(blocks[..., 0:2]).reshape(n, -1)
-        if qtype == QT.Q4_0:  # -8 d is exact in float16 (an exponent step) unless it overflows: then float32
-            with np.errstate(over="ignore"):
-                offset = (-8 * F16_TABLE[d]).astype(np.float16)
-            if not np.isfinite(offset).all():
-                d, offset = F16_TABLE[d], -8 * F16_TABLE[d]
-            return Q4Form(np.ascontiguousarray(blocks[..., 2:]).reshape(n, k // 2), d, offset.view(d.dtype))
-        m = _f16_bits(blocks[..., 2:4]).reshape(n, -1)
-        return Q4Form(np.ascontiguousarray(blocks[..., 4:]).reshape(n, k // 2), d, m)
-    if qtype == QT.Q4_K:
-        from gguf.quants import Q4_K
-
-        blocks = raw.reshape(n * k // 256, 144)
-        d, dmin = _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])  # [n_blocks, 1]
-        sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))  # [n_blocks, 8] each
-        qs = blocks[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-        codes = (qs & 15).reshape(n, k)  # value order: each 64 = 32 low nibbles, then 32 high
-        return Q4Form(_pack_nibbles(codes), (d * sc).reshape(n, -1), (-dmin * mn).reshape(n, -1))
-    if qtype == QT.Q8_0:
-        blocks = raw.reshape(n, k // 32, 34)
-        codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(n, k)
-        return Q8Form(codes, _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
-    if qtype == QT.Q5_0:  # per 32: d (f16), qh (32 high bits), qs (16 bytes: value j low nibble, j+16 high)
-        blocks = raw.reshape(n, k // 32, 22)
-        qh = np.ascontiguousarray(blocks[..., 2:6]).view("<u4")  # [n, k/32, 1]
-        qs = blocks[..., 6:]  # [n, k/32, 16]
-        low = np.concatenate([qs & 15, qs >> 4], axis=-1)  # [n, k/32, 32]
-        high = (qh >> np.arange(32, dtype=np.uint32)) & 1  # [n, k/32, 32]
-        codes = (low | (high << 4).astype(np.uint8)).astype(np.int8) - np.int8(16)
-        return Q8Form(codes.reshape(n, k), _f16_bits(blocks[..., :2]).reshape(n, -1), 32)
-    if qtype == QT.Q6_K:
-        blocks = raw.reshape(n * k // 256, 210)
-        ql, qh = blocks[:, :128], blocks[:, 128:192]
-        scale = (blocks[:, 192:208].view(np.int8).astype(np.float32) * _f16(blocks[:, 208:210])).reshape(n, -1)
-        lo = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)) & 15  # [b, half, 2, 64]
-        hi = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)) & 3  # [b, half, 4, 32]
-        codes = (lo.reshape(-1, 2, 4, 32) | (hi << 4)).astype(np.int8) - np.int8(32)
-        return Q8Form(codes.reshape(n, k), scale, 16)
+    b = blocks(raw, qtype, shape)  # [n, k/block, block bytes]
+    if qtype in (QT.Q4_0, QT.Q4_1):  # the GGUF nibbles as they are, float16 scales kept as their bits
+        packed = np.ascontiguousarray(field(b, qtype, "qs")).reshape(n, k // 2)
+        d = f16_bits(field(b, qtype, "d"))
+        if qtype == QT.Q4_1:
+            return Q4Form(packed, d, f16_bits(field(b, qtype, "m")))
+        with np.errstate(over="ignore"):  # -8 d is exact in float16 (an exponent step) unless it overflows
+            offset = (-8 * F16_TABLE[d]).astype(np.float16)
+        if not np.isfinite(offset).all():  # then float32
+            return Q4Form(packed, F16_TABLE[d], -8 * F16_TABLE[d])
+        return Q4Form(packed, d, offset.view(d.dtype))
+    if qtype == QT.Q4_K:  # w = (d * sc) * code - dmin * m, per group of 32
+        sc, mn = k_scales(field(b, qtype, "scales"))  # [n, k/256, 8] each
+        d, dmin = f16(field(b, qtype, "d"))[..., None], f16(field(b, qtype, "dmin"))[..., None]
+        g = codes(b, qtype).view(np.uint8).reshape(n, k // 32, 2, 16)  # per 32: byte j = code j | code j+16 << 4
+        packed = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).astype(np.uint8)
+        return Q4Form(packed, (d * sc).reshape(n, -1), (-dmin * mn).reshape(n, -1))
+    if qtype in (QT.Q8_0, QT.Q5_0):  # codes a byte each (Q5_0: q - 16), float16 scales kept as their bits
+        return Q8Form(codes(b, qtype).reshape(n, k), f16_bits(field(b, qtype, "d")), 32)
+    if qtype == QT.Q6_K:  # codes q - 32, a scale d * sc per 16
+        sc = np.ascontiguousarray(field(b, qtype, "scales")).view(np.int8).astype(np.float32)  # [n, k/256, 16]
+        return Q8Form(codes(b, qtype).reshape(n, k), (sc * f16(field(b, qtype, "d"))[..., None]).reshape(n, -1), 16)
     raise ValueError(f"no kernel for {qtype.name}")
 
 
@@ -325,7 +290,7 @@ def matmul(X, codes, scale, extra, table):  # [T, K] f32, either form of [N, K] 
     return out
 
 
-class QuantMatrix:
+class QuantMatrix(WeightMatrix):
     """A [N, K] weight kept quantized. `x @ w.T` runs the Numba kernel; `w[rows]` dequantizes rows."""
 
     def __init__(self, raw, qtype, shape):
@@ -340,10 +305,6 @@ class QuantMatrix:
             self.matvec, self.fields = matvec_q8_f16, (f.codes, f.scale)
         else:
             self.matvec, self.fields = matvec_q8, (*f, F16_TABLE)
-
-    @property
-    def T(self):
-        return _Transposed(self)
 
     @property
     def nbytes(self):
@@ -366,68 +327,6 @@ class QuantMatrix:
         return out
 
 
-class _Transposed:
-    __array_ufunc__ = None  # makes `ndarray @ this` defer to __rmatmul__
-
-    def __init__(self, w):
-        self.w = w
-
-    def __rmatmul__(self, x):
-        return self.w.matmul(x)
-
-
-class Fused:
-    """Matrices that multiply the same input, multiplied as one matrix (q/k/v; gate/up): one kernel call instead of
-    three or two per layer. The forward still multiplies each part by name: the first part's product computes them
-    all, and each part takes its columns of it (the whole product is kept until every part has taken its own)."""
-
-    def __init__(self, whole, sizes):
-        self.whole, self.sizes = whole, sizes
-        self.x = self.out = None
-        self.left = 0
-
-    def parts(self):
-        starts = np.cumsum((0, *self.sizes))
-        return [FusedPart(self, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
-
-    def columns(self, x, a, b):  # [T, K] -> [T, b - a]: this part's share of x @ whole.T
-        if self.x is not x or self.left == 0:
-            self.x, self.out, self.left = x, self.whole.matmul(x), len(self.sizes)
-        out = self.out[:, a:b]
-        self.left -= 1
-        if self.left == 0:
-            self.x = self.out = None
-        return out
-
-
-class FusedPart:
-    __array_ufunc__ = None
-
-    def __init__(self, fused, a, b):
-        self.fused, self.a, self.b = fused, a, b
-        self.shape = (b - a, fused.whole.shape[1])
-
-    @property
-    def T(self):
-        return _Transposed(self)
-
-    def matmul(self, x):
-        return self.fused.columns(x, self.a, self.b)
-
-
-FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # a layer's products of one input
-
-
-def fuse_layer(lw, concat):
-    """Replace each group of FUSED in a layer's weights by parts of one matrix, where `concat` can join them (it
-    returns None where it cannot: different types or widths)."""
-    for names in FUSED:
-        if all(n in lw for n in names):
-            whole = concat([lw[n] for n in names])
-            if whole is not None:
-                lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts()))
-
-
 def concat_quant(ms):
     """One QuantMatrix of the rows of several of one type and width, or None."""
     first = ms[0]
@@ -445,15 +344,15 @@ def concat_quant(ms):
 
 
 class NumbaPlacement:
-    """Weights for the numba backend: matrices of the QUANTIZED types kept in their GGUF bytes and repacked for the
+    """Weights for the numba backend: matrices of the REPACKED types kept in their GGUF bytes and repacked for the
     kernels as they are read (each memory map dropped once repacked), the rest float32 NumPy."""
 
-    keep = QUANTIZED
+    keep = REPACKED
 
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's quantized matrix types and of a step's small steps, before the weights
         are read; then release the pages that only loading them needed."""
-        warm_up(QUANTIZED & set(qtypes))
+        warm_up(REPACKED & set(qtypes))
         warm_up_steps(numba_ops.OPS, cfg.head_dim)
         release_loader_pages()
 
@@ -471,44 +370,3 @@ def warm_up(qtypes):
     for qtype in qtypes:
         m = QuantMatrix(np.zeros(byte_shape((4, 256), qtype), np.uint8), qtype, (4, 256))
         _ = x[:1] @ m.T, x @ m.T, m[[0]]  # matvec, matmul, rows
-
-
-def warm_up_steps(ops, head_dim):
-    """Call each step of an operations table (refllama.layers.Ops) once, on small arrays of the types a step passes,
-    so that Numba loads its kernels now: one loaded after release_loader_pages brings LLVM's pages back. K and V are
-    views of the cache, which Numba types as strided (fewer positions than the context) or contiguous (all of them:
-    the context's last step): both. Norms run on rows [T, D] and on heads [T, H, HD]."""
-    cache, cs = np.zeros((2, 4, head_dim), np.float32), np.zeros((1, head_dim // 2), np.float32)
-    x = np.zeros((1, 2, head_dim), np.float32)
-    ops.rms_norm(x[0], x[0, 0], 1e-5)
-    ops.rms_norm(x, x[0, 0], 1e-5)
-    ops.rope["interleaved"](x, cs, cs)
-    ops.swiglu(x[0], x[0])
-    ops.geglu(x[0], x[0])  # numerics ggml: builds its GELU table
-    for S in (2, 4):
-        kq = ops.attention_scores(x, cache[:, :S])
-        ops.attention_mix(ops.attention_weights(kq, np.zeros((1, S), np.float32), 0.125), cache[:, :S])
-
-
-MADV_PAGEOUT = 21  # Linux 5.4+: reclaim these pages now; file-backed ones are read again if touched
-
-
-LOAD_ONLY_LIBRARIES = re.compile(r"/(libllvmlite\.so|libcrypto\.so[.0-9]*)$")  # LLVM; OpenSSL
-
-
-def release_loader_pages():
-    """Hand back to the OS the pages of the libraries that only loading the kernels uses (~68 MB resident otherwise):
-    LLVM, which compiles them or links them from Numba's cache, and OpenSSL, with which Numba hashes a function's
-    bytecode to find its cache entry. Running compiled kernels touches neither; should Numba compile again, or
-    anything hash, the pages come back from the library files. Elsewhere than Linux, or on older kernels, this
-    does nothing."""
-    if not sys.platform.startswith("linux"):
-        return
-    madvise = ctypes.CDLL(None).madvise
-    madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            if LOAD_ONLY_LIBRARIES.search(fields[-1]) and "w" not in fields[1]:  # read-only: code, constants
-                start, end = (int(a, 16) for a in fields[0].split("-"))
-                madvise(start, end - start, MADV_PAGEOUT)  # a refusal (EINVAL on old kernels) changes nothing

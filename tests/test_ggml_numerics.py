@@ -15,7 +15,8 @@ from refllama import ggml_kernels as gk
 from refllama import ggml_numerics as gn
 from refllama.ggml_types import GGMLType as QT
 from refllama.ggml_types import byte_shape
-from refllama.quant import Fused, QuantMatrix, concat_quant
+from refllama.matrices import Fused
+from refllama.quant import QuantMatrix, concat_quant
 
 RNG = np.random.default_rng(20261123)
 LEGACY = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)

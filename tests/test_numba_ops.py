@@ -11,7 +11,7 @@ from numba.core.registry import CPUDispatcher as Dispatcher
 
 from refllama import ggml_kernels, layers, numba_ops
 from refllama.api import gemma3_path
-from refllama.quant import warm_up_steps
+from refllama.kernel_pages import warm_up_steps
 
 rng = np.random.default_rng(0)
 

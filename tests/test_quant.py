@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as QT
 from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
 
 import refllama
-from refllama.quant import QUANTIZED, QuantMatrix
+from refllama.quant import REPACKED, QuantMatrix
 
 rng = np.random.default_rng(0)
 
@@ -23,7 +23,7 @@ def random_blocks(qtype, shape):
 
 @pytest.mark.parametrize("T", [1, 5], ids=["decode", "prefill"])
 @pytest.mark.parametrize("shape", [(64, 512), (300, 256), (30, 256)])  # 30: rows not a multiple of 4
-@pytest.mark.parametrize("qtype", sorted(QUANTIZED, key=lambda t: t.value), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(REPACKED, key=lambda t: t.value), ids=lambda t: t.name)
 def test_kernel_equals_gguf_dequantize_then_matmul(qtype, shape, T):
     raw = random_blocks(qtype, shape)
     W = gguf.quants.dequantize(raw, qtype)  # [N, K] float32, gguf-py's reference dequantization
@@ -33,7 +33,7 @@ def test_kernel_equals_gguf_dequantize_then_matmul(qtype, shape, T):
     np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max(), rtol=0)
 
 
-@pytest.mark.parametrize("qtype", sorted(QUANTIZED, key=lambda t: t.value), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(REPACKED, key=lambda t: t.value), ids=lambda t: t.name)
 def test_rows_dequantize_exactly(qtype):
     raw = random_blocks(qtype, (40, 256))
     W = gguf.quants.dequantize(raw, qtype)
@@ -99,7 +99,7 @@ def test_released_loader_pages_leave_kernels_and_hashing_working():
 
     from numba import njit
 
-    from refllama.quant import release_loader_pages
+    from refllama.kernel_pages import release_loader_pages
 
     raw = random_blocks(QT.Q4_1, (8, 256))
     x = rng.standard_normal((1, 256)).astype(np.float32)

@@ -1,0 +1,91 @@
+"""ggml's tables, each in one place: its block layouts (ggml-common.h) with the unpacking of codes and scales that the
+Numba repacking (refllama.quant), the ggml emulation (refllama.ggml_numerics) and its kernels (refllama.ggml_kernels)
+all build on; every float16 value and the rounding to float16; the constants of ggml's expf."""
+
+import numpy as np
+
+from .ggml_types import BLOCK_SIZES
+from .ggml_types import GGMLType as QT
+
+LAYOUT = {  # type -> field -> (first byte, end) within one block
+    QT.Q4_0: {"d": (0, 2), "qs": (2, 18)},  # qs: 32 nibbles, byte j holding value j (low) and j + 16 (high)
+    QT.Q4_1: {"d": (0, 2), "m": (2, 4), "qs": (4, 20)},
+    QT.Q5_0: {"d": (0, 2), "qh": (2, 6), "qs": (6, 22)},  # qh: bit j is value j's fifth bit
+    QT.Q5_1: {"d": (0, 2), "m": (2, 4), "qh": (4, 8), "qs": (8, 24)},
+    QT.Q8_0: {"d": (0, 2), "qs": (2, 34)},  # int8 codes
+    QT.Q4_K: {"d": (0, 2), "dmin": (2, 4), "scales": (4, 16), "qs": (16, 144)},  # 8 six-bit scales and mins
+    QT.Q5_K: {"d": (0, 2), "dmin": (2, 4), "scales": (4, 16), "qh": (16, 48), "qs": (48, 176)},
+    QT.Q6_K: {"ql": (0, 128), "qh": (128, 192), "scales": (192, 208), "d": (208, 210)},  # 16 int8 scales
+}
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
+# ggml_v_expf's constants (ggml-cpu/vec.h): rounding shift, log2(e), ln 2 in two parts, the polynomial's c5 .. c1
+EXPF_R, EXPF_LOG2E, EXPF_LN2_LO, EXPF_LN2_HI, EXPF_C5, EXPF_C4, EXPF_C3, EXPF_C2, EXPF_C1 = (
+    np.float32(float.fromhex(c)) for c in ("0x1.8p23", "0x1.715476p+0", "0x1.7f7d1cp-20", "0x1.62e4p-1",
+                                           "0x1.0e4020p-7", "0x1.573e2ep-5", "0x1.555e66p-3", "0x1.fffdb6p-2",
+                                           "0x1.ffffecp-1"))
+
+
+def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nearest even, as F16C does)
+    return x.astype(np.float16).astype(np.float32)
+
+
+def blocks(raw, qtype, shape):  # [N, row bytes] -> [N, K/block, block bytes]
+    N, K = shape
+    block, size = BLOCK_SIZES[qtype]
+    return np.asarray(raw).reshape(N, K // block, size)
+
+
+def field(b, qtype, name):  # [..., block bytes] -> [..., the field's bytes]
+    start, end = LAYOUT[qtype][name]
+    return b[..., start:end]
+
+
+def f16_bits(a):  # [..., 2] bytes -> [...] uint16, the float16 values' bits
+    return np.ascontiguousarray(a).view(np.uint16)[..., 0]
+
+
+def f16(a):  # [..., 2] bytes -> [...] f32
+    return F16_TABLE[f16_bits(a)]
+
+
+def nibbles(qs):  # [..., 16] bytes -> [..., 32] codes: byte j holds value j (low nibble) and j + 16 (high)
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
+
+
+def high_bits(qh, n):  # [..., 4] bytes of a little-endian uint32 -> [..., n] its low n bits, bit j for value j
+    return (np.ascontiguousarray(qh).view("<u4") >> np.arange(n, dtype=np.uint32)) & 1
+
+
+def k_scales(scales):  # Q4_K/Q5_K [..., 12] bytes -> sc, m [..., 8] f32: 6-bit scales and mins packed in 12 bytes
+    from gguf.quants import Q4_K
+
+    shape = scales.shape[:-1]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(scales).reshape(-1, 12))
+    return sc.reshape(*shape, 8).astype(np.float32), m.reshape(*shape, 8).astype(np.float32)
+
+
+def k_nibbles(qs):  # Q4_K/Q5_K [..., 128] bytes -> [..., 256]: each 64 values are 32 low nibbles, then 32 high
+    shape = qs.shape[:-1]
+    return (qs.reshape(*shape, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1) & 15).reshape(*shape, 256)
+
+
+def codes(b, qtype):  # [..., block bytes] -> [..., values per block] int8: the integers ggml's dot product multiplies
+    """Q4_0: nibble - 8, Q5_0: 5 bits - 16, Q6_K: 6 bits - 32; Q4_1, Q5_1, Q4_K, Q5_K and Q8_0 as stored."""
+    qs = field(b, qtype, "qs") if "qs" in LAYOUT[qtype] else None
+    if qtype == QT.Q8_0:
+        return np.ascontiguousarray(qs).view(np.int8)
+    if qtype in (QT.Q4_0, QT.Q4_1):
+        return nibbles(qs).astype(np.int8) - np.int8(8 if qtype == QT.Q4_0 else 0)
+    if qtype in (QT.Q5_0, QT.Q5_1):
+        fifth = (high_bits(field(b, qtype, "qh"), 32) << 4).astype(np.uint8)
+        return (nibbles(qs) | fifth).astype(np.int8) - np.int8(16 if qtype == QT.Q5_0 else 0)
+    if qtype == QT.Q4_K:
+        return k_nibbles(qs).astype(np.int8)
+    shape = b.shape[:-1]
+    if qtype == QT.Q5_K:  # qh [32]: bit i of byte l is the fifth bit of value l of the i-th group of 32
+        high = (field(b, qtype, "qh").reshape(*shape, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+        return (k_nibbles(qs) | (high.reshape(*shape, 256) << 4)).astype(np.int8)
+    # Q6_K: each 128 values take 64 ql bytes (low 4 bits) and 32 qh bytes (high 2 bits)
+    lo = (field(b, qtype, "ql").reshape(*shape, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)) & 15
+    hi = (field(b, qtype, "qh").reshape(*shape, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 3
+    return ((lo.reshape(*shape, 2, 4, 32) | (hi << 4)).astype(np.int8) - np.int8(32)).reshape(*shape, 256)
