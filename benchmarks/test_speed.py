@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as QT
 
 import refllama
 from refllama.arch.blocks import pre_norm_forward as forward
-from refllama.quant import QuantMatrix
+from refllama.numerics.quant import QuantMatrix
 
 PROMPT = "The printing press changed how knowledge moved through Europe. " * 12
 

@@ -1,8 +1,8 @@
 """Stage 3: attention: unscaled scores (`kq-N`), softmax weights (`kq_soft_max-N`), weighted values
 (`kqv_out-N`), output projection (`attn_out-N`)."""
 
-from refllama.ggml_tables import round_f16
 from refllama.layers import causal_mask, linear
+from refllama.numerics.ggml_tables import round_f16
 
 
 def kv(case, which, layer):  # [S, KVH, HD] as stored -> [KVH, S, HD] as the cache holds it

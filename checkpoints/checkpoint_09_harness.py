@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import refllama.layers
-from refllama.compare import compare
+from refllama.check.compare import compare
+from refllama.check.tolerances import REFERENCE_KINDS, TOLERANCES
 from refllama.layers import rope_half, rope_interleaved
-from refllama.tolerances import REFERENCE_KINDS, TOLERANCES
 
 REF = harness.HERE / "ref"
 
@@ -147,7 +147,7 @@ def readme_tolerances(path):
 
 
 def test_the_tolerance_table_in_the_package_equals_the_readme_table():
-    """compare and the suite use refllama.tolerances (it ships in the wheel); the README explains each row."""
+    """compare and the suite use refllama.check.tolerances (it ships in the wheel); the README explains each row."""
     assert readme_tolerances(harness.HERE / "README.md") == TOLERANCES
 
 

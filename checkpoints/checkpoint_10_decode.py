@@ -5,7 +5,7 @@ them, within the reference's column of the table."""
 
 import harness
 
-from refllama.compare import compare
+from refllama.check.compare import compare
 
 DECODE = True  # only the references that hold decode steps
 

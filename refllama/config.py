@@ -79,6 +79,6 @@ class Loaded(NamedTuple):
 
     config: ModelConfig
     weights: dict  # name -> array; "layers": one dict per block (refllama.arch's tables name them)
-    tokenizer: object  # refllama.tokenizer.Tokenizer, or None (an HF directory without tokenizer.json)
+    tokenizer: object  # refllama.formats.tokenizer.Tokenizer, or None (an HF directory without tokenizer.json)
     chat_template: str | None
     notices: list  # one-line messages for the user; `{backend}` in them stands for the backend's name

@@ -23,7 +23,7 @@ from . import arch as archs
 from .arch.pairs import permute_rows
 from .arch.tables import HF_LAYER, dims
 from .errors import RefllamaError
-from .gguf_loader import load_gguf
+from .formats.gguf_loader import load_gguf
 
 
 def hf_tensors(cfg, w, dtype):
@@ -111,14 +111,14 @@ def convert(gguf_path, out_dir, dtype="f32"):
 
 
 def hf_tokenizer(tok):
-    """A `tokenizers.Tokenizer` for a GGUF vocabulary (refllama.tokenizer.GgufTokenizer): BPE with its merges and
+    """A `tokenizers.Tokenizer` for a GGUF vocabulary (formats.tokenizer.GgufTokenizer): BPE with its merges and
     pre-tokenizer regexes, or SentencePiece as BPE with merges ranked by score and byte fallback; control and
     user-defined tokens as added tokens. `tokenizers` cannot state every llama.cpp rule (tie order, lstrip/rstrip
     by model name), so this is the form transformers reads, not refllama's own tokenizer."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
 
-    from .tokenizer import A_CONTROL, A_UNKNOWN, A_USER_DEFINED, Spm
+    from .formats.tokenizer import A_CONTROL, A_UNKNOWN, A_USER_DEFINED, Spm
 
     vocab, algo = tok.vocab, tok.algo
     if isinstance(algo, Spm):

@@ -89,7 +89,7 @@ def run(args, prompt):
     if args.dump_dir:
         decode_ids = None
         if args.tokens_from:
-            from .dump import Dump
+            from .check.dump import Dump
 
             other = Dump(args.tokens_from)
             ids, decode_ids = other.prompt_ids, other.decode_ids

@@ -33,7 +33,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from .errors import RefllamaError
-from .safety import parse_json
+from .formats.safety import parse_json
 from .xp import BACKENDS, NUMERICS
 
 log = logging.getLogger("refllama.serve")
@@ -212,7 +212,7 @@ def chat_messages(body):
 
 
 async def read_json(request):
-    """The request body as a JSON object (refllama.safety's limits on depth, numbers and text), its size bounded by
+    """The request body as a JSON object (formats.safety's limits on depth, numbers and text), its size bounded by
     --max-body and its arrival by --client-timeout; 400, 408 or 413 otherwise."""
     limit, timeout = request.app.state.worker.args.max_body, request.app.state.worker.args.client_timeout
     size = request.headers.get("content-length")

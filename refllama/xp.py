@@ -11,13 +11,13 @@ from threadpoolctl import threadpool_limits
 from .errors import RefllamaError
 
 BACKENDS = ("numpy", "numba", "cupy")
-NUMERICS = ("float32", "ggml")  # float32 throughout, or llama.cpp's CPU arithmetic (refllama.ggml_numerics)
+NUMERICS = ("float32", "ggml")  # float32 throughout, or llama.cpp's CPU arithmetic (refllama.numerics.ggml_numerics)
 
 
 def backend_module(name):
     """The array module for a backend name; a clear error when it cannot run here.
 
-    "numba" computes on NumPy arrays, with quantized weights multiplied by Numba kernels (refllama.quant).
+    "numba" computes on NumPy arrays, with quantized weights multiplied by Numba kernels (refllama.numerics.quant).
     """
     if name in ("numpy", "numba"):
         return np

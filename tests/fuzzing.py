@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 import refllama
-from refllama.chat import render
+from refllama.formats.chat import render
 
 # GGUF value types and their struct formats
 FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -295,8 +295,8 @@ def load_outcome(path, tokens=(1, 2, 3)):
 def header_outcome(path):
     """What loading does with a GGUF file's header alone (metadata, config, vocabulary), for big files."""
     from refllama import arch as archs
-    from refllama.gguf_loader import GGUFFile
-    from refllama.tokenizer import from_gguf
+    from refllama.formats.gguf_loader import GGUFFile
+    from refllama.formats.tokenizer import from_gguf
 
     try:
         g = GGUFFile(path)

@@ -11,7 +11,8 @@ import pytest
 
 import refllama
 from refllama.arch import permute_qk
-from refllama.compare import compare, plot
+from refllama.check.compare import compare
+from refllama.compare import plot
 
 DATA = Path(__file__).parent / "data" / "gguf-llama"
 LLAMACPP = DATA / "llamacpp-f32"

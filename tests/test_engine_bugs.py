@@ -10,8 +10,8 @@ import pytest
 from engine import Engine, Weights
 
 from refllama.api import default_model_path
-from refllama.compare import compare
-from refllama.dump import Dump
+from refllama.check.compare import compare
+from refllama.check.dump import Dump
 
 PROMPT = "The quick brown fox jumps over"
 DECODE_STEPS = 2

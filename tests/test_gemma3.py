@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 import refllama
-from refllama.quant import QuantMatrix
+from refllama.numerics.quant import QuantMatrix
 
 DATA = Path(__file__).parent / "data"
 TABLE = json.loads((DATA / "tokenizer_gemma3_llamacpp.json").read_text(encoding="utf-8"))
@@ -35,7 +35,7 @@ def test_hyperparameters_as_llamacpp_reads_them(gemma3):
 
 
 def test_table_is_made_from_this_model(gemma3):
-    assert TABLE["model_sha256"] == refllama.dump.file_sha256(gemma3.path)
+    assert TABLE["model_sha256"] == refllama.check.dump.file_sha256(gemma3.path)
     assert len(TABLE["cases"]) == 1388  # 47 chosen strings and 300 random ones, 4 modes each
 
 

@@ -1,5 +1,5 @@
-"""numerics "ggml": the NumPy emulation of llama.cpp's CPU arithmetic (refllama.ggml_numerics) and its Numba
-kernels (refllama.ggml_kernels) agree to the bit, and their parts follow ggml's rules. Agreement with llama.cpp
+"""numerics "ggml": the NumPy emulation of llama.cpp's CPU arithmetic (refllama.numerics.ggml_numerics) and its Numba
+kernels (refllama.numerics.ggml_kernels) agree to the bit, and their parts follow ggml's rules. Agreement with llama.cpp
 itself, stage by stage on SmolLM2, is the checkpoint suite's ggml column (checkpoints/README.md)."""
 
 import math
@@ -11,12 +11,12 @@ from gguf.quants import dequantize
 from numba import njit
 
 import refllama
-from refllama import ggml_kernels as gk
-from refllama import ggml_numerics as gn
-from refllama.ggml_types import GGMLType as QT
-from refllama.ggml_types import byte_shape
-from refllama.matrices import Fused
-from refllama.quant import QuantMatrix, concat_quant
+from refllama.formats.ggml_types import GGMLType as QT
+from refllama.formats.ggml_types import byte_shape
+from refllama.numerics import ggml_kernels as gk
+from refllama.numerics import ggml_numerics as gn
+from refllama.numerics.matrices import Fused
+from refllama.numerics.quant import QuantMatrix, concat_quant
 
 RNG = np.random.default_rng(20261123)
 LEGACY = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
@@ -240,7 +240,7 @@ def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtyp
     raw = RNG.integers(0, 0x3C, size=gguf.quant_shape_to_byte_shape((40, 512), qtype), dtype=np.uint8)
     x = RNG.standard_normal((T, 512)).astype(np.float32)
     ref = gn.GgmlMatrix(raw, qtype, (40, 512))
-    fast = gk.GgmlNumbaPlacement()(refllama.ggml_types.QuantizedTensor(raw, qtype, (40, 512)))
+    fast = gk.GgmlNumbaPlacement()(refllama.formats.ggml_types.QuantizedTensor(raw, qtype, (40, 512)))
     assert type(fast).__name__ == ("NumbaGgmlMatrix" if qtype == QT.Q5_0 else "NumbaKQuantMatrix")
     np.testing.assert_array_equal(x @ fast.T, x @ ref.T)
     np.testing.assert_array_equal(fast[[0, 3, 39, 3]], ref[[0, 3, 39, 3]])

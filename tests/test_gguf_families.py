@@ -12,10 +12,10 @@ import pytest
 
 import refllama
 from refllama import arch
-from refllama.compare import compare
-from refllama.dump import Dump
-from refllama.gguf_loader import Field, GGUFFile
-from refllama.tolerances import band
+from refllama.check.compare import compare
+from refllama.check.dump import Dump
+from refllama.check.tolerances import band
+from refllama.formats.gguf_loader import Field, GGUFFile
 
 DATA = Path(__file__).parent / "data"
 FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half",

@@ -10,8 +10,8 @@ from gguf import GGMLQuantizationType as QT
 from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 
 import refllama
-from refllama.ggml_types import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape
-from refllama.gguf_loader import load_gguf
+from refllama.formats.ggml_types import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape
+from refllama.formats.gguf_loader import load_gguf
 
 
 def test_default_model_config_comes_from_metadata(model):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from refllama.dump import file_sha256
+from refllama.check.dump import file_sha256
 
 DATA = Path(__file__).parent / "data"
 MODELS = {"smollm2": ("model", "golden", 40), "gemma3": ("gemma3", "golden_gemma3", 32)}  # fixture, data, steps

@@ -12,7 +12,7 @@ from safetensors.numpy import save_file
 import refllama
 from refllama.api import Model
 from refllama.convert import convert
-from refllama.hf_loader import Checkpoint
+from refllama.formats.hf_loader import Checkpoint
 
 DATA = Path(__file__).parent / "data"
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",

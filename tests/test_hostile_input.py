@@ -14,7 +14,7 @@ from fuzzing import GGUF, HOSTILE_TEMPLATES, template_outcome
 
 import refllama
 from refllama.api import default_model_path
-from refllama.chat import render
+from refllama.formats.chat import render
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "gguf-llama" / "llama-q8_0.gguf"
@@ -168,7 +168,7 @@ def test_config_values_are_validated(tmp_path, key, value, fragment):
 
 
 def test_an_int_eos_token_in_tokenizer_config(tmp_path):
-    from refllama.tokenizer import from_hf_dir
+    from refllama.formats.tokenizer import from_hf_dir
 
     d = hf_copy(tmp_path)
     (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": 2}))

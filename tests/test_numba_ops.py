@@ -1,4 +1,4 @@
-"""refllama.numba_ops (numerics float32 on --backend numba): one token's small steps as Numba kernels, against
+"""refllama.numerics.numba_ops (numerics float32 on --backend numba): one token's small steps as Numba kernels, against
 refllama.layers' NumPy forms of the same float32 arithmetic."""
 
 import os
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from numba.core.registry import CPUDispatcher as Dispatcher
 
-from refllama import ggml_kernels, layers, numba_ops
+from refllama import layers
 from refllama.api import gemma3_path
-from refllama.kernel_pages import warm_up_steps
+from refllama.numerics import ggml_kernels, numba_ops
+from refllama.numerics.kernel_pages import warm_up_steps
 
 rng = np.random.default_rng(0)
 

@@ -6,9 +6,8 @@ its numerics' distance from float32; the Numba tables of numerics "ggml" are the
 import numpy as np
 import pytest
 
-from refllama import ggml_kernels, ggml_numerics, numba_ops
-from refllama.api import ops_for
 from refllama.layers import FLOAT32, Ops, causal_mask
+from refllama.numerics import ggml_kernels, ggml_numerics, numba_ops, ops_for
 
 TABLES = {"float32": FLOAT32, "float32-numba": numba_ops.OPS, "ggml": ggml_numerics.OPS, "ggml-numba": ggml_kernels.OPS}
 # worst |table - float32| over the largest |float32|: float32 sums in another order (float32-numba); operands rounded

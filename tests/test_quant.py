@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType as QT
 from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
 
 import refllama
-from refllama.quant import REPACKED, QuantMatrix
+from refllama.numerics.quant import REPACKED, QuantMatrix
 
 rng = np.random.default_rng(0)
 
@@ -99,7 +99,7 @@ def test_released_loader_pages_leave_kernels_and_hashing_working():
 
     from numba import njit
 
-    from refllama.kernel_pages import release_loader_pages
+    from refllama.numerics.kernel_pages import release_loader_pages
 
     raw = random_blocks(QT.Q4_1, (8, 256))
     x = rng.standard_normal((1, 256)).astype(np.float32)

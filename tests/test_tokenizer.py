@@ -74,8 +74,8 @@ def spm_tokenizer(tmp_path_factory):
     from gguf import GGUFValueType as VT
     from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
 
-    from refllama.gguf_loader import GGUFFile
-    from refllama.tokenizer import from_gguf
+    from refllama.formats.gguf_loader import GGUFFile
+    from refllama.formats.tokenizer import from_gguf
 
     meta = {k: v for k, v in tiny_metadata().items() if not k.startswith("tokenizer.")}
     meta.update({
@@ -106,8 +106,8 @@ def test_sentencepiece_without_byte_tokens_names_the_byte(tmp_path):
     from tiny_gguf import tiny_metadata, tiny_tensors, write_gguf
 
     import refllama
-    from refllama.gguf_loader import GGUFFile
-    from refllama.tokenizer import from_gguf
+    from refllama.formats.gguf_loader import GGUFFile
+    from refllama.formats.tokenizer import from_gguf
 
     meta = {k: v for k, v in tiny_metadata().items() if not k.startswith("tokenizer.")}
     tokens = ["<unk>", "<s>", "</s>", "▁", "a", "▁a"]

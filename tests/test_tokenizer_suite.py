@@ -21,8 +21,8 @@ needs_cache = pytest.mark.skipif(not (VOCAB / "VERSION").exists(), reason=SKIP)
 def load(name):
     """The tokenizer of a suite vocabulary, or of a real model: "smollm2" (the default model), "gemma3"."""
     from refllama.api import default_model_path, gemma3_path
-    from refllama.gguf_loader import GGUFFile
-    from refllama.tokenizer import from_gguf
+    from refllama.formats.gguf_loader import GGUFFile
+    from refllama.formats.tokenizer import from_gguf
 
     real = {"smollm2": default_model_path, "gemma3": gemma3_path}
     return from_gguf(GGUFFile(real[name]() if name in real else VOCAB / f"ggml-vocab-{name}.gguf"))

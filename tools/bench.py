@@ -118,7 +118,7 @@ def child(engine, path, threads, ids, repeat):
 def prompt_ids(g):
     """The prompt's first N_PROMPT token ids (refllama's tokenizer, equal to llama.cpp's: tests/test_tokenizer.py),
     computed here once so that no engine's process pays for a second tokenizer."""
-    from refllama.tokenizer import from_gguf
+    from refllama.formats.tokenizer import from_gguf
 
     return from_gguf(g).encode(TEXT)[:N_PROMPT]
 
@@ -144,7 +144,7 @@ def main():
     args = p.parse_args()
     from refllama import arch
     from refllama.api import default_model_path
-    from refllama.gguf_loader import GGUFFile
+    from refllama.formats.gguf_loader import GGUFFile
 
     path = args.model or default_model_path()
     if args.child:

@@ -8,18 +8,17 @@ checkpoints/README.md was set from this report (about 3x the worst max_rel, 5x t
     python tools/calibrate_tolerances.py          # ~3 minutes; needs llama-cpp-python (README)
 """
 
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dump_llamacpp  # noqa: E402
-from make_checkpoint_refs import LONG  # noqa: E402
+import dump_llamacpp  # tools/, on the path of a script run from it
+from make_checkpoint_refs import LONG
 
-import refllama  # noqa: E402
-from refllama.arch.llama import STAGES as LAYER_STAGES  # noqa: E402
-from refllama.compare import DEFAULT_TABLE, compare, read_tolerances  # noqa: E402
+import refllama
+from refllama.arch.llama import STAGES as LAYER_STAGES
+from refllama.check.compare import compare
+from refllama.check.tolerances import band
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -35,7 +34,6 @@ PROMPTS = [
 
 
 def main():
-    tolerances = read_tolerances(DEFAULT_TABLE)
     model = refllama.load()
     worst = defaultdict(lambda: [0.0, 0.0, ""])
     with tempfile.TemporaryDirectory() as d:
@@ -45,8 +43,7 @@ def main():
             dump_llamacpp.main(["-p", text, "-o", str(ref)] + (["--special"] if special else []))
             ids = model.tokenize(text, parse_special=special)
             ours = model.dump(ids, Path(d) / f"rl{i}")
-            rows, _, _ = compare(ours, ref, tolerances, "llama.cpp")
-            for r in rows:
+            for r in compare(ours, ref, model, column="llama.cpp").rows:
                 w = worst[r["stage"]]
                 if r["max_rel"] > w[0]:
                     w[0], w[2] = r["max_rel"], f"{r['name']} prompt {i}"
@@ -54,7 +51,7 @@ def main():
     print(f"{'stage':<14} {'worst max_rel':>13} {'worst nmse':>11}  {'x tol rel':>9} {'x tol nmse':>10}  where")
     for stage in ["inp_embd", *LAYER_STAGES, "result_norm", "result_output"]:
         rel, nmse, where = worst[stage]
-        tol = tolerances["llama.cpp"][stage]
+        tol = band("llama.cpp", stage)
         print(f"{stage:<14} {rel:13.2e} {nmse:11.2e}  {rel / tol[0]:9.2f} {nmse / tol[1]:10.2f}  {where}")
 
 

@@ -38,7 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 import refllama
 from refllama.api import default_model_path
-from refllama.dump import add_tool_args, model_sha256, plan_from_args, write_dump
+from refllama.check.dump import add_tool_args, model_sha256, plan_from_args, write_dump
 
 # transformers keeps HF's q/k pair layout (its GGUF loader undoes llama.cpp's permutation): "half" for every family
 PRODUCER = {"producer": f"transformers {transformers.__version__} (torch {torch.__version__}, CPU, float32, eager)",

@@ -25,8 +25,8 @@ import numpy as np
 
 from refllama import arch as archs
 from refllama.api import default_model_path
-from refllama.dump import add_tool_args, file_sha256, plan_from_args, write_dump
-from refllama.gguf_loader import GGUFFile
+from refllama.check.dump import add_tool_args, file_sha256, plan_from_args, write_dump
+from refllama.formats.gguf_loader import GGUFFile
 
 _GGML = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
 _GGML.ggml_op_desc.restype = ctypes.c_char_p

@@ -1,7 +1,7 @@
 """How close a correct engine comes to compare's bands: tests/engine.py (an independent NumPy Llama) run clean in
 float32 and bfloat16 on SmolLM2 over three prompts with 2 decode steps, compared with refllama's dump of the same
 tokens. Prints, per run, the worst local and end-to-end error as a fraction of its band (where
-refllama.tolerances.rounding_bands was set from).
+refllama.check.tolerances.rounding_bands was set from).
 
     python tools/engine_margins.py
 """
@@ -15,8 +15,8 @@ from engine import Engine, Weights  # noqa: E402
 
 import refllama  # noqa: E402
 from refllama.api import default_model_path  # noqa: E402
-from refllama.compare import compare  # noqa: E402
-from refllama.dump import Dump  # noqa: E402
+from refllama.check.compare import compare  # noqa: E402
+from refllama.check.dump import Dump  # noqa: E402
 
 PROMPTS = ["The quick brown fox jumps over",
            "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 3,

@@ -15,14 +15,12 @@ checked in float32 numerics only).
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dump_hf  # noqa: E402
-import dump_llamacpp  # noqa: E402
+import dump_hf
+import dump_llamacpp
 
-from refllama.api import gemma3_path  # noqa: E402
+from refllama.api import gemma3_path
 
 LONG = (
     "The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "

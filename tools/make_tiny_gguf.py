@@ -22,21 +22,19 @@ import sys
 import tempfile
 from pathlib import Path
 
+import dump_hf
+import dump_llamacpp
+import make_tokenizer_table
 import numpy as np
 import torch
 import transformers
+from make_tiny_models import random_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import dump_hf  # noqa: E402
-import dump_llamacpp  # noqa: E402
-import make_tokenizer_table  # noqa: E402
-from make_tiny_models import random_model  # noqa: E402
-
-from refllama.arch import get  # noqa: E402
-from refllama.dump import file_sha256, storage_plan, write_dump  # noqa: E402
-from refllama.tokenizer import _QWEN2  # noqa: E402
+from refllama.arch import get
+from refllama.check.dump import file_sha256, storage_plan, write_dump
+from refllama.formats.pretokenizer import _QWEN2
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
 V = 320

@@ -16,14 +16,11 @@ Needs llama-cpp-python (a reference tool, not a refllama dependency) and the sui
 import gzip
 import json
 import random
-import sys
 import unicodedata
 from pathlib import Path
 
 import llama_cpp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fetch_llamacpp_vocabs import VERSION, cache_dir  # noqa: E402
+from fetch_llamacpp_vocabs import VERSION, cache_dir
 
 DEST = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer_random_llamacpp.json.gz"
 VOCABS = ["aquila", "baichuan", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",

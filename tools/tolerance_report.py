@@ -10,7 +10,7 @@ import sys
 from collections import defaultdict
 
 from refllama.arch.llama import STAGES as LAYER_STAGES
-from refllama.tolerances import REFERENCE_KINDS
+from refllama.check.tolerances import REFERENCE_KINDS
 
 ORDER = ["inp_embd", *LAYER_STAGES, "result_norm", "result_output"]
 

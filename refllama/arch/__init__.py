@@ -16,7 +16,7 @@ The module interface (tests/test_arch.py holds every module to it):
             ROPE_LAYOUT            "interleaved" or "half": llama.cpp's q/k pair layout for it
             WEIGHTS, LAYER_WEIGHTS tables of tables.Weight rows: the model's and each block's tensors
             INPUTS, STAGES         stage names it taps before the first block, and in each block, in order
-            config_from_gguf(g)    ModelConfig from a refllama.gguf_loader.GGUFFile
+            config_from_gguf(g)    ModelConfig from a refllama.formats.gguf_loader.GGUFFile
             config_from_hf(c)      (ModelConfig, rope tensors function) from an HF config.json reader
             forward(w, cfg, ops, tokens, start_pos, cache, last_only=False) -> logits [T or 1, V]
   optional  HF_LAYER               a block's HF tensor prefix, if not tables.HF_LAYER (GPT-2's)

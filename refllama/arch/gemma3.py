@@ -16,7 +16,7 @@ What differs from Llama, as llama.cpp's src/models/gemma3.cpp and transformers' 
 import math
 
 from ..errors import RefllamaError, shown
-from ..ggml_types import GGUFValueType
+from ..formats.ggml_types import GGUFValueType
 from ..layers import embedding, linear, softcap
 from ..trace import tap
 from ..xp import array_module

@@ -12,7 +12,7 @@ HF stores its projections as Conv1D weights, [in, out]: they are transposed at l
 
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
-from ..ggml_types import GGUFValueType
+from ..formats.ggml_types import GGUFValueType
 from ..layers import embedding, layer_norm, linear
 from ..trace import tap
 from ..xp import array_module

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
-from ..ggml_types import GGUFValueType
+from ..formats.ggml_types import GGUFValueType
 
 
 def block_count(g, arch):

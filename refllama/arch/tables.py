@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ggml_types import QuantizedTensor
+from ..formats.ggml_types import QuantizedTensor
 from .pairs import permute_rows
 
 GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
@@ -110,7 +110,7 @@ def read_weights(arch, cfg, side, fetch, has, place):
         lw = {}
         for row in arch.LAYER_WEIGHTS:
             take(row, (GGUF_LAYER if side == "gguf" else getattr(arch, "HF_LAYER", HF_LAYER)).format(i=i), lw)
-        if hasattr(place, "layer"):  # a backend that joins a layer's matrices (refllama.quant.fuse_layer)
+        if hasattr(place, "layer"):  # a backend that joins a layer's matrices (refllama.numerics.matrices.fuse_layer)
             place.layer(lw)
         w["layers"].append(lw)
     return w

@@ -9,7 +9,7 @@ block (Q8_0 for Q4_0, Q5_0 and Q8_0; Q8_1, which adds the block's scaled sum, fo
   IntWeights: a GGUF matrix as the integers its dot product multiplies, with its scales;
   GgmlMatrix: `x @ w.T` = quantize x, integer sums per block, scale and add as llama.cpp does.
 The block sums are exact (integers below 2^24 summed in float32 by BLAS), so only the float steps after them can
-differ from llama.cpp, and those in the order of float32 additions. refllama.ggml_kernels does the same faster.
+differ from llama.cpp, and those in the order of float32 additions. refllama.numerics.ggml_kernels does the same faster.
 """
 
 import math
@@ -19,14 +19,14 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ..errors import RefllamaError
+from ..formats.ggml_types import GGMLType as QT
+from ..formats.ggml_types import QuantizedTensor
+from ..layers import Ops, rms_norm
+from ..xp import array_module
 from . import ggml_tables
-from .errors import RefllamaError
 from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, round_f16
-from .ggml_types import GGMLType as QT
-from .ggml_types import QuantizedTensor
-from .layers import Ops, rms_norm
 from .matrices import WeightMatrix
-from .xp import array_module
 
 Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
@@ -264,7 +264,7 @@ class IntWeights(NamedTuple):
 
 
 def int_weights(raw, qtype, shape):
-    """IntWeights of a GGUF matrix's raw bytes [N, row bytes] (refllama.ggml_tables decodes the block layouts)."""
+    """IntWeights of a GGUF matrix's raw bytes [N, row bytes] (ggml_tables decodes the block layouts)."""
     N, K = shape
     b = blocks(raw, qtype, shape)  # [N, K/block, block bytes]
     q = codes(b, qtype).reshape(N, K)

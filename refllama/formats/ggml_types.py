@@ -84,7 +84,7 @@ def type_and_sizes(raw_type):
 
 
 class QuantizedTensor(NamedTuple):
-    """A matrix left in its GGUF bytes for a backend that multiplies by it quantized (refllama.quant)."""
+    """A matrix left in its GGUF bytes for a backend that multiplies by it quantized (refllama.numerics.quant)."""
 
     raw: object  # [N, row bytes] uint8 (a memory map of the file)
     qtype: GGMLType

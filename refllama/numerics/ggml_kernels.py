@@ -1,12 +1,12 @@
 """numerics "ggml" on `--backend numba`: llama.cpp's integer dot products as Numba kernels.
 
-The same arithmetic as refllama.ggml_numerics (which says what each step is and why), fast: activations quantized
+The same arithmetic as numerics.ggml_numerics (which says what each step is and why), fast: activations quantized
 to Q8_0/Q8_1 in Numba, and each row's dot product written in LLVM IR, because Numba's loops over int8 come out
 as widened 32-bit multiplies at half the speed of its float kernel. Per block of 32 weights the IR does what
 ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
 AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
 end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
-Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants have kernels here; Q5_1 uses refllama.ggml_numerics' NumPy form.
+Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants have kernels here; Q5_1 uses refllama.numerics.ggml_numerics' NumPy form.
 """
 
 import types as pytypes
@@ -17,6 +17,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
+from ..formats.ggml_types import GGMLType as QT
+from ..layers import Ops
 from .ggml_numerics import (
     GROUP,
     GgmlMatrix,
@@ -31,11 +34,8 @@ from .ggml_numerics import (
     rope_cos_sin,
 )
 from .ggml_tables import LAYOUT
-from .ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
-from .ggml_types import GGMLType as QT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, splat
 from .kernel_pages import release_loader_pages, warm_up_steps
-from .layers import Ops
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
 
@@ -52,7 +52,7 @@ BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 
 
-def field_at(builder, blk, qtype, name):  # the address of a field of the block at blk (refllama.ggml_tables.LAYOUT)
+def field_at(builder, blk, qtype, name):  # the address of a field of the block at blk (ggml_tables.LAYOUT)
     return builder.add(blk, ir.Constant(I64, LAYOUT[qtype][name][0]))
 
 
@@ -597,8 +597,8 @@ def _mix_f16(p, vf):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, 
     return out
 
 
-# refllama.ggml_numerics' four elementwise and attention steps, as Numba kernels (the layers call these for
-# --backend numba with numerics "ggml"; tests/test_ggml_numerics.py holds them bit-equal to the NumPy forms)
+# ggml_numerics' four elementwise and attention steps, as Numba kernels (this module's OPS table; tests/test_ops.py
+# and tests/test_ggml_numerics.py hold them bit-equal to the NumPy forms)
 def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]
     return _swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up))
 

@@ -1,11 +1,11 @@
 """ggml's tables, each in one place: its block layouts (ggml-common.h) with the unpacking of codes and scales that the
-Numba repacking (refllama.quant), the ggml emulation (refllama.ggml_numerics) and its kernels (refllama.ggml_kernels)
-all build on; every float16 value and the rounding to float16; the constants of ggml's expf."""
+Numba repacking (quant), the ggml emulation (ggml_numerics) and its kernels (ggml_kernels) all build on; every
+float16 value and the rounding to float16; the constants of ggml's expf."""
 
 import numpy as np
 
-from .ggml_types import BLOCK_SIZES
-from .ggml_types import GGMLType as QT
+from ..formats.ggml_types import BLOCK_SIZES
+from ..formats.ggml_types import GGMLType as QT
 
 LAYOUT = {  # type -> field -> (first byte, end) within one block
     QT.Q4_0: {"d": (0, 2), "qs": (2, 18)},  # qs: 32 nibbles, byte j holding value j (low) and j + 16 (high)

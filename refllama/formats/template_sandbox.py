@@ -1,4 +1,4 @@
-"""The chat-template renderer, run as its own short-lived process by refllama.chat (never imported by refllama).
+"""The chat-template renderer, run as its own short-lived process by refllama.formats.chat (never imported by refllama).
 
 A template is a program from the model file. jinja2's sandbox stops it from reaching Python's internals, but not
 from looping for hours, building a gigabyte string or recursing until the interpreter aborts; in a process of its

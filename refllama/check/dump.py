@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arch as archs
-from .arch import LAYOUTS, QK_STAGES, permute_qk
-from .errors import RefllamaError
+from .. import arch as archs
+from ..arch import LAYOUTS, QK_STAGES, permute_qk
+from ..errors import RefllamaError
 
 FORMAT = "refllama-dump/1"
 INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
@@ -191,7 +191,7 @@ def _read_directory(d):
 
 
 def _read_safetensors(path):
-    from .hf_loader import SafeTensors
+    from ..formats.hf_loader import SafeTensors
 
     st = SafeTensors(path)
     manifest = dict(st.metadata)

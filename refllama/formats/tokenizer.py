@@ -15,7 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
 
-from .errors import RefllamaError, shown
+from ..errors import RefllamaError, shown
 from .ggml_types import FLOATS, INTEGERS
 from .ggml_types import GGUFValueType as V
 from .pretokenizer import ADD_BOS, NEWLINES, PRE, compile_regexes, split

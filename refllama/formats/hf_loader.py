@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arch as archs
-from .arch.tables import read_weights
-from .config import Loaded
-from .errors import RefllamaError, shown
+from .. import arch as archs
+from ..arch.tables import read_weights
+from ..config import Loaded
+from ..errors import RefllamaError, shown
+from ..xp import Placement
 from .safety import check_regular, inside, parse_json, read_json
-from .xp import Placement
 
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -25,7 +25,7 @@ NUMBER = (int, float)
 
 
 class Config:
-    """config.json with errors that name the file and the field: a JSON object (refllama.safety's limits), each
+    """config.json with errors that name the file and the field: a JSON object (refllama.formats.safety's limits), each
     field read checked for its type."""
 
     def __init__(self, path):

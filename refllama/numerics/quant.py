@@ -23,10 +23,10 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from ..formats.ggml_types import GGMLType as QT
+from ..formats.ggml_types import QuantizedTensor, byte_shape
 from . import numba_ops
 from .ggml_tables import F16_TABLE, blocks, codes, f16, f16_bits, field, k_scales
-from .ggml_types import GGMLType as QT
-from .ggml_types import QuantizedTensor, byte_shape
 from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, splat
 from .kernel_pages import release_loader_pages, warm_up_steps
 from .matrices import WeightMatrix, fuse_layer

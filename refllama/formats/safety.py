@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import RefllamaError, shown
+from ..errors import RefllamaError, shown
 
 MAX_JSON_DEPTH = 64
 MAX_JSON_DIGITS = 64  # integer literals longer than this are refused before Python converts them

@@ -1,5 +1,5 @@
 """Numerics "float32" on `--backend numba`: a decode step's small steps as Numba kernels; and the pieces of them
-that refllama.ggml_kernels shares (ggml's RMSNorm, RoPE and expf, the IR dot of the attention scores).
+that refllama.numerics.ggml_kernels shares (ggml's RMSNorm, RoPE and expf, the IR dot of the attention scores).
 
 One token's RMSNorm is six NumPy calls (~9 us), its softmax five (~10 us), each attention product a batched BLAS
 call (~7-9 us): a decode step is ~150 such calls (11.0 ms a step in all; 8.7 with these kernels). Here each is one
@@ -17,7 +17,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from . import layers
+from .. import layers
 from .ggml_tables import (
     EXPF_C1,
     EXPF_C2,
@@ -31,7 +31,7 @@ from .ggml_tables import (
 )
 from .ir import F32, I32, I64, counted_loop, load, splat
 
-# ggml's arithmetic where refllama's float32 is the same (refllama.ggml_kernels takes these from here)
+# ggml's arithmetic where refllama's float32 is the same (refllama.numerics.ggml_kernels takes these from here)
 
 
 @intrinsic
@@ -62,7 +62,7 @@ R, LOG2E, LN2_LO, LN2_HI, C5, C4, C3, C2, C1 = (EXPF_R, EXPF_LOG2E, EXPF_LN2_LO,
 
 
 @njit(cache=True)
-def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (refllama.ggml_numerics.expf)
+def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (refllama.numerics.ggml_numerics.expf)
     z = fma32(x, LOG2E, R)
     n = z - R
     b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
@@ -164,7 +164,7 @@ def _kq_dot(width):
     return kq_dot
 
 
-kq_dot16 = _kq_dot(16)  # refllama.ggml_kernels makes the 64-lane one
+kq_dot16 = _kq_dot(16)  # refllama.numerics.ggml_kernels makes the 64-lane one
 
 
 @intrinsic

@@ -11,14 +11,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import arch as archs
-from .arch.tables import read_weights
-from .config import Loaded
-from .errors import RefllamaError, shown
+from .. import arch as archs
+from ..arch.tables import read_weights
+from ..config import Loaded
+from ..errors import RefllamaError, shown
+from ..xp import Placement
 from .ggml_types import FLOATS, INTEGERS, SCALAR_DTYPES, SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
 from .ggml_types import GGUFValueType as V
 from .safety import check_memory, check_regular
-from .xp import Placement
 
 STRING, ARRAY, UINT32, BOOL, UINT64, INT64 = V.STRING, V.ARRAY, V.UINT32, V.BOOL, V.UINT64, V.INT64
 MAX_DIMS, MAX_NAME = 4, 64  # GGML_MAX_DIMS; GGML_MAX_NAME (a name must be shorter)

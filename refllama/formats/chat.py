@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from .errors import RefllamaError, shown
+from ..errors import RefllamaError, shown
 
 SANDBOX = os.path.join(os.path.dirname(__file__), "template_sandbox.py")
 TIMEOUT_S = 5.0  # a chat template renders in milliseconds; this is far past any real one

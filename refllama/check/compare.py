@@ -1,0 +1,217 @@
+"""The comparison engine: two checkpoint dumps of the same token ids, stage by stage in forward order, each stage's
+error end to end beside the error of the stage before it, and, with the model at hand, each side's local error
+(refllama re-runs the stage on that side's own inputs), so that the first stage that adds error is named."""
+
+import os
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import arch as archs
+from ..errors import RefllamaError
+from ..trace import recording, stage_name
+from ..xp import to_numpy
+from .diagnose import diagnose
+from .dump import Dump, forward_order, known_stages, model_sha256, split_name, stack_records
+from .metrics import metrics, spans, take, visible, within
+from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
+
+COLUMNS = (*REFERENCE_KINDS, *UNIT_ROUNDOFF)
+COARSENESS = ("float32", "float16", "bfloat16", "ggml")  # a pair is judged by its coarser side's arithmetic
+
+
+class Column(NamedTuple):
+    """The tolerance column for a pair, and why it was chosen."""
+    name: str
+    why: str
+
+    def local(self, stage):  # a stage re-run on one side's own inputs
+        return band(self.name, stage)
+
+    def e2e(self, stage):  # MINE against REF
+        return band(self.name, stage, end_to_end=True)
+
+
+def choose_column(mine, ref, override=None):
+    """The bands that fit the pair, from both dumps' numerics (declared, or implied by the producer)."""
+    if override:
+        return Column(override, "set by --tolerance")
+    sides = f"MINE {mine.numerics}, REF {ref.numerics}"
+    if mine.numerics == ref.numerics == "ggml":
+        return Column("ggml", f"{sides}: both compute llama.cpp's CPU arithmetic, equal to float32 rounding")
+    coarse = max(mine.numerics, ref.numerics, key=COARSENESS.index)
+    if coarse == "ggml":
+        return Column("llama.cpp", f"{sides}: llama.cpp's 8-bit activations and f16 KV cache")
+    if coarse in UNIT_ROUNDOFF:
+        return Column(coarse, f"{sides}: bands of {coarse}'s rounding for each stage re-run on its own inputs")
+    return Column("float32", f"{sides}: two float32 engines on the same weights")
+
+
+# ---- re-running stages on a dump's own inputs
+
+class Forced:
+    """refllama's value of every stage when each stage a dump holds is replaced by the dump's value as the
+    forward pass goes: a stage's value here is computed from the dump's own inputs (its local check)."""
+
+    def __init__(self, model, dump):
+        self.model, self.dump, self.start, self.parts = model, dump, 0, {}
+        self.records = {n: dump.rows(n) for n in dump.names}
+        model.cache.reset()
+        for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
+                                                    for k, t in enumerate(dump.decode_ids)]:
+            self.start, self.n = start, len(ids)
+            with recording(self):
+                model.forward(ids, start)
+        self.arrays = {n: stack_records(parts, Dump.axis_of(split_name(n)[0])) for n, parts in self.parts.items()}
+        self.names = list(self.arrays)
+
+    def record(self, name, layer, x):
+        key = stage_name(name, layer)
+        if key not in self.records:
+            return x
+        axis = Dump.axis_of(name)
+        here = self.model.xp
+        ours = to_numpy(x).astype(np.float32)
+        self.parts.setdefault(key, []).append((list(range(self.start, self.start + self.n)), ours.copy()))
+        x = here.array(x, dtype=here.float32)  # a copy to write the dump's rows into
+        for positions, a in self.records[key]:
+            for j, p in enumerate(positions):
+                i = p - self.start
+                if 0 <= i < self.n:
+                    row = np.take(a, j, axis=axis)
+                    if axis == 1:  # [H, S]: only the keys position p sees (an engine may leave the rest unset)
+                        x[:, i, :p + 1] = here.asarray(row[:, :p + 1])
+                    else:
+                        x[i] = here.asarray(row)
+        return x
+
+    def __contains__(self, name):
+        return name in self.arrays
+
+    def __getitem__(self, name):
+        return self.arrays[name][0]
+
+    def positions(self, name):
+        return self.arrays[name][1]
+
+    def token_axis(self, name):
+        return Dump.axis_of(split_name(name)[0])
+
+
+def find_model(path, mine, ref, numerics=None):
+    """The model both dumps ran (its sha256 is the one they record): `path`, else a `model_path` they give, else
+    the installed SmolLM2. None, with the reason, when none is found. It re-runs stages in numerics "ggml" when
+    both dumps compute llama.cpp's arithmetic (MINE's as `numerics` says, if given), else in float32."""
+    from .. import api
+
+    want = {str(d.manifest.get("model_sha256") or "") for d in (ref, mine)} - {""}
+    candidates = [path] if path else [d.manifest.get("model_path") for d in (ref, mine)]
+    if not path:
+        try:
+            candidates.append(api.default_model_path())
+        except RefllamaError:
+            pass
+    for c in dict.fromkeys(c for c in candidates if c and os.path.exists(c)):
+        if path or not want or model_sha256(c) in want:
+            n_ctx = max(len(ref.token_ids), len(mine.token_ids), 256, int(ref.manifest.get("n_ctx") or 0))
+            both_ggml = (numerics or mine.numerics) == ref.numerics == "ggml" and not os.path.isdir(c)
+            return api.load(c, n_ctx=n_ctx, numerics="ggml" if both_ggml else "float32"), None
+    return None, "no model with the dumps' sha256 found (give -m MODEL)"
+
+
+# ---- the comparison
+
+def compare(mine_path, ref_path, model=None, column=None, numerics=None):
+    """A Report: per stage both dumps hold, in forward order, the end-to-end error and each side's local error;
+    the first stage that adds error; where it sits and what it looks like."""
+    layout, head_dim = (model.config.rope_layout, model.config.head_dim) if model else (None, None)
+    ref = Dump(ref_path, layout=layout, head_dim=head_dim)  # no model: q/k in REF's own layout
+    mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim)
+    if numerics:
+        mine.numerics = numerics
+    if mine.prompt_ids != ref.prompt_ids:
+        raise RefllamaError("the dumps are of different token ids; compare runs of the same tokens "
+                            "(python -m refllama.run --dump-dir REF --tokens-from MINE makes refllama's)")
+    col = choose_column(mine, ref, column)
+    forced, notes = {}, []
+    if model is not None:
+        sha = model_sha256(model.path)
+        for side, d in (("MINE", mine), ("REF", ref)):
+            if d.manifest.get("model_sha256") and d.manifest["model_sha256"] != sha:
+                notes.append(f"{side} ran another model (sha256 differs from {os.path.basename(model.path)}): "
+                             "its stages are not re-run")
+            else:
+                forced[side] = Forced(model, d)
+    same = len(os.path.commonprefix([mine.token_ids, ref.token_ids]))  # positions with the same history
+    if same < min(len(mine.token_ids), len(ref.token_ids)):
+        notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")
+    arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
+    rows, first, previous = [], None, None
+    for name in forward_order([n for n in ref.names if n in mine], arch.STAGES):
+        stage, layer = split_name(name)
+        positions = sorted(p for p in set(mine.positions(name)) & set(ref.positions(name)) if p < same)
+        if not positions:
+            continue
+        a, b = take(mine, name, positions), take(ref, name, positions)
+        if a.shape != b.shape:
+            raise RefllamaError(f"stage '{name}': shapes differ, {list(a.shape)} in MINE vs {list(b.shape)} in REF")
+        row = {"name": name, "stage": stage, "layer": layer, "positions": positions,
+               **metrics(a, b, visible(stage, positions, b.shape))}
+        row["tol"] = col.e2e(stage)
+        row["input_nmse"] = previous["nmse"] if previous else None  # the stage before it in forward order
+        for side, d in (("MINE", mine), ("REF", ref)):
+            f = forced.get(side)
+            if f is not None and name in f:
+                own = [p for p in d.positions(name) if p in set(f.positions(name))]
+                x, y = take(d, name, own), take(f, name, own)
+                row[f"local_{side}"] = metrics(x, y, visible(stage, own, y.shape))
+        local_tol = col.local(stage)
+        adds = [s for s in ("MINE", "REF") if f"local_{s}" in row and not within(row[f"local_{s}"], local_tol)]
+        row["local_tol"] = local_tol
+        row["adds"] = adds
+        both_local = all(f"local_{s}" in row for s in ("MINE", "REF"))
+        e2e_ok = within(row, row["tol"])
+        row["ok"] = not adds and (both_local or e2e_ok)
+        row["carried"] = not e2e_ok and row["ok"]
+        rows.append(row)
+        previous = row
+        if first is None and not row["ok"]:
+            first = row
+    report = Report(rows, first, col, notes, coverage(mine, ref), [], [])
+    if first is not None:
+        diagnose(report, mine, ref, forced, model)
+    return report
+
+
+class Report(NamedTuple):
+    rows: list
+    first: dict
+    column: Column
+    notes: list
+    coverage: list
+    where: list  # lines: how the first divergence's error spreads over positions, heads, channels
+    hints: list  # lines: what its error looks like
+
+
+def coverage(mine, ref):
+    """Lines for the summary: layers and stages compared, names in one dump only, names no architecture knows
+    (with the closest known one, so a misspelling is seen)."""
+    import difflib
+
+    both = [n for n in ref.names if n in mine]
+    layers = sorted({split_name(n)[1] for n in both} - {None})
+    decode = sorted({p for n in both for p in mine.positions(n)} & {p for n in both for p in ref.positions(n)}
+                    - set(range(len(ref.prompt_ids))))
+    lines = [f"compared: {len(both)} stages in {len(layers)} layers ({spans(layers)})"
+             + (f", decode positions {spans(decode)}" if decode else "")]
+    for who, d, other in (("only in MINE", mine, ref), ("only in REF", ref, mine)):
+        alone = [n for n in d.names if n not in other]
+        if alone:
+            lines.append(f"{who}: {len(alone)} ({', '.join(alone[:6])}{', ...' if len(alone) > 6 else ''})")
+    known = known_stages(ref.arch)
+    for n in dict.fromkeys([*mine.names, *ref.names]):
+        stage = split_name(n)[0]
+        if stage not in known:
+            close = difflib.get_close_matches(stage, known, n=1)
+            lines.append(f"unknown stage '{n}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+    return lines

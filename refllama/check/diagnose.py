@@ -1,0 +1,299 @@
+"""Where the first diverging stage's error sits (by position, head, channel) and what it looks like: one detector a
+usual porting bug (a scale factor, the other RoPE pair layout, another activation, eps or softmax scale, ...)."""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import arch as archs
+from ..layers import ROPE, silu
+from ..numerics.ggml_tables import round_f16
+from ..xp import to_numpy
+from .dump import Dump, split_name
+from .metrics import ATTENTION, metrics, spans, take, visible
+
+
+def diagnose(report, mine, ref, forced, model):
+    """Fill report.where and report.hints for the first divergence: the side that adds error against refllama's
+    re-run of that stage on the same inputs, or MINE against REF when nothing could be re-run."""
+    r = report.first
+    name, stage, layer = r["name"], r["stage"], r["layer"]
+    side = r["adds"][0] if r["adds"] else None
+    bad_dump = ref if side == "REF" else mine
+    good = forced[side] if side else ref
+    positions = [p for p in bad_dump.positions(name) if p in set(good.positions(name))]
+    bad, want = take(bad_dump, name, positions), take(good, name, positions)
+    tol = report.column.local(stage) if side else report.column.e2e(stage)
+    cfg = model.config if model else None
+    against = f"refllama re-run on {side}'s inputs" if side else "REF"
+    report.where.append(f"{side or 'MINE'} against {against}:")
+    report.where.extend(breakdown(stage, positions, bad, want, tol, cfg))
+    report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model))
+
+
+def _error_by(diff, scale, axis):
+    """Mean squared error of each slice along `axis`, over `scale` (the whole reference's mean square)."""
+    other = tuple(i for i in range(diff.ndim) if i != axis)
+    return np.nanmean(diff ** 2, axis=other) / scale
+
+
+def breakdown(stage, positions, bad, want, tol, cfg):
+    """Lines: which positions, heads and channels are wrong."""
+    valid = visible(stage, positions, want.shape)
+    diff = np.where(True if valid is None else valid, bad.astype(np.float64) - want, np.nan)
+    scale = float(np.nanmean(np.where(True if valid is None else valid, want.astype(np.float64), np.nan) ** 2)) or 1.0
+    exact = tol[1] if tol else 1e-8
+    lines = []
+
+    def split(label, errors, names):
+        ok = [names[i] for i, e in enumerate(errors) if e <= exact]
+        wrong = [names[i] for i, e in enumerate(errors) if not e <= exact]
+        if ok and wrong:
+            lines.append(f"  by {label}: exact at {spans(ok)}; wrong at {spans(wrong)}")
+        elif wrong:
+            lines.append(f"  by {label}: wrong at every one ({len(wrong)})")
+        return ok, wrong
+
+    split("position", _error_by(diff, scale, Dump.axis_of(stage)), positions)
+    heads = _heads(stage, diff, cfg)
+    if heads is not None:
+        axis = 0 if stage in ATTENTION else 1
+        n = heads.shape[axis]
+        ok, wrong = split("head", _error_by(heads, scale, axis), list(range(n)))
+        kvh = cfg.n_head_kv if cfg else None
+        if ok and wrong and kvh and stage not in ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur") and n != kvh:
+            group = n // kvh
+            if ok == [h for h in range(n) if h // group == h % kvh]:
+                lines.append(f"hint: exactly the heads h with h // {group} == h % {kvh} are right: query head h "
+                             f"must read kv head h // {group} (grouped-query attention), not h % {kvh}")
+    if diff.ndim == 2:
+        per = np.nansum(diff ** 2, axis=0)
+        total = float(per.sum()) or 1.0
+        top = np.argsort(per)[::-1][:8]
+        share = float(per[top].sum()) / total
+        if share > 0.5 and len(per) > 16:
+            lines.append(f"  by channel: {share:.0%} of the error in channels {', '.join(map(str, sorted(top)))} "
+                         f"of {len(per)}")
+        else:
+            lines.append(f"  by channel: spread over the {len(per)} channels")
+    return lines
+
+
+def _heads(stage, a, cfg):
+    """The stage with a head axis ([T, n, HD] or [H, T, S]; kqv_out split into heads), or None."""
+    if a.ndim == 3:
+        return a
+    if stage == "kqv_out" and cfg is not None:
+        return a.reshape(a.shape[0], -1, cfg.head_dim)
+    return None
+
+
+class Evidence(NamedTuple):
+    """What the hint detectors look at: the first diverging stage as the side that adds error has it (`bad`) and as
+    it should be (`want`), at `positions`; `valid` marks the entries compared, `close` says whether two arrays are
+    equal to the column's tolerance."""
+
+    stage: str
+    layer: int | None
+    positions: list
+    bad: np.ndarray
+    want: np.ndarray
+    valid: np.ndarray  # bool, want's shape
+    b: np.ndarray  # bad's compared entries, float64
+    w: np.ndarray  # want's
+    exact: float  # the column's nmse tolerance
+    cfg: object  # ModelConfig or None
+    model: object  # refllama.api.Model or None
+    bad_dump: object
+    good: object  # the dump (or re-run) holding the expected values
+
+    def close(self, x, y):
+        return metrics(x, y)["nmse"] <= self.exact
+
+    def inputs(self):
+        return _inputs_of(self.stage, self.layer, self.bad_dump, self.positions, self.cfg)
+
+
+def scale_factor(e, found):
+    if e.w.any():
+        c = float(e.b @ e.w / (e.w @ e.w))
+        if abs(c - 1) > 1e-3 and e.close(e.b, c * e.w):
+            yield (f"hint: {c:.6g} x the expected values (1/{1 / c:.6g}): a scale factor"
+                    + (" (a sign flip)" if abs(c + 1) < 1e-3 else ""))
+
+
+def sign_flip(e, found):
+    flipped = np.mean((np.sign(e.b) != np.sign(e.w)) & np.isclose(np.abs(e.b), np.abs(e.w), rtol=1e-3, atol=0)
+                      & (np.abs(e.w) > 1e-6 * np.abs(e.w).max())) if e.w.any() else 0
+    if 0.05 < flipped and not found:
+        yield f"hint: {flipped:.0%} of the values have the expected magnitude and the opposite sign"
+
+
+def other_pair_layout(e, found):
+    if e.stage in archs.QK_STAGES and e.cfg is not None:
+        other = _other_layout(e.cfg)
+        if e.close(archs.permute_qk(e.bad, other, e.cfg.rope_dim), e.want):
+            yield (f"hint: equal after converting q/k to the '{other}' pair layout: the manifest's qk_layout is "
+                    "wrong, or the weights' rows are permuted")
+
+
+def permuted_heads(e, found):
+    heads = _heads(e.stage, e.bad, e.cfg)
+    if heads is not None and e.stage not in ATTENTION:
+        wh = _heads(e.stage, e.want, e.cfg)
+        n = heads.shape[1]
+        match = [next((g for g in range(n) if e.close(heads[:, h], wh[:, g])), None) for h in range(n)]
+        if None not in match and match != list(range(n)):
+            yield f"hint: equal up to a permutation of heads: head h holds the expected head {match}[h]"
+
+
+def another_stage(e, found):
+    if e.layer is None or e.good is None:
+        return
+    for name in e.good.names:
+        stage, layer = split_name(name)
+        if layer == e.layer and stage != e.stage and set(e.positions) <= set(e.good.positions(name)):
+            o = take(e.good, name, e.positions)
+            if o.shape == e.bad.shape and e.close(e.bad, o):
+                yield f"hint: equals the expected {name}: the two are swapped, or read from one another's weights"
+
+
+def another_activation(e, found):
+    inputs = e.inputs() if e.stage in GATED else None
+    if inputs:
+        gate, up = inputs
+        err = {label: metrics(f(gate) * up, e.bad)["nmse"] for label, f in ACTIVATIONS.items()
+               if label != GATED[e.stage]}
+        best = min(err, key=err.get)
+        if err[best] <= e.exact:
+            yield f"hint: matches {best}(ffn_gate) * ffn_up; the model's is {GATED[e.stage]}"
+
+
+def another_softmax_scale(e, found):
+    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
+    if inputs:
+        (kq,) = inputs
+        mask = np.where(visible(e.stage, e.positions, kq.shape), 0.0, -np.inf)
+        hd, scale = e.cfg.head_dim, e.cfg.kq_scale
+        for label, s in (("1/HD", 1 / hd), ("1 (no scale)", 1.0), ("1/sqrt(HD)", hd ** -0.5)):
+            p = _softmax(np.nan_to_num(kq) * s + mask)
+            if e.close(p[e.valid], e.b) and s != scale:
+                yield f"hint: matches softmax(kq * {label}); the model's scale is {scale:.4g}"
+
+
+def another_norm_eps(e, found):
+    inputs = e.inputs() if e.stage in ("attn_norm", "ffn_norm", "result_norm") and e.cfg is not None else None
+    if inputs:
+        (x,) = inputs
+        ms = np.mean(x.astype(np.float64) ** 2, axis=-1)
+        ratio = np.median(np.abs(e.want) / np.maximum(np.abs(e.bad), 1e-30), axis=-1) ** 2  # (ms + eps') / (ms + eps)
+        eps = ratio * (ms + e.cfg.rms_eps) - ms
+        if np.all(np.abs(ratio - 1) > 1e-7) and np.ptp(eps) <= 0.1 * abs(np.median(eps)) + 1e-12:
+            yield f"hint: matches an RMS norm with eps {np.median(eps):.3g}; the model's is {e.cfg.rms_eps:g}"
+
+
+def rope_on_the_wrong_pairs(e, found):
+    inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
+    if inputs and e.model is not None:
+        cfg, other = e.cfg, _other_layout(e.cfg)
+        cos, sin = (to_numpy(t)[e.positions] for t in (e.model.cache.cos, e.model.cache.sin))
+        held_other = archs.permute_qk(inputs[0].astype(np.float32), other, cfg.rope_dim)  # q/k in the other order
+        swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
+        if e.close(swapped, e.bad):
+            yield ("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs (i, i + R/2), "
+                    "or the reverse; the engine's RoPE and its q/k layout disagree")
+
+
+def missing_mask(e, found):
+    if e.stage == "kq_soft_max":
+        future = ~visible(e.stage, e.positions, e.bad.shape)
+        if np.nansum(np.abs(e.bad[future])) > 1e-3 * np.nansum(np.abs(e.bad[e.valid])):
+            yield "hint: weights on keys after each query's own position: the causal mask is missing"
+
+
+def rounded(e, found):
+    for fmt, rounding in ROUNDINGS.items():
+        if e.b.size and np.array_equal(rounding(e.b), e.b) and not np.array_equal(rounding(e.w), e.w) \
+                and e.bad_dump.numerics != fmt:
+            yield (f"hint: every value is a {fmt} number: rounded to {fmt} (if the engine computes in {fmt}, say so: "
+                    f"manifest 'numerics', or --numerics {fmt})")
+            return
+
+
+def by_position(e, found):
+    wrong = _error_by(np.where(e.valid, e.bad.astype(np.float64) - e.want, np.nan), float(np.mean(e.w ** 2)) or 1.0,
+                      Dump.axis_of(e.stage)) > e.exact
+    n_prompt = len(e.bad_dump.prompt_ids)
+    decode = [p >= n_prompt for p in e.positions]
+    if any(decode) and list(wrong) == decode:
+        steps = spans([p for p in e.positions if p >= n_prompt])
+        yield (f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode path "
+                "(its position, its KV cache slot, its mask)")
+    elif not found and len(e.positions) > 1 and not wrong[0] and wrong[1:].all():
+        yield ("hint: the first position is right and the later ones are not: something that depends on the "
+                "position (RoPE's theta or positions, the mask, the KV cache)")
+
+
+# the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
+DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
+             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, missing_mask, rounded, by_position)
+
+
+def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
+    """Lines naming the usual signatures of a bug at the first diverging stage, one detector each (DETECTORS)."""
+    valid = visible(stage, positions, want.shape)
+    valid = np.ones(want.shape, bool) if valid is None else valid
+    e = Evidence(stage, layer, positions, bad, want, valid, bad[valid].astype(np.float64),
+                 want[valid].astype(np.float64), tol[1] if tol else 1e-8, model.config if model else None, model,
+                 bad_dump, good)
+    found = []
+    for detect in DETECTORS:
+        found.extend(detect(e, found))
+    return found
+
+
+def _other_layout(cfg):
+    return "half" if cfg.rope_layout == "interleaved" else "interleaved"
+
+
+def _inputs_of(stage, layer, dump, positions, cfg=None):
+    """The dump's own inputs of a stage whose hints need them, at `positions`, or None."""
+    arch = archs.get(cfg.arch) if cfg is not None else archs.llama
+    q = "Qcur_normed" if "Qcur_normed" in arch.STAGES else "Qcur"
+    residual = "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"  # the feed-forward's input (Gemma 3: sa_out)
+    gate_up = [f"ffn_gate-{layer}", f"ffn_up-{layer}"]
+    names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "kq_soft_max": [f"kq-{layer}"],
+             "attn_norm": [arch.INPUTS[-1] if layer == 0 else f"l_out-{(layer or 0) - 1}"],
+             "ffn_norm": [f"{residual}-{layer}"],
+             "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"]}.get(stage)
+    if not names or not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
+        return None
+    return [take(dump, n, positions).astype(np.float64) for n in names]
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _gelu(x):
+    from math import erf
+
+    return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
+
+
+def _bfloat16(x):
+    b = np.asarray(x, np.float32).view(np.uint32)
+    return ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+ROUNDINGS = {"bfloat16": _bfloat16, "float16": lambda x: round_f16(np.asarray(x, np.float32))}
+GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh"}  # a gated unit's stage: the activation of its gate
+ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
+    "silu": silu,
+    "gelu": _gelu,
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))),
+    "relu": lambda x: np.maximum(x, 0),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "identity": lambda x: x,
+}

@@ -1,0 +1,50 @@
+"""How the forward computes, apart from the math it computes: the operations tables of the numerics, the weight
+matrices that stay quantized or in float16, and the Numba kernels that multiply them. A learner can skip this package:
+the formulas are refllama.layers; with numerics "float32" on numpy every step is one of them.
+
+    (backend, numerics)   operations table            weights
+    numpy/cupy, float32   refllama.layers.FLOAT32     float32 arrays (xp.Placement)
+    numba, float32        numba_ops.OPS               quant.QuantMatrix: quantized types repacked for Numba kernels
+    numpy/cupy, ggml      ggml_numerics.OPS           ggml_numerics.GgmlMatrix: llama.cpp's integer dot products
+    numba, ggml           ggml_kernels.OPS            the same as Numba / LLVM IR kernels
+
+Shared facts: ggml_tables (block layouts, float16, expf's constants), ir (LLVM IR helpers), matrices (the weight-matrix
+protocol, fused matrices), kernel_pages (kernels loaded before the loader's pages are released).
+"""
+
+import importlib
+
+from ..layers import FLOAT32
+from ..xp import Placement
+
+OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps; refllama.layers' own otherwise
+    ("numba", "float32"): "refllama.numerics.numba_ops",  # a decode step's small steps as Numba kernels
+    ("numpy", "ggml"): "refllama.numerics.ggml_numerics",  # the readable NumPy emulation of llama.cpp
+    ("cupy", "ggml"): "refllama.numerics.ggml_numerics",
+    ("numba", "ggml"): "refllama.numerics.ggml_kernels",  # the same arithmetic as Numba kernels
+}
+
+
+def ops_for(backend, numerics):
+    """The operations table (refllama.layers.Ops) of a backend and numerics, chosen once, at load: the forwards call
+    every step whose arithmetic a numerics sets through it. A numerics module is imported only when chosen."""
+    if (backend, numerics) not in OPS:
+        return FLOAT32
+    return importlib.import_module(OPS[backend, numerics]).OPS
+
+
+def placement(backend, xp, numerics="float32"):
+    """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read."""
+    if numerics == "ggml":
+        if backend == "numba":
+            from .ggml_kernels import GgmlNumbaPlacement
+
+            return GgmlNumbaPlacement()
+        from .ggml_numerics import GgmlPlacement
+
+        return GgmlPlacement(xp)
+    if backend == "numba":
+        from .quant import NumbaPlacement
+
+        return NumbaPlacement()
+    return Placement(xp)

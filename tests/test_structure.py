@@ -1,0 +1,86 @@
+"""The package's structure, held by its source: every architecture module has the interface refllama.arch names and
+imports no sibling; the reference core imports no numerics or harness module; numerics import no loader; the layers
+hold no numerics dispatch; the model file's hyper-parameters (ModelConfig) hold no run-time choice."""
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+import refllama
+from refllama import arch
+from refllama.config import ModelConfig
+
+PACKAGE = Path(refllama.__file__).parent
+CORE = ("layers.py", "cache.py", "trace.py", "config.py", "sampling.py", "errors.py", "arch")  # what a learner reads
+FAMILIES = {name: f"refllama.arch.{name}" for name in arch.ARCHITECTURES}
+
+
+def imports(path):  # every module a file imports, as absolute names (relative ones resolved)
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            yield base
+            yield from (f"{base}.{a.name}" for a in node.names)  # `from . import x` names module x
+
+
+def files(*names):
+    for name in names:
+        p = PACKAGE / name
+        yield from sorted(p.rglob("*.py")) if p.is_dir() else [p]
+
+
+@pytest.mark.parametrize("name", list(arch.ARCHITECTURES))
+def test_every_architecture_has_the_interface(name):
+    module = arch.get(name)
+    missing = [n for n in arch.REQUIRED if not hasattr(module, n)]
+    assert not missing, f"refllama.arch.{name} lacks {missing}"
+    assert list(inspect.signature(module.forward).parameters) == [
+        "w", "cfg", "ops", "tokens", "start_pos", "cache", "last_only"]
+    assert module.NAME == name and module.ROPE_LAYOUT in arch.LAYOUTS
+    assert all(isinstance(row, arch.Weight) for row in (*module.WEIGHTS, *module.LAYER_WEIGHTS))
+    extra = {n for n in vars(module) if n.isupper() and n not in arch.REQUIRED + arch.OPTIONAL}
+    assert extra <= {"SWA_PATTERN", "LOCAL_ROPE_BASE"}, f"undocumented interface names {extra}"
+
+
+@pytest.mark.parametrize("name", list(arch.ARCHITECTURES))
+def test_no_architecture_imports_another(name):
+    others = {m for n, m in FAMILIES.items() if n != name}
+    used = set(imports(PACKAGE / "arch" / f"{name}.py")) & others
+    assert not used, f"refllama.arch.{name} imports {used}"
+
+
+def test_the_reference_core_imports_no_numerics_or_harness_module():
+    """The layers, the architectures, the cache and the trace read without the kernels and the compare engine: the
+    numerics come in through the operations table a forward is handed (refllama.layers.Ops)."""
+    for path in files(*CORE):
+        bad = [m for m in imports(path) if m.startswith(("refllama.numerics", "refllama.check"))]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_numerics_import_no_loader():
+    loaders = ("refllama.formats.gguf_loader", "refllama.formats.hf_loader", "refllama.formats.tokenizer",
+               "refllama.api")
+    for path in files("numerics"):
+        bad = [m for m in imports(path) if m.startswith(loaders)]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_layers_are_the_formula_with_no_numerics_dispatch():
+    source = (PACKAGE / "layers.py").read_text()
+    assert "numerics_ops" not in source and "import importlib" not in source
+    assert not any(p.name == "numerics" for f in (refllama.layers.rms_norm, refllama.layers.attention_scores,
+                                                    refllama.layers.swiglu, refllama.layers.gelu_tanh)
+                   for p in inspect.signature(f).parameters.values())
+
+
+def test_model_config_holds_the_model_files_hyper_parameters_only():
+    assert "numerics" not in {f.name for f in dataclasses.fields(ModelConfig)}
