@@ -8,16 +8,20 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
 from . import arch as archs
 from .cache import Cache
 from .check.dump import model_sha256, storage_plan, write_dump
+from .config import ModelConfig
 from .errors import RefllamaError
 from .formats.gguf_loader import load_gguf
 from .formats.hf_loader import load_hf
-from .layers import FLOAT32
+from .layers import FLOAT32, Ops
 from .numerics import ops_for, placement
 from .sampling import Sampler, SamplingParams
 from .trace import trace
@@ -45,11 +49,12 @@ def gemma3_path():
     return str(package.assemble())
 
 
-PREFILL_CHUNK = 64  # a cancellable prefill's step: SmolLM2 on one core, 0.14 s at position 0, 0.9 s at 4k
+PREFILL_CHUNK = 64  # a cancellable prefill's step: short enough that a cancel is seen within a second or so
 DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be far larger than a session needs
 
 
-def load(path=None, backend="numpy", n_ctx=None, threads=None, numerics="float32"):
+def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: int | None = None,
+         threads: int | None = None, numerics: str = "float32") -> "Model":
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory (config.json +
     safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32 on the
     dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.numerics: activations
@@ -128,8 +133,8 @@ class Model:
     choices apart from them (backend, numerics and its operations table `ops`, context size), and one cache reused
     across calls."""
 
-    def __init__(self, path, config, weights, tokenizer, chat_template_text, backend, xp, n_ctx=None,
-                 numerics="float32", ops=FLOAT32):
+    def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
+                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", ops: Ops = FLOAT32):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
         self.arch, self.ops = archs.get(config.arch), ops
@@ -141,10 +146,10 @@ class Model:
             raise RefllamaError(f"{self.path}: no tokenizer.json in the model directory; pass token ids instead")
         return self.tokenizer
 
-    def tokenize(self, text, add_special=True, parse_special=False):
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self._tokenizer().encode(text, add_special=add_special, parse_special=parse_special)
 
-    def detokenize(self, ids):
+    def detokenize(self, ids: Sequence[int]) -> str:
         return self._tokenizer().decode(ids)
 
     def _prefill(self, ids, last_only, cancel=None):
@@ -159,7 +164,7 @@ class Model:
             logits = self.forward(ids[start:start + PREFILL_CHUNK], start, last_only=True)
         return logits
 
-    def forward(self, ids, start_pos=0, last_only=False):  # [T] -> [T or 1, V] on the backend
+    def forward(self, ids: Sequence[int], start_pos: int = 0, last_only: bool = False):  # [T] -> [T or 1, V], backend
         """Run `ids` at positions start_pos.. after the start_pos positions already cached (a prefill is
         start_pos 0, a decode step one token at the next position)."""
         ids = [int(i) for i in ids]
@@ -176,12 +181,13 @@ class Model:
         return self.arch.forward(self.weights, self.config, self.ops, np.asarray(ids, dtype=np.int64), start_pos,
                                  self.cache, last_only)
 
-    def logits(self, ids):  # [T] -> [T, V] float32 numpy, from a fresh cache in one prefill
+    def logits(self, ids: Sequence[int]) -> np.ndarray:  # [T] -> [T, V] float32 numpy, fresh cache, one prefill
         return to_numpy(self._prefill(ids, last_only=False)).astype(np.float32, copy=False)
 
-    def generate(self, ids, max_tokens=256, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
-                 repeat_penalty=1.0, repeat_last_n=64, frequency_penalty=0.0, presence_penalty=0.0,
-                 seed=None, stop=(), cancel=None):
+    def generate(self, ids: Sequence[int], max_tokens: int = 256, temperature: float = 0.8, top_k: int = 40,
+                 top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, seed: int | None = None,
+                 stop: str | Sequence[str] = (), cancel: threading.Event | None = None) -> Generation:
         """Yield generated token ids after the prompt `ids`, until an end-of-generation token (not yielded),
         a stop string in the generated text (the token completing it is yielded), max_tokens, a full context, or
         `cancel` (a threading.Event) set: then the prompt is prefilled in chunks of PREFILL_CHUNK tokens, so that
@@ -198,7 +204,8 @@ class Model:
         logits = self._prefill(history, last_only=True, cancel=cancel)  # None only if cancelled: never sampled
         return Generation(self, history, logits, sample, max_tokens, stop, cancel)
 
-    def dump(self, ids, directory, prompt=None, greedy=0, decode_steps=0, decode_ids=None, **plan):
+    def dump(self, ids: Sequence[int], directory: str | os.PathLike, prompt: str | None = None, greedy: int = 0,
+             decode_steps: int = 0, decode_ids: Sequence[int] | None = None, **plan) -> Path:
         """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);
         `decode_steps` then decodes that many greedy tokens one at a time (or feeds `decode_ids`, another
         engine's tokens) and writes each step's stages as its own record; `greedy` records that many greedy
@@ -223,7 +230,7 @@ class Model:
         }
         return write_dump(directory, prefill, provenance, rows, dtypes, decode)
 
-    def render_chat(self, messages, add_generation_prompt=True):
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         from .formats import chat as chat_template  # jinja2 is imported only once a chat is rendered
 
         tok = self._tokenizer()
@@ -231,7 +238,7 @@ class Model:
         eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
         return chat_template.render(self.chat_template, messages, bos, eos, add_generation_prompt, source=self.path)
 
-    def chat_tokens(self, messages):
+    def chat_tokens(self, messages: list[dict]) -> list[int]:
         """Prompt ids for a chat: the rendered template, special tokens parsed, BOS not doubled."""
         text = self.render_chat(messages)
         ids = self.tokenize(text, add_special=True, parse_special=True)
@@ -239,7 +246,7 @@ class Model:
             ids = ids[1:]
         return ids
 
-    def chat(self, messages, **kwargs):
+    def chat(self, messages: list[dict], **kwargs) -> Generation:
         """Generate the assistant's reply to `messages`; ends at the template's end-of-turn token."""
         return self.generate(self.chat_tokens(messages), **kwargs)
 

@@ -4,7 +4,7 @@ The model calls `tap(name, layer, x)` at each stage; it returns x untouched and 
 when nothing records. `with trace(m) as t: m.logits(ids)` collects NumPy copies, `t["attn_norm-0"]`.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 from .xp import to_numpy
@@ -54,7 +54,7 @@ class Trace(Mapping):
 
 
 @contextmanager
-def trace(model=None, names=None, qk_layout=None):
+def trace(model=None, names: Iterable[str] | None = None, qk_layout: str | None = None) -> Iterator[Trace]:
     """Record the stages of every forward pass run inside the block (any model's passes are recorded); `names`
     limits the stages kept. `qk_layout` ("half" or "interleaved") gives q/k stages in that RoPE pair layout
     rather than the model's own (llama.cpp's for its architecture); it needs `model`."""

@@ -70,8 +70,8 @@ def to_numpy(x):
 def default_threads():
     """CPU threads for BLAS: the cores this process may use, minus those other work keeps busy (1 at least).
 
-    Measured on a 2-core machine: with one core busy elsewhere, 2 OpenBLAS threads decode SmolLM2 at
-    less than half the speed of 1 thread; with both cores idle, 2 threads are 1.5x faster than 1.
+    BLAS threads that find their core taken by other work wait for it: a thread per idle core is fastest
+    (docs/performance.md, Threads).
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
@@ -86,8 +86,8 @@ def set_threads(n=None, backend="numpy"):
     its backend unless the caller has: call it (or pass `load(threads=...)`) to choose.
 
     numpy and cupy: BLAS gets n threads. numba: the Numba kernels (every weight product) get n, BLAS (only
-    attention's small products) 1. Both pools spin while they wait for work; on 2 cores, two pools of 2 took
-    each other's cores and a 128-token prefill ran 2.6x slower (0.84 s against 0.32 s).
+    attention's small products) 1. Both pools spin while they wait for work, so two full pools take each other's
+    cores.
     """
     n = default_threads() if n in (None, 0) else n
     if n < 1:

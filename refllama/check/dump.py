@@ -226,7 +226,8 @@ class Dump:
     decode steps out.
     """
 
-    def __init__(self, path, layout=None, head_dim=None, prefill_only=False):
+    def __init__(self, path: str | os.PathLike, layout: str | None = None, head_dim: int | None = None,
+                 prefill_only: bool = False):
         self.dir, self.prefill_only = Path(path), prefill_only
         if self.dir.is_file() and self.dir.suffix == ".safetensors":
             self.manifest, raw = _read_safetensors(self.dir)

@@ -35,8 +35,8 @@ FLOATS = (V.FLOAT32, V.FLOAT64)
 
 class GGMLType(IntEnum):
     """ggml's ids of the tensor types refllama reads (ggml.h, `enum ggml_type`). gguf-py has them all, but
-    importing its package loads every module of it and, where installed, SentencePiece: 2 MB to 3.4 MB of
-    memory that the numba path, which calls no gguf-py function for the default model, would carry to the end.
+    importing its package loads every module of it and, where installed, SentencePiece: memory that the numba
+    path, which calls no gguf-py function for the default model, would carry to the end.
     gguf-py is imported where one of its functions is needed: dequantizing, Q4_K's scales, naming a type
     refllama does not read. tests/test_gguf_loader.py checks this table against gguf-py's."""
 

@@ -118,7 +118,7 @@ class GGUFFile:
     """An opened GGUF file: typed metadata access and tensors by name, errors naming the file and the field.
 
     The header is parsed here rather than with gguf-py's GGUFReader, which builds a NumPy view per vocabulary
-    string (2.5 s and 160 MB for SmolLM2's 98k strings); gguf-py still does the dequantizing. Everything
+    string (seconds and a hundred MB for a 100k-token vocabulary); gguf-py still does the dequantizing. Everything
     llama.cpp's gguf.cpp refuses is refused (duplicate keys and names, more than 4 dimensions, rows that are not
     whole blocks, an alignment that is not a power of two), and more: every count is checked against the bytes
     left before it is used, tensor data must be aligned, inside the file and not overlap. Parsing reads the
@@ -230,7 +230,7 @@ class GGUFFile:
 
         A map rather than a read into a malloc'd buffer: freeing a buffer of many MB makes glibc raise its
         threshold for serving allocations with their own mappings, and the activations of every later prefill
-        then stay in the heap once freed (measured: numba backend, peak RSS 1 MB higher)."""
+        then stay in the heap once freed."""
         data = np.memmap(self.path, dtype=np.uint8, mode="r", offset=t.data_offset, shape=(t.n_bytes,))
         if t.tensor_type == GGMLType.F32:
             return np.array(data).view(np.float32).reshape(tuple(reversed(t.shape)))

@@ -88,8 +88,8 @@ def _vocabulary(g):
 class MergeRanks:
     """tokenizer.ggml.merges ("left right", split at the first space after the first character) as llama.cpp reads
     them: `rank(left, right)` is the pair's index, the first of a repeated pair kept. Pairs of tokens are kept as
-    sorted int64 keys (left id << 32 | right id) beside their ranks, 12 bytes a merge (a dict of the pairs would
-    take ~8 MB of SmolLM2's memory); a pair naming text that is no token (none in a sound file) in a dict."""
+    sorted int64 keys (left id << 32 | right id) beside their ranks, 12 bytes a merge (a dict of the pairs
+    takes several times that); a pair naming text that is no token (none in a sound file) in a dict."""
 
     def __init__(self, merges, vocab):
         pairs, self.odd = {}, {}

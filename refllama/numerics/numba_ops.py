@@ -1,13 +1,11 @@
 """Numerics "float32" on `--backend numba`: a decode step's small steps as Numba kernels; and the pieces of them
 that refllama.numerics.ggml_kernels shares (ggml's RMSNorm, RoPE and expf, the IR dot of the attention scores).
 
-One token's RMSNorm is six NumPy calls (~9 us), its softmax five (~10 us), each attention product a batched BLAS
-call (~7-9 us): a decode step is ~150 such calls (11.0 ms a step in all; 8.7 with these kernels). Here each is one
-kernel call (RMSNorm 3 us, RoPE 2; at 192 keys kq 9, softmax 5, kqv 6), in refllama.layers' float32 arithmetic:
-RMSNorm to the bit, RoPE ggml's (one fused multiply-add a value: to the bit NumPy's complex64 product where NumPy
-fuses too), the attention sums in 16- or 64-lane vectors, the softmax's exp ggml's. A
-batch (prefill) keeps refllama.layers' NumPy and BLAS, which are faster there; so do SwiGLU and GELU (NumPy's tanh
-is vectorized).
+One token's RMSNorm is six NumPy calls, its softmax five, each attention product a batched BLAS call: a decode step
+is ~150 calls whose overhead is most of their time. Here each is one kernel call, in refllama.layers' float32
+arithmetic: RMSNorm to the bit, RoPE ggml's (one fused multiply-add a value: to the bit NumPy's complex64 product
+where NumPy fuses too), the attention sums in 16- or 64-lane vectors, the softmax's exp ggml's. A batch (prefill)
+keeps refllama.layers' NumPy and BLAS, which are faster there; so do SwiGLU and GELU (NumPy's tanh is vectorized).
 """
 
 from functools import partial

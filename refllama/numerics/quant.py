@@ -91,9 +91,8 @@ CHUNKS = 64  # rows are split into this many chunks across threads; each chunk r
 
 
 # LLVM IR for the one-token product of an 8-bit form with float16 scales (Q8_0, Q5_0): Numba's loops over these
-# fields sum each group of 32 across lanes, 32 multiply-adds then a horizontal sum per group (13 G weights/s on
-# SmolLM2's tied output matrix); written as vectors, 32 lanes accumulate d * (w * x) over the whole row and are
-# summed once.
+# fields sum each group of 32 across lanes, 32 multiply-adds then a horizontal sum per group; written as vectors,
+# 32 lanes accumulate d * (w * x) over the whole row and are summed once.
 @intrinsic
 def q8_row_dot(typingctx, w, x, d, nb):
     """(w, x, d, nb) -> float: sum over nb groups of d[g] * sum_j w[g, j] * x[g, j]; w: int8 codes, x: float32,
