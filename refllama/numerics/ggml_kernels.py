@@ -9,8 +9,6 @@ end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as
 Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants have kernels here; Q5_1 uses refllama.numerics.ggml_numerics' NumPy form.
 """
 
-import types as pytypes
-
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
@@ -34,7 +32,7 @@ from .ggml_numerics import (
     rope_cos_sin,
 )
 from .ggml_tables import LAYOUT
-from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, splat
+from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, specialize, splat
 from .kernel_pages import release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
@@ -229,14 +227,9 @@ def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, wi
 
 
 def _make_matmul(qtype, vnni):
-    """_matmul with one type's and form's dot products as its globals DOT1 and DOTN (not closure variables, which
-    Numba's cache cannot key on), under a name of its own in Numba's cache."""
-    scope = {**globals(), "DOT1": _make_dot(qtype, vnni, 1), "DOTN": _make_dot(qtype, vnni, TILE),
-             "ROW_BYTES": BLOCK_BYTES[qtype]}
-    name = f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}"
-    fn = pytypes.FunctionType(_matmul.__code__, scope, name)
-    fn.__qualname__ = name
-    return njit(parallel=True, cache=True)(fn)
+    """_matmul with one type's and form's dot products as its globals DOT1 and DOTN."""
+    return specialize(_matmul, f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}", DOT1=_make_dot(qtype, vnni, 1),
+                      DOTN=_make_dot(qtype, vnni, TILE), ROW_BYTES=BLOCK_BYTES[qtype])
 
 
 KERNELS = {}  # (qtype, vnni) -> compiled matmul, made on first use

@@ -15,7 +15,6 @@ product with a 4-bit form, or an 8-bit one with float16 scales, is a vector loop
 target-independent); a batch's is a Numba kernel that dequantizes 4 rows at a time for all its tokens.
 """
 
-import types as pytypes
 from typing import NamedTuple
 
 import numpy as np
@@ -27,7 +26,7 @@ from ..formats.ggml_types import GGMLType as QT
 from ..formats.ggml_types import QuantizedTensor, byte_shape
 from . import numba_ops
 from .ggml_tables import F16_TABLE, blocks, codes, f16, f16_bits, field, k_scales
-from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, splat
+from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, specialize, splat
 from .kernel_pages import release_loader_pages, warm_up_steps
 from .matrices import WeightMatrix, fuse_layer
 
@@ -151,7 +150,7 @@ def _q4_row_dot(scale_type):
     return row_dot
 
 
-Q4_DOT = None  # the row dot of one scale type, in each copy's globals (_make_matvec_q4)
+Q4_DOT = None  # the row dot of one scale type, in each copy's globals (MATVEC_Q4, ir.specialize)
 
 
 def _matvec_q4(x, codes, scale, offset):  # [K] f32, [N, K/2] u8, [N, K/32], [N, K/32] -> [N] = W @ x
@@ -170,16 +169,8 @@ def _matvec_q4(x, codes, scale, offset):  # [K] f32, [N, K/2] u8, [N, K/32], [N,
     return out
 
 
-def _make_matvec_q4(scale_type):
-    """_matvec_q4 with one scale type's row dot as its global Q4_DOT, under a name of its own in Numba's cache
-    (a closure variable would defeat the cache)."""
-    name = f"matvec_q4_{scale_type}"
-    fn = pytypes.FunctionType(_matvec_q4.__code__, {**globals(), "Q4_DOT": _q4_row_dot(scale_type)}, name)
-    fn.__qualname__ = name
-    return njit(parallel=True, cache=True)(fn)
-
-
-MATVEC_Q4 = {np.dtype(np.uint16): _make_matvec_q4("f16"), np.dtype(np.float32): _make_matvec_q4("f32")}
+MATVEC_Q4 = {np.dtype(dtype): specialize(_matvec_q4, f"matvec_q4_{name}", Q4_DOT=_q4_row_dot(name))  # by scale type
+             for dtype, name in ((np.uint16, "f16"), (np.float32, "f32"))}
 
 
 @njit(parallel=True, cache=True)
