@@ -87,8 +87,8 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
 
 
 class Generation:
-    """Iterator over the token ids generated after a prompt, one forward step per token; once exhausted,
-    `finish_reason` is "stop" (an end-of-generation token or a stop string), "length", or "cancelled" (its
+    """Iterator over the token ids generated after a prompt, one forward step per token, `n` of them so far; once
+    exhausted, `finish_reason` is "stop" (an end-of-generation token or a stop string), "length", or "cancelled" (its
     `cancel` event was set)."""
 
     def __init__(self, model, history, logits, sample, max_tokens, stop, cancel=None):

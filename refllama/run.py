@@ -99,24 +99,24 @@ def run(args, prompt):
               file=sys.stderr)
         if args.n_predict == 0:  # the dump was the job
             return
-    n_gen, t_first = 0, None
+    t_first = None
     t1 = time.perf_counter()
     tokens = m.generate(ids, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                         min_p=args.min_p, repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                         seed=args.seed, stop=args.stop)
 
-    def counted(gen):
-        nonlocal n_gen, t_first
+    def timed(gen):  # gen's tokens, noting when the first came (its count is gen.n)
+        nonlocal t_first
         for t in gen:
-            n_gen += 1
             t_first = t_first or time.perf_counter()
             yield t
 
-    for piece in api.stream_text(m, counted(tokens), args.stop):
+    for piece in api.stream_text(m, timed(tokens), args.stop):
         sys.stdout.write(piece)
         sys.stdout.flush()
     t2 = time.perf_counter()
     sys.stdout.write("\n")
+    n_gen = tokens.n
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
     print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}, threads={threads}) | "

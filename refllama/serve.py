@@ -387,9 +387,9 @@ def complete(m, ids, opts, cancel):
     """(text, finish_reason, completion tokens) of a whole generation; runs on the generation thread."""
     from .api import stream_text
 
-    gen, count = m.generate(ids, cancel=cancel, **opts), [0]
-    text = "".join(stream_text(m, counted(gen, count), opts["stop"]))
-    return text, gen.finish_reason or "stop", count[0]
+    gen = m.generate(ids, cancel=cancel, **opts)
+    text = "".join(stream_text(m, gen, opts["stop"]))
+    return text, gen.finish_reason or "stop", gen.n
 
 
 class End(NamedTuple):
@@ -406,7 +406,10 @@ def stream_events(worker, m, ids, opts, reply):
     from .api import stream_text
 
     loop = asyncio.get_running_loop()
-    pieces, count = asyncio.Queue(), [0]
+    pieces, started = asyncio.Queue(), []  # started: the Generation, once made (its `n` counts its tokens)
+
+    def count():
+        return started[0].n if started else 0
 
     def put(item):
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is gone
@@ -416,7 +419,8 @@ def stream_events(worker, m, ids, opts, reply):
         end = End(None, APIError(500, "generation ended without a result", kind="server_error"))
         try:
             gen = m.generate(ids, cancel=cancel, **opts)
-            for piece in stream_text(m, counted(gen, count), opts["stop"]):
+            started.append(gen)
+            for piece in stream_text(m, gen, opts["stop"]):
                 put(piece)
             end = End(gen.finish_reason or "stop")
         except RefllamaError as e:
@@ -440,13 +444,13 @@ def stream_events(worker, m, ids, opts, reply):
                     else:
                         yield reply.chunk({}, item.reason)
                         if reply.include_usage:
-                            yield reply.event([], reply.usage(count[0]))
+                            yield reply.event([], reply.usage(count()))
                     yield "data: [DONE]\n\n"
                     break
                 yield reply.chunk({"content": item})
         finally:
             if not isinstance(item, End):
-                log.info("client disconnected: generation cancelled after %d tokens", count[0])
+                log.info("client disconnected: generation cancelled after %d tokens", count())
 
     _, cancel = worker.start(produce)
     return events(), cancel
@@ -465,13 +469,6 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.cancel.set()
-
-
-def counted(gen, count):
-    """The tokens of gen, counted in count[0]."""
-    for token in gen:
-        count[0] += 1
-        yield token
 
 
 async def on_error(request, exc):
