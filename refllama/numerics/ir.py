@@ -32,12 +32,15 @@ def load_f16(builder, addr):  # a float16 at addr -> float
     return builder.fpext(builder.bitcast(load(builder, addr, I16), ir.HalfType()), F32)
 
 
-def hsum(builder, v):  # <32 x float> -> float: halves added, 32 lanes -> 1
-    n = 32
+def lanes(builder, v, start, n):  # <m x T> -> <n x T>: lanes start .. start + n - 1
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(start, start + n))))
+
+
+def hsum(builder, v):  # <n x float> -> float, n a power of 2: the high half added to the low one until one lane is
+    n = v.type.count  # left (_mm512_reduce_add_ps's order for 16)
     while n > 1:
         n //= 2
-        v = builder.fadd(*(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(k, k + n))))
-                           for k in (0, n)))
+        v = builder.fadd(lanes(builder, v, 0, n), lanes(builder, v, n, n))
     return builder.extract_element(v, ir.Constant(I32, 0))
 
 

@@ -27,7 +27,7 @@ from .ggml_tables import (
     EXPF_LOG2E,
     EXPF_R,
 )
-from .ir import F32, I32, I64, counted_loop, load, splat
+from .ir import F32, I64, counted_loop, hsum, lanes, load, splat
 
 # ggml's arithmetic where refllama's float32 is the same (refllama.numerics.ggml_kernels takes these from here)
 
@@ -114,10 +114,6 @@ ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, in
 V64F32 = ir.VectorType(F32, 64)
 
 
-def _lanes_shuffle(builder, v, start, n):  # lanes start .. start + n - 1 of a vector
-    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(start, start + n))))
-
-
 def _kq_dot(width):
     """An intrinsic (q, k, n) -> float: one key's score with `width` lanes over n chunks of `width` values, as ggml
     sums it: 64 for one token (ggml_vec_dot_f16, AVX-512: the four 16-lane accumulators then added as
@@ -151,11 +147,9 @@ def _kq_dot(width):
             v.add_incoming(first, entry)
             v.add_incoming(new, loop)
             if width == 64:
-                v = builder.fadd(builder.fadd(_lanes_shuffle(builder, v, 0, 16), _lanes_shuffle(builder, v, 32, 16)),
-                                 builder.fadd(_lanes_shuffle(builder, v, 16, 16), _lanes_shuffle(builder, v, 48, 16)))
-            for half in (8, 4, 2, 1):
-                v = builder.fadd(_lanes_shuffle(builder, v, 0, half), _lanes_shuffle(builder, v, half, half))
-            return builder.extract_element(v, ir.Constant(I32, 0))
+                v = builder.fadd(builder.fadd(lanes(builder, v, 0, 16), lanes(builder, v, 32, 16)),
+                                 builder.fadd(lanes(builder, v, 16, 16), lanes(builder, v, 48, 16)))
+            return hsum(builder, v)
 
         return types.float32(types.int64, types.int64, types.int64), codegen
 
