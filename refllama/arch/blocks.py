@@ -87,17 +87,22 @@ def pre_norm_forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  #
 
     x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
     for i, lw in enumerate(w["layers"]):
-        h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
-        q, k, v = qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
-        if "attn_q_norm" in lw:  # Qwen3
-            q, k = qk_norm(q, k, lw, cfg, ops, i)
-        q, k = rope_qk(q, k, cfg, ops, at, i)
-        x = tap("ffn_inp", i, x + attend(q, k, v, lw, cfg, ops, i, at))  # [T, D]
-        h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
-        x = tap("l_out", i, x + gated_ffn(h, lw, ops, "swiglu", i))  # [T, D]
+        x = pre_norm_block(x, lw, cfg, ops, i, at)  # [T, D]
     cache.n_past = start_pos + T
 
     if last_only:
         x = x[-1:]  # [1, D]
     x = tap("result_norm", None, ops.rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
     return tap("result_output", None, linear(x, w["output"]))  # [T, V]
+
+
+def pre_norm_block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i (its intermediates freed when it returns)
+    h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
+    q, k, v = qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
+    if "attn_q_norm" in lw:  # Qwen3
+        q, k = qk_norm(q, k, lw, cfg, ops, i)
+    q, k = rope_qk(q, k, cfg, ops, at, i)
+    x = tap("ffn_inp", i, x + attend(q, k, v, lw, cfg, ops, i, at))  # [T, D]
+    del h, q, k, v  # before the feed-forward's larger arrays
+    h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
+    return tap("l_out", i, x + gated_ffn(h, lw, ops, "swiglu", i))  # [T, D]

@@ -163,6 +163,7 @@ def block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i
     q, k = blocks.qk_norm(q, k, lw, cfg, ops, i)  # each head normed over its HD dims
     q, k = blocks.rope_qk(q, k, cfg, ops, at, i)
     h = blocks.attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
+    del q, k, v  # before the feed-forward's larger arrays
     h = tap("attn_post_norm", i, ops.rms_norm(h, lw["attn_post_norm"], eps))
     x = tap("sa_out", i, x + h)  # the attention residual
 
