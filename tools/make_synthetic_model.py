@@ -105,22 +105,17 @@ def random_tensor(rng, qtype, shape, is_norm):  # numpy shape [..., K] -> what G
 
 
 def metadata(w, cfg, name, spec):
-    a = cfg.arch
+    """The `{arch}.*` hyper-parameters, as llama.cpp's converter writes them."""
     w.add_name(f"synthetic {name} (random weights)")
-    w.add_context_length(cfg.n_ctx_train)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_feed_forward_length(cfg.n_ff)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(cfg.n_head_kv)
-    w.add_layer_norm_rms_eps(cfg.rms_eps)
-    w.add_rope_freq_base(cfg.rope_base)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_dimension_count(cfg.rope_dim)
-    w.add_vocab_size(cfg.vocab_size)
+    for add, value in ((w.add_context_length, cfg.n_ctx_train), (w.add_embedding_length, cfg.n_embd),
+                       (w.add_block_count, cfg.n_layer), (w.add_feed_forward_length, cfg.n_ff),
+                       (w.add_head_count, cfg.n_head), (w.add_head_count_kv, cfg.n_head_kv),
+                       (w.add_layer_norm_rms_eps, cfg.rms_eps), (w.add_rope_freq_base, cfg.rope_base),
+                       (w.add_key_length, cfg.head_dim), (w.add_value_length, cfg.head_dim),
+                       (w.add_rope_dimension_count, cfg.rope_dim), (w.add_vocab_size, cfg.vocab_size)):
+        add(value)
     if spec.get("sliding_window"):
-        w.add_uint32(f"{a}.attention.sliding_window", spec["sliding_window"])
+        w.add_uint32(f"{cfg.arch}.attention.sliding_window", spec["sliding_window"])
 
 
 def write(name, kind, out, n_layer=None, seed=0):
