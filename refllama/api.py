@@ -3,7 +3,6 @@
 This is the surface other tools drive (the CLI, the server, the checkpoint harness); keep it stable.
 """
 
-import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -21,7 +20,6 @@ from .config import ModelConfig
 from .errors import RefllamaError
 from .formats.gguf_loader import load_gguf
 from .formats.hf_loader import load_hf
-from .layers import FLOAT32, Ops
 from .numerics import ops_for, placement
 from .sampling import Sampler, SamplingParams
 from .trace import trace
@@ -82,8 +80,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics,
-                 ops_for(backend, numerics))
+    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
 
 
 class Generation:
@@ -130,16 +127,16 @@ class Generation:
 
 class Model:
     """A loaded model: config (the model file's hyper-parameters), tokenizer, weights on a backend, the run-time
-    choices apart from them (backend, numerics and its operations table `ops`, context size), and one cache reused
-    across calls."""
+    choices apart from them (backend, numerics, context size; `ops`, the operations table they pick), and one cache
+    reused across calls."""
 
     def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
-                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", ops: Ops = FLOAT32):
+                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32"):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
-        self.arch, self.ops = archs.get(config.arch), ops
+        self.arch, self.ops = archs.get(config.arch), ops_for(backend, numerics)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
-        self.cache = Cache(config, self.n_ctx, ops, xp, archs.freq_factors(weights, config, self.n_ctx))
+        self.cache = Cache(config, self.n_ctx, self.ops, xp, archs.freq_factors(weights, config, self.n_ctx))
 
     def _tokenizer(self):
         if self.tokenizer is None:

@@ -4,6 +4,7 @@ CI does not install); and tools/README.md has a row for each script."""
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest

@@ -37,7 +37,8 @@ SHAPES = {
     "qwen2.5-7b": dict(arch="qwen2", vocab="qwen2", n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, head_dim=128,
                        n_ff=18944, n_ctx_train=32768, rms_eps=1e-6, rope_base=1000000.0),
     "gemma-3-4b": dict(arch="gemma3", vocab="gemma3", n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
-                       n_ff=10240, n_ctx_train=131072, rms_eps=1e-6, rope_base=1000000.0, sliding_window=1024),
+                       n_ff=10240, n_ctx_train=131072, rms_eps=1e-6, rope_base=1000000.0, sliding_window=1024,
+                       tied_output=True),
     "phi-3-mini": dict(arch="phi3", vocab="phi-3", n_layer=32, n_embd=3072, n_head=32, n_head_kv=32, head_dim=96,
                        n_ff=8192, n_ctx_train=4096, rms_eps=1e-5, rope_base=10000.0),
 }
@@ -104,7 +105,7 @@ def random_tensor(rng, qtype, shape, is_norm):  # numpy shape [..., K] -> what G
     return b.reshape(*shape[:-1], -1)
 
 
-def metadata(w, cfg, name, spec):
+def metadata(w, cfg, name):
     """The `{arch}.*` hyper-parameters, as llama.cpp's converter writes them."""
     w.add_name(f"synthetic {name} (random weights)")
     for add, value in ((w.add_context_length, cfg.n_ctx_train), (w.add_embedding_length, cfg.n_embd),
@@ -114,8 +115,8 @@ def metadata(w, cfg, name, spec):
                        (w.add_key_length, cfg.head_dim), (w.add_value_length, cfg.head_dim),
                        (w.add_rope_dimension_count, cfg.rope_dim), (w.add_vocab_size, cfg.vocab_size)):
         add(value)
-    if spec.get("sliding_window"):
-        w.add_uint32(f"{cfg.arch}.attention.sliding_window", spec["sliding_window"])
+    if cfg.sliding_window:
+        w.add_uint32(f"{cfg.arch}.attention.sliding_window", cfg.sliding_window)
 
 
 def write(name, kind, out, n_layer=None, seed=0):
@@ -123,15 +124,14 @@ def write(name, kind, out, n_layer=None, seed=0):
     module = archs.get(spec["arch"])
     fields = vocabulary(spec["vocab"])
     n_vocab = len(next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens"))
-    hp = {k: v for k, v in spec.items() if k not in ("vocab", "sliding_window")}
-    cfg = ModelConfig(**{**hp, "n_layer": n_layer or spec["n_layer"]}, vocab_size=n_vocab,
-                      rope_dim=spec["head_dim"], rope_layout=module.ROPE_LAYOUT,
-                      tied_output=spec["arch"] == "gemma3")
+    hp = {k: v for k, v in spec.items() if k != "vocab"}
+    cfg = ModelConfig(**{**hp, "n_layer": n_layer or spec["n_layer"]}, vocab_size=n_vocab, rope_dim=spec["head_dim"],
+                      rope_layout=module.ROPE_LAYOUT)
     d = dims(cfg)
     path = Path(out).expanduser() / f"{name}{f'-{cfg.n_layer}l' if n_layer else ''}-{kind}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".gguf.part")
-    tensors = []  # (GGUF name, row key, layer, numpy shape, type)
+    tensors = []  # (GGUF name, row key, layer or None, numpy shape)
     for row in module.WEIGHTS:
         if row.required or (row.key == "output" and not cfg.tied_output):
             tensors.append((row.gguf, row.key, None, shape_of(row, d)))
@@ -140,7 +140,7 @@ def write(name, kind, out, n_layer=None, seed=0):
             if row.required:
                 tensors.append((f"blk.{i}.{row.gguf}", row.key, i, shape_of(row, d)))
     w = gguf.GGUFWriter(tmp, spec["arch"])
-    metadata(w, cfg, name, spec)
+    metadata(w, cfg, name)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub)
     plan = [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) == 2), "norm" in key)
