@@ -39,6 +39,8 @@ def render(template, messages, bos_token="", eos_token="", add_generation_prompt
                               timeout=timeout)
     except subprocess.TimeoutExpired:
         raise failed(f"it ran longer than {timeout:g} s") from None
+    if done.returncode == -signal.SIGXCPU:  # its CPU-time limit can fire before our wall clock on a busy machine
+        raise failed(f"it ran longer than {timeout:g} s")
     if done.returncode != 0:
         why = (f"signal {signal.Signals(-done.returncode).name}" if done.returncode < 0
                else f"exit status {done.returncode}")
