@@ -17,6 +17,24 @@ DATA = Path(__file__).parent / "tests" / "data"
 def pytest_addoption(parser):
     parser.addoption("--backend", action="append", choices=BACKENDS,
                      help="run the checkpoint suite on this backend only (repeat for several; default: all)")
+    parser.addoption("--skipped-to", metavar="FILE",
+                     help="write the node id of every test that skipped to FILE, one a line (.ci/run runs them again "
+                          "once the optional packages are installed: pytest @FILE)")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped:
+        SKIPPED.append(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--skipped-to")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(f"{nodeid}\n" for nodeid in dict.fromkeys(SKIPPED))
+
+
+SKIPPED = []  # node ids of the tests that skipped in this run
 
 
 @pytest.fixture(scope="session")

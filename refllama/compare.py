@@ -10,7 +10,6 @@ stage on that side's own inputs, so a stage that adds error is told apart from o
 Exit code 0: every stage within tolerance; 1: a stage diverged; 2: an input could not be read.
 """
 
-import argparse
 import json
 import sys
 
@@ -20,6 +19,7 @@ from .check.compare import COLUMNS, compare, find_model
 from .check.dump import PRODUCER_NUMERICS, Dump
 from .check.logits import close_enough, logits_verdict, print_logits, verdict
 from .check.metrics import spans
+from .cli import parser
 from .errors import RefllamaError
 
 
@@ -101,7 +101,7 @@ def as_json(rep):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refllama.compare", description=__doc__.splitlines()[0])
+    p = parser("refllama.compare", __doc__)
     p.add_argument("mine", help="the dump checked (directory or .safetensors; with --logits also an .npy [T, V])")
     p.add_argument("ref", help="the reference dump")
     p.add_argument("-m", "--model", help="the model both ran, to re-run stages on each side's inputs (default: "

@@ -9,7 +9,6 @@ refllama and in transformers (`AutoModelForCausalLM.from_pretrained(out_dir)`). 
 and renamed, so a failed export leaves nothing behind.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -22,6 +21,7 @@ from safetensors.numpy import save_file
 from . import arch as archs
 from .arch.pairs import permute_rows
 from .arch.tables import HF_LAYER, dims
+from .cli import parser
 from .errors import RefllamaError
 from .formats.gguf_loader import load_gguf
 
@@ -148,7 +148,7 @@ def hf_tokenizer(tok):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m refllama.convert", description=__doc__.splitlines()[0])
+    p = parser("refllama.convert", __doc__)
     p.add_argument("gguf", help="GGUF model file")
     p.add_argument("out_dir", help="directory to create")
     p.add_argument("--dtype", default="f32", help="f32 (default) or f16")

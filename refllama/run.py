@@ -3,21 +3,23 @@
     python -m refllama.run -p "The capital of France is" -n 32
 """
 
-import argparse
 import sys
 import time
 
+from .cli import SCRIPTS, add_gpu_layers, gpu_layers, parser
 from .errors import RefllamaError
-from .xp import BACKENDS, NUMERICS
+from .xp import BACKENDS, NUMERICS, threads_notice
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m refllama.run", description=__doc__.splitlines()[0])
+    p = parser("refllama.run", __doc__, epilog="The other commands: " + ", ".join(
+        f"{script} (python -m {module})" for module, script in SCRIPTS.items() if module != "refllama.run") + ".")
     p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2-135M-Instruct)")
     p.add_argument("-p", "--prompt", help="prompt text")
     p.add_argument("-f", "--file", help="read the prompt from this file")
     p.add_argument("-n", "--n-predict", type=int, default=128,
-                   help="tokens to generate (default 128; 0 with --dump-dir: dump only)")
+                   help="tokens to generate; -1 = until an end token or the context's end (default 128; 0 with "
+                        "--dump-dir: dump only)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="top-k, <= 0 disables (default 40)")
     p.add_argument("--top-p", type=float, default=0.95, help="top-p, 1.0 disables (default 0.95)")
@@ -29,6 +31,7 @@ def parse_args(argv):
     p.add_argument("--system", help="system message for --chat")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--backend", choices=BACKENDS, default="numpy", help="array backend (default numpy)")
+    add_gpu_layers(p)
     p.add_argument("--numerics", choices=NUMERICS, default="float32",
                    help="float32 (default), or ggml: llama.cpp's CPU arithmetic on a GGUF (8-bit activations, f16 KV)")
     p.add_argument("-t", "--threads", type=int, default=None,
@@ -47,6 +50,11 @@ def parse_args(argv):
         p.error("give either -p/--prompt or -f/--file, not both")
     if (args.decode_steps or args.tokens_from) and not args.dump_dir:
         p.error("--decode-steps and --tokens-from go with --dump-dir")
+    if args.system is not None and not args.chat:
+        p.error("--system goes with --chat (a plain prompt has no system message)")
+    if args.n_predict < -1:
+        p.error(f"-n/--n-predict must be -1 (until the end), 0 (with --dump-dir) or more, got {args.n_predict}")
+    gpu_layers(args, p)
     return args
 
 
@@ -76,6 +84,9 @@ def run(args, prompt):
     from .xp import set_threads
 
     threads = set_threads(args.threads, args.backend)
+    busy = threads_notice(args.threads)
+    if busy:
+        print(f"refllama: {busy}", file=sys.stderr)
     t0 = time.perf_counter()
     m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size, numerics=args.numerics)
     t_load = time.perf_counter() - t0
@@ -85,7 +96,6 @@ def run(args, prompt):
         ids = m.chat_tokens(messages)
     elif not args.tokens_from:
         ids = m.tokenize(prompt)
-        sys.stdout.write(prompt)
     if args.dump_dir:
         decode_ids = None
         if args.tokens_from:
@@ -101,9 +111,12 @@ def run(args, prompt):
             return
     t_first = None
     t1 = time.perf_counter()
-    tokens = m.generate(ids, max_tokens=args.n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+    n_predict = m.n_ctx - len(ids) if args.n_predict == -1 else args.n_predict
+    tokens = m.generate(ids, max_tokens=n_predict, temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                         min_p=args.min_p, repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
                         seed=args.seed, stop=args.stop)
+    if not args.chat and not args.tokens_from:
+        sys.stdout.write(prompt)  # echoed once the prompt is known to fit and is prefilled, never before an error
 
     def timed(gen):  # gen's tokens, noting when the first came (its count is gen.n)
         nonlocal t_first

@@ -11,7 +11,6 @@ prefill chunk). Every error is answered in OpenAI's shape, 404, 405, 413 and mal
 sends its request or reads its response too slowly is disconnected; SIGTERM ends the server within seconds.
 """
 
-import argparse
 import asyncio
 import contextlib
 import hmac
@@ -32,9 +31,10 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from .cli import add_gpu_layers, gpu_layers, parser
 from .errors import RefllamaError
 from .formats.safety import parse_json
-from .xp import BACKENDS, NUMERICS
+from .xp import BACKENDS, NUMERICS, threads_notice
 
 log = logging.getLogger("refllama.serve")
 SHUTDOWN_S = 2  # after SIGTERM, how long open requests get before they are cancelled
@@ -73,6 +73,7 @@ class Worker:
     def __init__(self, args):
         self.args = args
         self.model, self.status, self.load_error = None, "loading", None
+        self.exit_code, self.on_failed = 0, None  # main() sets on_failed: end the server (unless --stay-up)
         from .api import DEFAULT_MODEL
 
         self.name = Path(args.model or DEFAULT_MODEL[1]).stem  # the file or directory name, without .gguf
@@ -95,11 +96,22 @@ class Worker:
             if self.args.callback_url:
                 threading.Thread(target=self.callback, daemon=True).start()
         except RefllamaError as e:
-            self.status, self.load_error = "failed", str(e)
-            log.error("loading failed: %s", e)
-        except Exception as e:  # a bug, not bad input: keep the traceback, and let /health say so
-            self.status, self.load_error = "failed", f"{type(e).__name__}: {e}"
+            self.failed(str(e))
+        except Exception as e:  # a bug, not bad input: keep the traceback
             log.exception("loading failed")
+            self.failed(f"{type(e).__name__}: {e}")
+
+    def failed(self, why):
+        """A failed load: the server ends with exit status 1 and the reason on one line, or with --stay-up keeps
+        answering /health with 503 and the reason (for a pool manager that asks it why)."""
+        self.status, self.load_error = "failed", why
+        if self.args.stay_up:
+            log.error("loading failed (--stay-up: serving /health with the error): %s", why)
+            return
+        print(f"refllama-server: error: {why}", file=sys.stderr)
+        self.exit_code = 1
+        if self.on_failed is not None:
+            self.on_failed()
 
     def callback(self):
         """The pool manager's handshake: POST who we are once ready, retried with backoff, never fatal."""
@@ -191,6 +203,27 @@ def sampling(body, m):
     )
 
 
+UNSUPPORTED = {  # request fields refllama cannot honour: refused unless they ask for nothing (OpenAI's default)
+    "tools": (lambda v: v == [], "tool calls are not supported"),
+    "tool_choice": (lambda v: v == "none", "tool calls are not supported"),
+    "functions": (lambda v: v == [], "function calls are not supported"),
+    "function_call": (lambda v: v == "none", "function calls are not supported"),
+    "response_format": (lambda v: v == {"type": "text"}, "only plain text output ({'type': 'text'}) is supported"),
+    "logit_bias": (lambda v: v == {}, "logit_bias is not supported"),
+    "top_logprobs": (lambda v: v == 0, "logprobs are not supported"),
+    "echo": (lambda v: v is False, "echo is not supported"),
+    "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),
+    "best_of": (lambda v: v == 1, "only best_of=1 is supported"),
+}
+
+
+def refuse_unsupported(body):
+    """A 400 naming the first field the server would otherwise have to ignore silently."""
+    for name, (harmless, why) in UNSUPPORTED.items():
+        if body.get(name) is not None and not harmless(body[name]):
+            raise APIError(400, f"'{name}': {why}", param=name)
+
+
 def chat_messages(body):
     messages = field(body, "messages", (list,))
     if not messages:
@@ -256,11 +289,14 @@ def check_model(body, worker):
 
 
 async def health(request):
+    """200 once the model is ready, 503 while it loads, after a failed load and while stopping (as llama-server);
+    the body says which."""
     worker = request.app.state.worker
     m = worker.model
     return JSONResponse({"status": worker.status, "model": worker.name, "backend": worker.args.backend,
                          "context_size": m.n_ctx if m else None, "queue_depth": max(worker.admitted - worker.busy, 0),
-                         "busy": worker.busy, "error": worker.load_error})
+                         "busy": worker.busy, "error": worker.load_error},
+                        status_code=200 if worker.status == "ready" else 503)
 
 
 async def models(request):
@@ -308,6 +344,7 @@ async def generate(request, chat):
     authorize(request)
     body = await read_json(request)
     check_model(body, worker)
+    refuse_unsupported(body)
     worker.admit()
     admitted = True  # until a job owns the queue place
     try:
@@ -508,24 +545,34 @@ def create_app(worker):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m refllama.serve", description=__doc__.splitlines()[0])
+    p = parser("refllama.serve", __doc__)
     p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--backend", default="numpy", choices=BACKENDS, help="array backend (default numpy)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
+    p.add_argument("--backend", default="numpy", choices=BACKENDS, help="array backend (default %(default)s)")
+    add_gpu_layers(p)
     p.add_argument("--numerics", choices=NUMERICS, default="float32",
                    help="float32 (default), or ggml: llama.cpp's CPU arithmetic on a GGUF (8-bit activations, f16 KV)")
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health")
-    p.add_argument("--worker-id", default="refllama-0", help="this worker's id in the ready callback")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every endpoint but /health "
+                                     "(default: none; required to listen beyond loopback)")
+    p.add_argument("--worker-id", default="refllama-0",
+                   help="this worker's id in the ready callback (default %(default)s)")
     p.add_argument("--callback-url", help="POST {worker_id, model, backend, url, context_size} here once ready")
-    p.add_argument("--max-queue", type=int, default=8, help="requests that may wait behind the running one")
-    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size; 0 = the model's (default 4096)")
+    p.add_argument("--stay-up", action="store_true",
+                   help="for a pool manager: after a failed load, keep serving /health (503, with the error) instead "
+                        "of exiting with status 1")
+    p.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait behind the running one (default %(default)s)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="context size; 0 = the model's (default %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=None,
-                   help="CPU threads (BLAS, or Numba kernels with --backend numba; default: idle cores)")
-    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default 1 MiB)")
+                   help="CPU threads (BLAS, or Numba kernels with --backend numba; default: the idle cores)")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default %(default)s)")
     p.add_argument("--client-timeout", type=float, default=10.0,
-                   help="seconds a client may take to send a request, or leave a response unread (default 10)")
-    return p.parse_args(argv)
+                   help="seconds a client may take to send a request, or leave a response unread (default %(default)s)")
+    args = p.parse_args(argv)
+    gpu_layers(args, p)
+    return args
 
 
 def is_loopback(host):
@@ -542,10 +589,13 @@ def main(argv=None):
 
     args = parse_args(argv)
     if not is_loopback(args.host) and not args.api_key:
-        print(f"refllama.serve: error: refusing to listen on {args.host} without --api-key "
+        print(f"refllama-server: error: refusing to listen on {args.host} without --api-key "
               "(anyone on the network could use it); bind 127.0.0.1 or set a key", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    busy = threads_notice(args.threads)
+    if busy:
+        log.warning(busy)
     worker = Worker(args)
     config = uvicorn.Config(create_app(worker), host=args.host, port=args.port, log_level="info",
                             http=guarded_h11(args.client_timeout), timeout_graceful_shutdown=SHUTDOWN_S)
@@ -557,8 +607,9 @@ def main(argv=None):
         exit_on(sig, frame)
 
     server.handle_exit = handle_exit
+    worker.on_failed = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 0
+    return worker.exit_code
 
 
 def guarded_h11(timeout):

@@ -25,7 +25,7 @@ def backend_module(name):
         try:
             import cupy
         except ImportError:
-            raise RefllamaError("backend 'cupy' needs CuPy: pip install 'refllama[cuda]'") from None
+            raise RefllamaError("backend 'cupy' needs CuPy: pip install -e '.[cuda]' in refllama's clone") from None
         try:
             n_gpu = cupy.cuda.runtime.getDeviceCount()
         except Exception as e:  # CUDA driver missing or broken
@@ -67,15 +67,31 @@ def to_numpy(x):
     return x.get() if array_module(x) is not np else np.asarray(x)
 
 
+def cores_and_busy():
+    """(the cores this process may use, how many of them other work keeps busy: the 1-minute load average)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+    return cores, min(busy, cores)
+
+
 def default_threads():
     """CPU threads for BLAS: the cores this process may use, minus those other work keeps busy (1 at least).
 
     BLAS threads that find their core taken by other work wait for it: a thread per idle core is fastest
     (docs/performance.md, Threads).
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-    return max(1, min(cores, cores - busy))
+    cores, busy = cores_and_busy()
+    return max(1, cores - busy)
+
+
+def threads_notice(asked):
+    """A one-line warning when `asked` threads (a command's -t) is more than the idle cores, else None."""
+    cores, busy = cores_and_busy()
+    if not asked or asked <= cores - busy:
+        return None
+    return (f"-t {asked} but only {cores - busy} of {cores} cores are idle (load average {os.getloadavg()[0]:.1f}): "
+            "a thread whose core is busy makes the others wait for it, which can be many times slower; "
+            "-t 0 takes the idle cores")
 
 
 THREADS_SET = set()  # the backends whose threads were set in this process (by the caller, or by a first load)

@@ -51,12 +51,43 @@ def test_sampling_flags_with_seed_are_reproducible():
     (("-m", "weights/pytorch_model.bin"), "pickle"),
     (("-p", "x" * 100, "-c", "8"), "context size 8"),
     (("--temp", "-1"), "temperature"),
+    (("-m", "meta-llama/Llama-3.1-8B"), "never downloads"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, fragment):
     r = cli(*args, "-n", "2")
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("refllama: error:") and fragment in lines[0], r.stderr
+
+
+def test_a_prompt_too_long_is_refused_before_it_is_echoed():
+    r = cli("-p", "hello " * 50, "-c", "16", "-n", "2")
+    assert r.returncode == 1 and r.stdout == "" and "context size 16" in r.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--system", "be brief", "-p", "hi"), "--system goes with --chat"),
+    (("-n", "-2",), "-n/--n-predict must be -1"),
+    (("--backend", "cupy", "-ngl", "0"), "-ngl 0 with --backend cupy"),
+])
+def test_contradictory_or_ignored_flags_are_refused(args, fragment):
+    r = cli(*args)
+    assert r.returncode == 2 and fragment in r.stderr, r.stderr
+
+
+def test_llamacpp_habits_work(tmp_path):
+    """-ngl 99 (on a CPU backend: a notice, not `-n gl`), -n -1 (to the context's end), --version, and the console
+    script and `python -m refllama` run the same command."""
+    r = cli("-p", "Once upon a time", "-ngl", "99", "-n", "-1", "-c", "16", "--temp", "0", "-t", "1")
+    assert r.returncode == 0, r.stderr
+    assert "-ngl 99 ignored: layers run on the GPU with --backend cupy" in r.stderr
+    assert "prompt: 4 tokens" in r.stderr and "generated: 12 tokens" in r.stderr and "stop: length" in r.stderr
+    version = subprocess.run([sys.executable, "-m", "refllama", "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("refllama 0.")
+    script = Path(sys.executable).with_name("refllama-server")
+    assert script.exists(), "pip install -e . installs the console scripts"
+    usage = subprocess.run([script, "--help"], capture_output=True, text=True).stdout
+    assert usage.startswith("usage: refllama-server") and "(default 8080)" in usage
 
 
 def test_cupy_backend_without_gpu_is_a_clear_error():

@@ -45,6 +45,16 @@ def test_prompt_longer_than_context_is_a_clear_error(model):
         m.logits(list(range(100, 109)))
 
 
+def test_a_text_prompt_is_tokenized_and_anything_else_not_ids_is_refused(model):
+    text = "The capital of France is"
+    assert list(model.generate(text, max_tokens=4, temperature=0)) == list(
+        model.generate(model.tokenize(text), max_tokens=4, temperature=0))
+    for bad, fragment in ((["H", "i"], "prompt item 0 is 'H'"), ([1, 2.5], "prompt item 1 is '2.5'"),
+                          ([True], "prompt item 0 is 'True'"), (7, "of type int")):
+        with pytest.raises(refllama.RefllamaError, match=fragment):
+            model.generate(bad)
+
+
 def test_generation_stops_at_context_end(model):
     m = small_context(model, 10)
     gen = m.generate(m.tokenize("One two three four five"), max_tokens=50, temperature=0)

@@ -216,7 +216,8 @@ def test_a_missing_metadata_key_is_named(tmp_path):
 
 
 def test_the_llamacpp_dump_tool_reads_each_files_architecture(monkeypatch):
-    pytest.importorskip("llama_cpp", reason="tools/dump_llamacpp.py needs llama-cpp-python (a reference tool)")
+    pytest.importorskip("llama_cpp", reason="tools/dump_llamacpp.py needs llama-cpp-python, a reference "
+                        "tool: pip install ../shared/wheels/llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
     monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "tools"))
     import dump_llamacpp
 

@@ -257,8 +257,9 @@ def test_export_refuses_to_overwrite_and_leaves_nothing_on_failure(model, tmp_pa
 
 
 def test_exported_directory_loads_in_transformers_with_the_same_logits(model, exported):
-    torch = pytest.importorskip("torch", reason="transformers round trip needs torch (a reference tool)")
-    transformers = pytest.importorskip("transformers", reason="transformers round trip needs transformers")
+    why = "the round trip needs torch and transformers, reference tools: pip install torch==2.13.0 transformers"
+    torch = pytest.importorskip("torch", reason=why)
+    transformers = pytest.importorskip("transformers", reason=why)
     hf = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
     ids = model.tokenize("The capital of France is")
     with torch.no_grad():

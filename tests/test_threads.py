@@ -33,3 +33,12 @@ def test_numba_load_gives_the_kernels_the_idle_cores_and_blas_one(model):
 @pytest.mark.parametrize("before, threads", [("refllama.set_threads(1, 'numba')", ""), ("", ", threads=1")])
 def test_the_callers_choice_stands(model, before, threads):
     assert probe(before, threads)["numba"] == 1
+
+
+def test_threads_beyond_the_idle_cores_get_a_notice(monkeypatch):
+    from refllama import xp
+
+    monkeypatch.setattr(xp, "cores_and_busy", lambda: (2, 1))
+    monkeypatch.setattr(xp.os, "getloadavg", lambda: (1.0, 1.0, 1.0))
+    assert "-t 2 but only 1 of 2 cores are idle" in xp.threads_notice(2)
+    assert xp.threads_notice(1) is None and xp.threads_notice(None) is None and xp.threads_notice(0) is None

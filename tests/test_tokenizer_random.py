@@ -22,6 +22,8 @@ def vocab(request):
     name = request.param
     if name not in ("smollm2", "gemma3") and not (VOCAB / "VERSION").exists():
         pytest.skip(SKIP)
+    if name == "gemma3":
+        request.getfixturevalue("gemma3_path")  # skips, saying how to install it, when Gemma 3's package is absent
     return name, load(name), DATA["vocabs"][name]
 
 

@@ -29,7 +29,7 @@ def render(template, messages, bos_token="", eos_token="", add_generation_prompt
     context = dict(messages=messages, bos_token=bos_token, eos_token=eos_token,
                    add_generation_prompt=add_generation_prompt)
     job = json.dumps({"template": template, "context": context, "max_chars": max_chars, "max_bytes": MAX_BYTES,
-                      "max_seconds": math.ceil(timeout)})
+                      "max_seconds": math.ceil(timeout) + 1})  # the wall clock is meant to stop it first
 
     def failed(cause):
         return RefllamaError(f"{source}: chat template failed: {cause}")

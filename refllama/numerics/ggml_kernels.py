@@ -33,7 +33,7 @@ from .ggml_numerics import (
 )
 from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, specialize, splat
-from .kernel_pages import release_loader_pages, warm_up_steps
+from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
 
@@ -265,10 +265,11 @@ class GgmlNumbaPlacement(GgmlPlacement):
         (sincosf) before the weights are read; then release the pages that only loading them needed."""
         super().prepare(qtypes, cfg)
         x = np.zeros((2, 256), np.float32)
-        for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes
-            _ = x @ self(QuantizedTensor(np.zeros(byte_shape((1, 256), qtype), np.uint8), qtype, (1, 256))).T
-        warm_up_steps(OPS, cfg.head_dim)
-        cos_sin(x)
+        with compile_notice():
+            for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes
+                _ = x @ self(QuantizedTensor(np.zeros(byte_shape((1, 256), qtype), np.uint8), qtype, (1, 256))).T
+            warm_up_steps(OPS, cfg.head_dim)
+            cos_sin(x)
         release_loader_pages()
 
     def __call__(self, a):

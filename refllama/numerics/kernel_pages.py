@@ -1,11 +1,27 @@
 """Numba's kernels are loaded at load, before the first token: each step of an operations table is called once, then
 the pages of the libraries that only loading them needed are handed back to the OS."""
 
+import contextlib
 import ctypes
 import re
 import sys
+import threading
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def compile_notice(after_s=2.0):
+    """A one-line notice on stderr if loading the kernels takes more than `after_s` seconds: from Numba's cache they
+    load in well under a second, so the wait is Numba compiling them, on a first run, which is silent otherwise."""
+    timer = threading.Timer(after_s, lambda: print("refllama: Numba is compiling its kernels (on a first run only; "
+                                                   "later runs load them from its cache) ...", file=sys.stderr))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def warm_up_steps(ops, head_dim):

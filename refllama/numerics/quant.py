@@ -27,7 +27,7 @@ from ..formats.ggml_types import QuantizedTensor, byte_shape
 from . import numba_ops
 from .ggml_tables import F16_TABLE, blocks, codes, f16, f16_bits, field, k_scales
 from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, specialize, splat
-from .kernel_pages import release_loader_pages, warm_up_steps
+from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import WeightMatrix, fuse_layer
 
 REPACKED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
@@ -342,8 +342,9 @@ class NumbaPlacement:
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's quantized matrix types and of a step's small steps, before the weights
         are read; then release the pages that only loading them needed."""
-        warm_up(REPACKED & set(qtypes))
-        warm_up_steps(numba_ops.OPS, cfg.head_dim)
+        with compile_notice():
+            warm_up(REPACKED & set(qtypes))
+            warm_up_steps(numba_ops.OPS, cfg.head_dim)
         release_loader_pages()
 
     def __call__(self, a):
