@@ -54,14 +54,17 @@ DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be fa
 
 
 def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: int | None = None,
-         threads: int | None = None, numerics: str = "float32") -> "Model":
+         threads: int | None = None, numerics: str = "float32", weights_in_file: bool | None = None) -> "Model":
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory (config.json +
     safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32 on the
     dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.numerics: activations
     rounded to 8 bits before each quantized product, K/V and attention operands in float16). `n_ctx`: the context
     size; None for DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as
     `refllama.set_threads`; None sets the idle cores, as the CLI does, unless the caller already set this backend's
-    threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down)."""
+    threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down).
+    `weights_in_file` (numpy, float32): keep every matrix memory-mapped in the file's form and convert it to float32
+    at each product (True), or convert the model at load (False); None chooses by size, in the file above 4 GiB of
+    float32 (refllama.numerics.matrices.FilePlacement)."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "
@@ -78,7 +81,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     xp = backend_module(backend)
     if threads is not None or backend not in THREADS_SET:
         set_threads(threads, backend)
-    where = placement(backend, xp, numerics)
+    where = placement(backend, xp, numerics, weights_in_file)
     loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
     for notice in loaded.notices:
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)

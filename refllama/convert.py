@@ -1,8 +1,10 @@
 """Export a GGUF model as a Hugging Face directory: safetensors, config.json, tokenizer files.
 
-    python -m refllama.convert model.gguf out_dir/ [--dtype f32|f16]
+    python -m refllama.convert model.gguf out_dir/ [--dtype f32|f16|bf16] [--shard-gb 5]
 
-Weights are dequantized to float32 (or float16) and named by the architecture's table (refllama.arch), q/k rows
+Weights are converted to float32 (float16, bfloat16) one tensor at a time from the memory-mapped file, so a model
+far larger than memory converts, and written in shards of at most --shard-gb with HF's index (one
+model.safetensors when one shard holds it all); they are named by the architecture's table (refllama.arch), q/k rows
 put back in HF's half-split RoPE layout where llama.cpp's converter had permuted them, fused tensors fused as HF
 stores them; the tokenizer is the GGUF vocabulary in `tokenizers`' terms (hf_tokenizer). The directory loads in
 refllama and in transformers (`AutoModelForCausalLM.from_pretrained(out_dir)`). Written to a temporary directory
@@ -11,6 +13,7 @@ and renamed, so a failed export leaves nothing behind.
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,32 +27,92 @@ from .arch.tables import HF_LAYER, dims
 from .cli import parser
 from .errors import RefllamaError
 from .formats.gguf_loader import load_gguf
+from .numerics.matrices import FileMatrix, FilePlacement
 
 
-def hf_tensors(cfg, w, dtype):
-    """{HF name: array} from refllama's weights, through the architecture's tables in reverse."""
+def float32(t):
+    """A weight as a float32 array: a file-form matrix (refllama.numerics.matrices.FileMatrix) converted now."""
+    return t.stored.to_float32() if isinstance(t, FileMatrix) else np.asarray(t, np.float32)
+
+
+def bfloat16(a):  # float32 -> bfloat16 bits (uint16), rounded to nearest even as torch rounds; NaN stays NaN
+    u = a.view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
+
+
+DTYPES = {"f32": ("float32", "F32", lambda a: a), "f16": ("float16", "F16", lambda a: a.astype(np.float16)),
+          "bf16": ("bfloat16", "BF16", bfloat16)}  # --dtype: (config's torch_dtype, safetensors dtype, convert)
+
+
+def hf_tensors(cfg, w):
+    """(HF name, shape, function giving its float32 array) for each tensor, through the architecture's tables in
+    reverse; nothing is converted until the function is called."""
     arch, d = archs.get(cfg.arch), dims(cfg)
-    out = {}
 
     def give(row, source, prefix):
         if row.hf is None or (row.key == "output" and cfg.tied_output):
-            return
-        if row.split:
-            t = np.concatenate([source[key] for key, _ in row.split])
-        elif row.key in source:
-            t = source[row.key]
-        else:
-            return  # an optional tensor the model does not have
-        if row.hf_permute:
-            t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "half")
-        out[prefix + row.hf] = t
+            return None
+        parts = [key for key, _ in row.split] if row.split else [row.key]
+        if not all(key in source for key in parts):
+            return None  # an optional tensor the model does not have
+        shape = (sum(source[key].shape[0] for key in parts), *source[parts[0]].shape[1:])
 
-    for row in arch.WEIGHTS:
-        give(row, w, "")
+        def values():
+            t = np.concatenate([float32(source[key]) for key in parts]) if row.split else float32(source[row.key])
+            return permute_rows(t, d[row.hf_permute], cfg.rope_dim, "half") if row.hf_permute else t
+
+        return prefix + row.hf, shape, values
+
+    rows = [give(row, w, "") for row in arch.WEIGHTS]
     for i, lw in enumerate(w["layers"]):
-        for row in arch.LAYER_WEIGHTS:
-            give(row, lw, HF_LAYER.format(i=i))
-    return {k: np.ascontiguousarray(v, dtype=dtype) for k, v in out.items()}
+        rows += [give(row, lw, HF_LAYER.format(i=i)) for row in arch.LAYER_WEIGHTS]
+    return [r for r in rows if r is not None]
+
+
+def write_shards(tensors, directory, dtype, shard_bytes):
+    """The tensors in shards of at most `shard_bytes` (a larger tensor alone in its own), each converted just before
+    its shard is written and dropped after: model.safetensors, or model-0000i-of-0000n.safetensors and the index."""
+    _, st_dtype, cast = DTYPES[dtype]
+    width = np.dtype(np.float32 if dtype == "f32" else np.float16).itemsize
+    shards, size = [[]], 0
+    for name, shape, values in tensors:
+        n = int(np.prod(shape)) * width
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, values))
+        size += n
+    files = (["model.safetensors"] if len(shards) == 1 else
+             [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
+    weight_map, total = {}, 0
+    for file, shard in zip(files, shards):
+        arrays = {name: np.ascontiguousarray(cast(values())) for name, values in shard}
+        total += sum(a.nbytes for a in arrays.values())
+        if dtype == "bf16":  # safetensors' NumPy API has no bfloat16: write the bits, then name the dtype
+            save_bf16(arrays, directory / file)
+        else:
+            save_file(arrays, str(directory / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(arrays, file))
+        del arrays
+    if len(files) > 1:
+        (directory / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n", encoding="utf-8")
+    return st_dtype
+
+
+def save_bf16(arrays, path):
+    """A safetensors file of bfloat16 tensors given as their uint16 bits: the format's header and the bytes."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, a in arrays.items():
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for a in arrays.values():
+            f.write(a.tobytes())
 
 
 EXPORTABLE = ("llama", "qwen2", "qwen3", "phi3")  # the families whose config.json this writes
@@ -76,36 +139,41 @@ def hf_config(cfg, tok, dtype_name, w):
     }
 
 
-def convert(gguf_path, out_dir, dtype="f32"):
+def convert(gguf_path, out_dir, dtype="f32", shard_gb=5.0):
     """Write the HF directory for a GGUF file; returns its path."""
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
         raise RefllamaError(f"{out}: output directory exists and is not empty")
-    if dtype not in ("f32", "f16"):
-        raise RefllamaError(f"unsupported --dtype {dtype!r} (f32 or f16)")
-    cfg, w, tok, template, _ = load_gguf(gguf_path)
-    np_dtype, dtype_name = (np.float32, "float32") if dtype == "f32" else (np.float16, "float16")
-    config = hf_config(cfg, tok, dtype_name, w)
+    if dtype not in DTYPES:
+        raise RefllamaError(f"unsupported --dtype {dtype!r} ({', '.join(DTYPES)})")
+    if not shard_gb > 0:
+        raise RefllamaError(f"--shard-gb must be positive, got {shard_gb}")
+    cfg, w, tok, template, _ = load_gguf(gguf_path, FilePlacement(in_file=True))  # every matrix mapped, as stored
+    config = hf_config(cfg, tok, DTYPES[dtype][0], w)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
-    save_file(hf_tensors(cfg, w, np_dtype), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
-    (tmp / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": tok.bos_id, "eos_token_id": sorted(tok.eog_ids)}, indent=1) + "\n", encoding="utf-8")
-    hf_tokenizer(tok).save(str(tmp / "tokenizer.json"))
-    text = tok.token_text
-    (tmp / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": text(tok.bos_id) if tok.bos_id is not None else None,
-        "eos_token": text(tok.eos_id) if tok.eos_id is not None else None,
-        "add_bos_token": tok.add_bos, "add_eos_token": tok.add_eos,
-        "chat_template": template,
-    }, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    for f in tmp.iterdir():
-        f.chmod(0o644)
-    tmp.chmod(0o755)  # mkdtemp makes it private
-    if out.exists():
-        out.rmdir()
+    try:
+        write_shards(hf_tensors(cfg, w), tmp, dtype, int(shard_gb * 1e9))
+        (tmp / "config.json").write_text(json.dumps(config, indent=1) + "\n", encoding="utf-8")
+        (tmp / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": tok.bos_id, "eos_token_id": sorted(tok.eog_ids)}, indent=1) + "\n", encoding="utf-8")
+        hf_tokenizer(tok).save(str(tmp / "tokenizer.json"))
+        text = tok.token_text
+        (tmp / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": text(tok.bos_id) if tok.bos_id is not None else None,
+            "eos_token": text(tok.eos_id) if tok.eos_id is not None else None,
+            "add_bos_token": tok.add_bos, "add_eos_token": tok.add_eos,
+            "chat_template": template,
+        }, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        if out.exists():
+            out.rmdir()
+    except BaseException:  # nothing half-written is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     os.replace(tmp, out)
     return out
 
@@ -151,10 +219,11 @@ def main(argv=None):
     p = parser("refllama.convert", __doc__)
     p.add_argument("gguf", help="GGUF model file")
     p.add_argument("out_dir", help="directory to create")
-    p.add_argument("--dtype", default="f32", help="f32 (default) or f16")
+    p.add_argument("--dtype", default="f32", choices=DTYPES, help="the weights' type (default %(default)s)")
+    p.add_argument("--shard-gb", type=float, default=5.0, help="largest shard in GB (default %(default)s, as HF)")
     args = p.parse_args(argv)
     try:
-        out = convert(args.gguf, args.out_dir, args.dtype)
+        out = convert(args.gguf, args.out_dir, args.dtype, args.shard_gb)
     except RefllamaError as e:
         print(f"refllama.convert: error: {e}", file=sys.stderr)
         return 1

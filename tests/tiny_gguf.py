@@ -12,9 +12,9 @@ _MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
 TINY_TOKENS = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe", "<|endoftext|>"]
 
 
-def tiny_metadata():
-    """Metadata of the tiny model as {key: (value, type)}; tests delete or change entries to break it."""
-    c = TINY
+def tiny_metadata(c=TINY):
+    """Metadata of the tiny model (or of dims `c`, TINY's keys) as {key: (value, type)}; tests delete or change
+    entries to break it."""
     types = [1] * (len(TINY_TOKENS) - 1) + [3]
     return {
         "llama.block_count": (c["n_layer"], VT.UINT32),
@@ -35,9 +35,9 @@ def tiny_metadata():
     }
 
 
-def tiny_tensor_shapes():
-    """numpy shapes [rows, cols] of the tiny model's tensors."""
-    c, V = TINY, len(TINY_TOKENS)
+def tiny_tensor_shapes(c=TINY):
+    """numpy shapes [rows, cols] of the tiny model's tensors (or of dims `c`)."""
+    V = len(TINY_TOKENS)
     D, F, HD = c["n_embd"], c["n_ff"], c["n_embd"] // c["n_head"]
     shapes = {"token_embd.weight": (V, D), "output_norm.weight": (D,)}
     for i in range(c["n_layer"]):
@@ -82,11 +82,11 @@ def write_gguf(path, metadata, tensors, arch="llama"):
     return path
 
 
-def tiny_tensors(qtype=QT.F32, seed=0):
-    """{name: (raw array, qtype)}: matrices stored as `qtype`, norms as F32."""
+def tiny_tensors(qtype=QT.F32, seed=0, c=TINY):
+    """{name: (raw array, qtype)}: matrices stored as `qtype`, norms as F32 (dims `c`: TINY's keys)."""
     rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in tiny_tensor_shapes().items():
+    for name, shape in tiny_tensor_shapes(c).items():
         t = QT.F32 if len(shape) == 1 else qtype
         out[name] = (np.ones(shape, np.float32) if t == QT.F32 and len(shape) == 1 else random_tensor(shape, t, rng), t)
     return out

@@ -1,28 +1,30 @@
-"""One table for a model (the default, or -m GGUF) on this machine: load time, prefill and decode speed, peak memory,
-for refllama (numpy, numba, and numba-ggml: numba with numerics "ggml") and, when installed, llama.cpp
-(llama-cpp-python) and transformers (fp32).
+"""One table for a model (the default, -m GGUF or -m HF directory) on this machine: load time, prefill and decode
+speed, peak memory, for refllama (numpy, numba, and numba-ggml: numba with numerics "ggml") and, when installed,
+llama.cpp (llama-cpp-python, GGUF) and transformers (float32 from a GGUF; an HF directory in its own dtype, bf16).
 
-Each engine runs in its own process with the same thread count, on the same GGUF file and the same 128
-prompt tokens (tokenized once, here), then decodes 128 tokens greedily; prefill + decode run --repeat
-times in that process and the best time of each counts:
+Each engine runs in its own process with the same thread count, on the same file and the same prompt tokens
+(tokenized once, here), then decodes greedily; prefill + decode run --repeat times in that process and the best
+time of each counts:
   load     process start until the model is ready for its first token (imports included; Numba's JIT
            cache warm: run the tool twice after a fresh install)
-  prefill  128 prompt tokens in one batch, tokens per second
-  decode   128 tokens one at a time after the prompt, tokens per second
-  peak RSS the process's maximum resident memory
+  prefill  --prompt tokens (128) in one batch, tokens per second
+  decode   --decode tokens (128) one at a time after the prompt, tokens per second
+  peak RSS the process's maximum resident memory; anon / file: its anonymous and file-backed resident memory at the
+           end (weights kept as the file maps them are file-backed, and the kernel can drop them under pressure)
+The line above the table is this machine's memory bandwidth (a parallel read of 1 GiB, best of 5): decode of a
+model too big for the caches cannot run faster than its weights' bytes / bandwidth.
 
-    python tools/bench.py [-m MODEL.gguf] [--threads N] [--repeat 3] [--engines numpy,numba,numba-ggml,llama.cpp,...]
+    python tools/bench.py [-m MODEL] [--threads N] [--repeat 3] [--prompt 128 --decode 128] [--engines numpy,numba,...]
 """
 
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 
-N_PROMPT, N_DECODE = 128, 128
+N_PROMPT, N_DECODE = 128, 128  # the defaults of --prompt and --decode
 TEXT = ("The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
         "letter by letter, often in a monastery, and a single Bible could take a scribe more than a year. ") * 6
 
@@ -33,13 +35,45 @@ def process_age():
     return float(open("/proc/uptime").read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
+def memory_bandwidth(threads):
+    """Bytes per second this machine reads from memory: a parallel Numba sum over 1 GiB (far past every cache)."""
+    import numba
+    import numpy as np
+
+    @numba.njit(parallel=True, cache=False)
+    def total(a):
+        s = 0
+        for i in numba.prange(len(a)):
+            s += a[i]
+        return s
+
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    a = np.ones(1 << 27, np.int64)
+    total(a[:1024])
+    best = min(_timed(total, a) for _ in range(5))
+    return a.nbytes / best
+
+
+def _timed(f, *args):
+    t0 = time.perf_counter()
+    f(*args)
+    return time.perf_counter() - t0
+
+
+def resident():
+    """(peak, anonymous now, file-backed now) resident MB of this program (/proc/self/status; the peak is VmHWM,
+    which starts again at exec, where ru_maxrss would count the process this one was forked from)."""
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return tuple(int(fields[k].split()[0]) / 1024 for k in ("VmHWM", "RssAnon", "RssFile"))
+
+
 def run_refllama(backend, path, threads, ids, numerics="float32"):
     import numpy as np
 
     import refllama
 
     refllama.set_threads(threads, backend)
-    m = refllama.load(path, backend=backend, n_ctx=N_PROMPT + N_DECODE, numerics=numerics)
+    m = refllama.load(path, backend=backend, n_ctx=len(ids) + N_DECODE, numerics=numerics)
     load = process_age()
     forward = m.arch.forward
 
@@ -59,7 +93,7 @@ def run_llamacpp(path, threads, ids):
     import llama_cpp
     import numpy as np
 
-    llm = llama_cpp.Llama(path, n_ctx=N_PROMPT + N_DECODE, n_batch=N_PROMPT, n_threads=threads,
+    llm = llama_cpp.Llama(path, n_ctx=len(ids) + N_DECODE, n_batch=len(ids), n_threads=threads,
                           n_threads_batch=threads, verbose=False)
     load = process_age()
 
@@ -84,8 +118,11 @@ def run_transformers(path, threads, ids):
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(threads)
-    d, f = os.path.split(path)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    if os.path.isdir(path):  # an HF directory in its own dtype: transformers' bf16 CPU path
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
+    else:
+        d, f = os.path.split(path)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
     load = process_age()
 
     @torch.no_grad()
@@ -110,17 +147,20 @@ def child(engine, path, threads, ids, repeat):
     load, generate = runs[engine]()
     times = [generate() for _ in range(repeat)]  # the best of `repeat`: the least disturbed by other work
     prefill, decode = min(t[0] for t in times), min(t[1] for t in times)
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": N_PROMPT / prefill,
-                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": peak_mb}))
+    peak_mb, anon, file = resident()
+    print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": len(ids) / prefill,
+                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": peak_mb, "anon_mb": anon, "file_mb": file}))
 
 
-def prompt_ids(g):
-    """The prompt's first N_PROMPT token ids (refllama's tokenizer, equal to llama.cpp's: tests/test_tokenizer.py),
-    computed here once so that no engine's process pays for a second tokenizer."""
-    from refllama.formats.tokenizer import from_gguf
+def prompt_ids(path, n):
+    """The prompt's first n token ids (refllama's tokenizer, equal to llama.cpp's: tests/test_tokenizer.py), computed
+    here once so that no engine's process pays for a second tokenizer; the text repeats until it is long enough."""
+    from refllama.formats.gguf_loader import GGUFFile
+    from refllama.formats.tokenizer import from_gguf, from_hf_dir
 
-    return from_gguf(g).encode(TEXT)[:N_PROMPT]
+    tok = from_hf_dir(path)[0] if os.path.isdir(path) else from_gguf(GGUFFile(path))
+    ids = tok.encode(TEXT)
+    return (ids * (n // len(ids) + 1))[:n]
 
 
 def installed(engine):
@@ -135,44 +175,46 @@ def installed(engine):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", help="GGUF file (default: the installed SmolLM2)")
+    p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2)")
+    p.add_argument("--prompt", type=int, default=N_PROMPT, help="prompt tokens (default %(default)s)")
+    p.add_argument("--decode", type=int, default=N_DECODE, help="decoded tokens (default %(default)s)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--engines", default="numpy,numba,numba-ggml,llama.cpp,transformers")
     p.add_argument("--repeat", type=int, default=3, help="prefill + decode runs per engine; the best time counts")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     args = p.parse_args()
-    from refllama import arch
     from refllama.api import default_model_path
-    from refllama.formats.gguf_loader import GGUFFile
 
+    global N_DECODE
+    N_DECODE = args.decode
     path = args.model or default_model_path()
     if args.child:
         return child(args.child, path, args.threads, json.loads(args.ids), args.repeat)
-    g = GGUFFile(path)
-    cfg = arch.for_gguf(g.string("general.architecture", required=True), path).config_from_gguf(g)
-    name = g.string("general.name", os.path.basename(path))
-    ids = json.dumps(prompt_ids(g))
+    cfg, name, size_mb = describe(path)
+    ids = json.dumps(prompt_ids(path, args.prompt))
     rows = {}
     for engine in args.engines.split(","):
-        if not installed(engine):
-            print(f"{engine}: not installed, skipped", file=sys.stderr)
+        if not installed(engine) or (engine == "llama.cpp" and os.path.isdir(path)):
+            print(f"{engine}: not installed or not for this model, skipped", file=sys.stderr)
             continue
         r = subprocess.run([sys.executable, __file__, "--child", engine, "-m", path, "--threads", str(args.threads),
-                            "--ids", ids, "--repeat", str(args.repeat)],
+                            "--ids", ids, "--repeat", str(args.repeat), "--decode", str(N_DECODE)],
                            capture_output=True, text=True)
         if r.returncode != 0:
             print(f"{engine}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
             continue
         rows[engine] = json.loads(r.stdout.strip().splitlines()[-1])
-    gguf_mb = os.path.getsize(path) / 2**20
-    print(f"{name} ({os.path.basename(path)}, {gguf_mb:.0f} MB), {args.threads} threads, {os.cpu_count()} cores, "
-          f"{N_PROMPT}-token prompt, {N_DECODE} decoded tokens, best of {args.repeat}\n")
-    print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) |")
-    print("| --- | --- | --- | --- | --- |")
+    bandwidth = memory_bandwidth(args.threads)
+    print(f"{name} ({os.path.basename(path.rstrip('/'))}, {size_mb:.0f} MB), {args.threads} threads, "
+          f"{os.cpu_count()} cores, {args.prompt}-token prompt, {N_DECODE} decoded tokens, "
+          f"best of {args.repeat}; memory bandwidth {bandwidth / 1e9:.1f} GB/s: reading the weights once takes "
+          f"{size_mb * 2**20 / bandwidth:.2f} s, at most {bandwidth / (size_mb * 2**20):.1f} tok/s of decode\n")
+    print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) | anon / file (MB) |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for e, r in rows.items():
         print(f"| {e} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
-              f"| {r['peak_rss_mb']:.0f} |")
+              f"| {r['peak_rss_mb']:.0f} | {r['anon_mb']:.0f} / {r['file_mb']:.0f} |")
 
     def ratio(a, b, key):
         if a in rows and b in rows:
@@ -182,10 +224,27 @@ def main():
         ratio(mine, "llama.cpp", "decode_tok_s")
         ratio(mine, "llama.cpp", "prefill_tok_s")
     ratio("numpy", "transformers", "decode_tok_s")
-    if "numba" in rows:
-        kv_mb = (N_PROMPT + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20
-        ratio_mem = rows["numba"]["peak_rss_mb"] / (2 * gguf_mb + kv_mb)
-        print(f"- numba peak RSS / (2 x GGUF + KV cache {kv_mb:.0f} MB): {ratio_mem:.3f}x")
+    kv_mb = (args.prompt + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20
+    for e, r in rows.items():
+        print(f"- {e} peak RSS / (file + KV cache {kv_mb:.0f} MB): {r['peak_rss_mb'] / (size_mb + kv_mb):.2f}x")
+
+
+def describe(path):
+    """(config, name, size in MB) of a GGUF file or an HF directory."""
+    from refllama import arch
+
+    if os.path.isdir(path):
+        from refllama.formats.hf_loader import Config
+
+        c = Config(os.path.join(path, "config.json"))
+        cfg = arch.for_hf(c.get("architectures", kind=(list,))[0], c.path).config_from_hf(c)[0]
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
+        return cfg, os.path.basename(path.rstrip("/")), size / 2**20
+    from refllama.formats.gguf_loader import GGUFFile
+
+    g = GGUFFile(path)
+    cfg = arch.for_gguf(g.string("general.architecture", required=True), path).config_from_gguf(g)
+    return cfg, g.string("general.name", os.path.basename(path)), os.path.getsize(path) / 2**20
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
-"""Write a GGUF model with a real model's shapes and a real vocabulary and random weights, for speed and memory work
-at the sizes people port (its text is noise: say "synthetic" beside every figure measured on it).
+"""Write a GGUF model (or an HF directory) with a real model's shapes and a real vocabulary and random weights, for
+speed and memory work at the sizes people port (its text is noise: say "synthetic" beside every figure measured on it).
 
     python tools/make_synthetic_model.py llama-3.1-8b q4_k_m -o ~/.cache/refllama/synthetic     # ~1-3 min, 4.9 GB
     python tools/make_synthetic_model.py qwen2.5-7b bf16 --layers 2 -o /tmp/syn                  # a cut-down model
+    python tools/make_synthetic_model.py llama-3.1-8b hf-bf16 -o ~/.cache/refllama/synthetic    # an HF directory
 
 Types: f16, bf16 (every matrix 16-bit), q8_0, q4_0, q4_k_m (Q4_K, with Q6_K where llama-quantize's Q4_K_M puts it:
-the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between).
+the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between);
+hf-bf16 and hf-f16: the GGUF of that type (written first, and kept) exported as an HF directory by refllama.convert
+(safetensors in 5 GB shards with their index, config.json, tokenizer.json; the Llama, Qwen2 and Phi-3 shapes).
 Norms and biases are F32. Quantized blocks hold random codes and finite scales chosen so that weights spread about
 0.02, and norms are near 1, so activations stay finite through every layer. The tensors are the architecture's own
 weights table (refllama.arch), the tokenizer fields are copied from a llama.cpp vocabulary-only GGUF
@@ -163,15 +166,29 @@ def write(name, kind, out, n_layer=None, seed=0):
     return path
 
 
+def write_hf(name, kind, out, n_layer=None, seed=0):
+    """The HF directory beside the GGUF of the same type (reused if it is there)."""
+    from refllama.convert import convert
+
+    gguf_kind = kind.removeprefix("hf-")
+    path = Path(out).expanduser() / f"{name}{f'-{n_layer}l' if n_layer else ''}-{gguf_kind}.gguf"
+    if not path.exists():
+        write(name, gguf_kind, out, n_layer, seed)
+    directory = path.with_name(path.name.removesuffix(".gguf").replace(f"-{gguf_kind}", f"-{kind}"))
+    convert(path, directory, gguf_kind)
+    print(f"wrote {directory} (HF, {gguf_kind}, synthetic weights)")
+    return directory
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", choices=SHAPES)
-    p.add_argument("type", choices=TYPES)
+    p.add_argument("type", choices=[*TYPES, "hf-bf16", "hf-f16"])
     p.add_argument("-o", "--out", required=True, help="folder to write into (keep big models outside the repo)")
     p.add_argument("--layers", type=int, help="keep the first N layers (widths unchanged)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    write(args.model, args.type, args.out, args.layers, args.seed)
+    (write_hf if args.type.startswith("hf-") else write)(args.model, args.type, args.out, args.layers, args.seed)
 
 
 if __name__ == "__main__":

@@ -84,11 +84,36 @@ def type_and_sizes(raw_type):
 
 
 class QuantizedTensor(NamedTuple):
-    """A matrix left in its GGUF bytes for a backend that multiplies by it quantized (refllama.numerics.quant)."""
+    """A matrix left in its file's bytes (a GGUF tensor of any type, a safetensors' F16/BF16) for a backend that
+    multiplies by it as stored (refllama.numerics)."""
 
     raw: object  # [N, row bytes] uint8 (a memory map of the file)
     qtype: GGMLType
-    shape: tuple  # numpy shape [N, K]
+    shape: tuple  # numpy shape [N, K] (a vector converted by to_float32: [K])
+
+    def rows(self, index):
+        """These rows only (a slice or an index array), still in the file's form."""
+        raw = self.raw[index]
+        return QuantizedTensor(raw, self.qtype, (len(raw), self.shape[1]))
+
+    def to_float32(self, out=None):  # -> [N, K] float32
+        """The values in float32, written into `out` if given: F32, F16 and BF16 exactly (bfloat16 is the top half
+        of a float32), the quantized types by gguf-py's dequantize, as the loaders convert them."""
+        import numpy as np
+
+        out = np.empty(self.shape, np.float32) if out is None else out
+        if self.qtype == GGMLType.F32:
+            np.copyto(out, self.raw.view(np.float32).reshape(self.shape))
+        elif self.qtype == GGMLType.F16:
+            np.copyto(out, self.raw.view(np.float16).reshape(self.shape))
+        elif self.qtype == GGMLType.BF16:
+            np.left_shift(self.raw.view(np.uint16).reshape(self.shape), 16, out=out.view(np.uint32), dtype=np.uint32)
+        else:
+            from gguf.quants import dequantize
+
+            with np.errstate(all="ignore"):  # a corrupt scale dequantizes to inf/NaN: the file's values, not an error
+                out[...] = dequantize(self.raw, self.qtype).reshape(self.shape)
+        return out
 
     def split(self, sizes):
         """Row blocks of `sizes` rows each (a fused matrix's parts); rows are whole blocks, so bytes split too."""

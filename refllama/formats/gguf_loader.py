@@ -250,14 +250,12 @@ class GGUFFile:
             raise RefllamaError(f"{self.path}: tensor {shown(name)} has unsupported type {t.tensor_type.name}")
         if t.tensor_type == GGMLType.F32:
             return self.raw(t).reshape(shape)
+        stored = QuantizedTensor(self.raw(t), t.tensor_type, tuple(shape))
         if len(shape) == 2 and t.tensor_type in keep_quantized:
-            return QuantizedTensor(self.raw(t), t.tensor_type, tuple(shape))
+            return stored
         if keep_quantized and t.tensor_type not in (GGMLType.F16, GGMLType.BF16):
             self.fallbacks.add(t.tensor_type.name)
-        from gguf.quants import dequantize
-
-        with np.errstate(all="ignore"):  # a corrupt scale dequantizes to inf/NaN: the file's values, not an error
-            return dequantize(self.raw(t), t.tensor_type).astype(np.float32, copy=False).reshape(shape)
+        return stored.to_float32()
 
 
 def load_gguf(path, placement=None):
@@ -275,6 +273,8 @@ def load_gguf(path, placement=None):
     # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     placement = placement or Placement()
+    if hasattr(placement, "plan"):  # a placement that chooses by the model's size (numerics.matrices.FilePlacement)
+        placement.plan(sum(4 * math.prod(t.shape) for t in g.tensors.values()))
     placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2}, cfg)
     kept = [t for t in g.tensors.values() if not (len(t.shape) == 2 and t.tensor_type in placement.keep)]
     check_memory(sum(4 * math.prod(t.shape) for t in kept), f"{g.path}: the weights in float32",
@@ -283,4 +283,8 @@ def load_gguf(path, placement=None):
                            lambda name: name in g.tensors, placement)
     types = ", ".join(sorted(g.fallbacks))
     notices = [f"no {{backend}} kernel for {types}: those tensors are dequantized to float32"] if types else []
+    converted = ", ".join(sorted(getattr(placement, "converted", ())))
+    if converted:
+        notices.append(f"no {{backend}} kernel for {converted}: those matrices are converted to float32 as each "
+                       "product runs")
     return Loaded(cfg, weights, tokenizer, template, notices)

@@ -4,6 +4,7 @@ The architecture module that `architectures[0]` names reads the config and the w
 every layout transform from HF's tensors to refllama's is listed in `arch.tables.read_weights`.
 """
 
+import math
 import os
 import struct
 from pathlib import Path
@@ -15,10 +16,12 @@ from ..arch.tables import read_weights
 from ..config import Loaded
 from ..errors import RefllamaError, shown
 from ..xp import Placement
-from .safety import check_regular, inside, parse_json, read_json
+from .ggml_types import GGMLType, QuantizedTensor
+from .safety import check_memory, check_regular, inside, parse_json, read_json
 
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+_FORMS = {"F16": GGMLType.F16, "BF16": GGMLType.BF16}  # safetensors dtypes a matrix can stay in
 
 
 NUMBER = (int, float)
@@ -76,16 +79,23 @@ class SafeTensors:
     def __contains__(self, name):
         return name in self.entries
 
-    def tensor(self, name):
+    def tensor(self, name, keep=frozenset()):
+        """Tensor `name` in float32, or in its stored form (QuantizedTensor) if it is an F16/BF16 matrix whose type is
+        in `keep`; F32 matrices stay a view of the memory map."""
         e = self.entries[name]
         if e["dtype"] not in _DTYPES:
             raise RefllamaError(f"{self.path}: tensor {shown(name)} has unsupported dtype {shown(e['dtype'])} "
                                 "(F32, F16, BF16)")
         begin, end = e["data_offsets"]
-        raw = self.buf[self.base + begin:self.base + end].view(_DTYPES[e["dtype"]])
-        if e["dtype"] == "BF16":  # bfloat16 is the top half of a float32
-            return (raw.astype(np.uint32) << 16).view(np.float32).reshape(e["shape"])
-        return raw.astype(np.float32).reshape(e["shape"])
+        raw, shape = self.buf[self.base + begin:self.base + end], tuple(e["shape"])
+        if e["dtype"] == "F32":
+            values = raw.view(np.float32).reshape(shape)
+            return values if len(shape) == 2 else values.copy()
+        rows = shape[0] if len(shape) == 2 else 1  # a vector converts as one row
+        stored = QuantizedTensor(raw.reshape(rows, -1), _FORMS[e["dtype"]], (rows, math.prod(shape) // rows))
+        if len(shape) == 2 and stored.qtype in keep:
+            return stored
+        return stored.to_float32().reshape(shape)
 
 
 class Checkpoint:
@@ -120,7 +130,16 @@ class Checkpoint:
     def __contains__(self, name):
         return name in self.where
 
-    def tensor(self, name, shape):
+    def float32_bytes(self, keep):
+        """The memory the tensors take once read: float32 for all but the matrices kept as stored (`keep`)."""
+        total = 0
+        for name, st in self.where.items():
+            e = st.entries.get(name)
+            if e is not None and not (len(e["shape"]) == 2 and _FORMS.get(e["dtype"]) in keep):
+                total += 4 * math.prod(e["shape"])
+        return total
+
+    def tensor(self, name, shape, keep=frozenset()):
         if name not in self.where:
             raise RefllamaError(f"{self.dir}: missing tensor {shown(name)}")
         st = self.where[name]
@@ -129,7 +148,7 @@ class Checkpoint:
         if tuple(st.entries[name]["shape"]) != tuple(shape):
             got = st.entries[name]["shape"]
             raise RefllamaError(f"{st.path}: tensor {shown(name)} has shape {list(got)}, expected {list(shape)}")
-        return st.tensor(name)
+        return st.tensor(name, keep)
 
 
 def eos_ids(c, directory):
@@ -159,7 +178,13 @@ def load_hf(directory, placement=None):
         raise RefllamaError(f"{c.path}: invalid config ({type(e).__name__}: {shown(str(e))})") from None
     cfg.checked(c.path)
     ck = Checkpoint(d)
-    weights = read_weights(arch, cfg, "hf", ck.tensor, lambda name: name in ck, placement or Placement())
+    place = placement or Placement()
+    if hasattr(place, "plan"):  # a placement that chooses by the model's size (numerics.matrices.FilePlacement)
+        place.plan(ck.float32_bytes(frozenset()))
+    check_memory(ck.float32_bytes(place.keep), f"{d}: the weights in float32",
+                 "use a smaller model or a 16-bit one (kept as stored on numpy and numba)")
+    weights = read_weights(arch, cfg, "hf", lambda name, shape: ck.tensor(name, shape, place.keep),
+                           lambda name: name in ck, place)
     weights.update(rope())
     tokenizer, template = from_hf_dir(d, eos_ids(c, d))
     return Loaded(cfg, weights, tokenizer, template, [])

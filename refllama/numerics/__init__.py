@@ -3,13 +3,15 @@ matrices that stay quantized or in float16, and the Numba kernels that multiply 
 the formulas are refllama.layers; with numerics "float32" on numpy every step is one of them.
 
     (backend, numerics)   operations table            weights
-    numpy/cupy, float32   refllama.layers.FLOAT32     float32 arrays (xp.Placement)
-    numba, float32        numba_ops.OPS               quant.QuantMatrix: quantized types repacked for Numba kernels
+    numpy, float32        refllama.layers.FLOAT32     matrices.FileMatrix above 1B parameters, else float32 arrays
+    cupy, float32         refllama.layers.FLOAT32     float32 arrays on the GPU (xp.Placement)
+    numba, float32        numba_ops.OPS               quant.QuantMatrix: quantized types repacked for Numba kernels;
+                                                      FileMatrix for the types without a kernel
     numpy/cupy, ggml      ggml_numerics.OPS           ggml_numerics.GgmlMatrix: llama.cpp's integer dot products
     numba, ggml           ggml_kernels.OPS            the same as Numba / LLVM IR kernels
 
 Shared facts: ggml_tables (block layouts, float16, expf's constants), ir (LLVM IR helpers), matrices (the weight-matrix
-protocol, fused matrices), kernel_pages (kernels loaded before the loader's pages are released).
+protocol, fused matrices, file-form matrices), kernel_pages (kernels loaded before the loader's pages are released).
 """
 
 import importlib
@@ -33,8 +35,9 @@ def ops_for(backend, numerics):
     return importlib.import_module(OPS[backend, numerics]).OPS
 
 
-def placement(backend, xp, numerics="float32"):
-    """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read."""
+def placement(backend, xp, numerics="float32", in_file=None):
+    """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read.
+    `in_file`: numpy's choice between file-form and float32 matrices (None: by the model's size, FilePlacement)."""
     if numerics == "ggml":
         if backend == "numba":
             from .ggml_kernels import GgmlNumbaPlacement
@@ -47,4 +50,8 @@ def placement(backend, xp, numerics="float32"):
         from .quant import NumbaPlacement
 
         return NumbaPlacement()
+    if backend == "numpy":
+        from .matrices import FilePlacement
+
+        return FilePlacement(in_file)
     return Placement(xp)

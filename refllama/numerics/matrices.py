@@ -3,6 +3,8 @@ calls `w.matmul(x)`, so `layers.linear` is one line for every backend and numeri
 
 import numpy as np
 
+from ..formats.ggml_types import GGMLType, QuantizedTensor
+
 
 class WeightMatrix:
     """The protocol: a [N, K] weight with `shape`, `matmul(x)` ([T, K] -> [T, N]) and, where rows are read
@@ -69,3 +71,94 @@ def fuse_layer(lw, concat):
             whole = concat([lw[n] for n in names])
             if whole is not None:
                 lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts()))
+
+
+SCRATCH_VALUES = 64 << 20  # float32 values (256 MiB): every matrix of an 8B model but the vocabulary's fits whole
+CHUNK = 1024  # rows converted per call of the converter
+BLOCK_ROWS = 256  # a product in row blocks cuts at multiples of this: BLAS's kernels take rows in groups, and a block
+# that ends inside a group sums its last rows in another order
+
+
+class Scratch:
+    """One float32 buffer that the file-form matrices of a model convert into, each in turn; allocated at the size
+    of the largest conversion (at most SCRATCH_VALUES) and reused for every product."""
+
+    def __init__(self):
+        self.buf = np.empty(0, np.float32)
+
+    def take(self, shape):
+        n = shape[0] * shape[1]
+        if n > len(self.buf):
+            self.buf = np.empty(n, np.float32)
+        return self.buf[:n].reshape(shape)
+
+
+class FileMatrix(WeightMatrix):
+    """A [N, K] weight in its file's form (refllama.formats.ggml_types.QuantizedTensor: a memory map of GGUF bytes of
+    any type or of a safetensors' float16/bfloat16) for the float32 arithmetic: a product converts the matrix to
+    float32 in the model's scratch and multiplies that, so the model is never held in float32 whole, and each
+    product is the one a float32 copy would give. A matrix larger than the scratch (the vocabulary's at 7B and up) is
+    converted and multiplied in blocks of whole BLOCK_ROWS groups, which BLAS sums as it sums the whole matrix
+    (checked on SmolLM2's 49152-row vocabulary; a vocabulary not a multiple of BLOCK_ROWS may differ in its last
+    rows by BLAS's rounding)."""
+
+    def __init__(self, stored, scratch):
+        self.stored, self.scratch, self.shape = stored, scratch, tuple(stored.shape)
+        self.block = max(BLOCK_ROWS, SCRATCH_VALUES // self.shape[1] // BLOCK_ROWS * BLOCK_ROWS)  # rows at once
+
+    @property
+    def nbytes(self):
+        return self.stored.raw.nbytes
+
+    def float32(self, a, b):  # rows a:b -> [b - a, K] float32 in the scratch, converted CHUNK rows at a time
+        out = self.scratch.take((b - a, self.shape[1]))
+        for c in range(a, b, CHUNK):  # bounds the converter's temporaries (gguf-py's dequantize makes several)
+            self.stored.rows(slice(c, min(c + CHUNK, b))).to_float32(out[c - a:c - a + CHUNK])
+        return out
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        N = self.shape[0]
+        if N <= self.block:
+            return x @ self.float32(0, N).T
+        out = np.empty((len(x), N), np.float32)
+        for a in range(0, N, self.block):
+            b = min(a + self.block, N)
+            out[:, a:b] = x @ self.float32(a, b).T
+        return out
+
+    def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32, only those rows converted
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} asked of a {self.shape[0]}-row matrix")
+        return self.stored.rows(rows).to_float32()
+
+
+FILE_FORMS = frozenset(GGMLType) - {GGMLType.F32}  # the types a matrix stays in; F32 matrices are float32 already
+
+
+FLOAT32_AT_LOAD = 4 << 30  # a model whose float32 weights take up to this is converted at load, as a fast reference
+
+
+class FilePlacement:
+    """Weights for the float32 arithmetic on NumPy. A model whose weights take more than FLOAT32_AT_LOAD in float32
+    (1B parameters and up) keeps every matrix in its file's form (FileMatrix), all sharing one scratch: a conversion
+    at every product, but never the model in float32 whole. A smaller one is converted to float32 at load, once, and
+    multiplies faster: the products are the same. `in_file` (True, False) overrides the size rule."""
+
+    def __init__(self, in_file=None):
+        self.scratch, self.in_file = Scratch(), in_file
+
+    @property
+    def keep(self):
+        return FILE_FORMS if self.in_file else frozenset()
+
+    def plan(self, float32_bytes):
+        """Told by the loader, before any weight is read, what the model's tensors take in float32."""
+        if self.in_file is None:
+            self.in_file = float32_bytes > FLOAT32_AT_LOAD
+
+    def prepare(self, qtypes, cfg):
+        pass
+
+    def __call__(self, a):
+        return FileMatrix(a, self.scratch) if isinstance(a, QuantizedTensor) else a
