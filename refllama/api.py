@@ -62,9 +62,9 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     size; None for DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as
     `refllama.set_threads`; None sets the idle cores, as the CLI does, unless the caller already set this backend's
     threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down).
-    `weights_in_file` (numpy, float32): keep every matrix memory-mapped in the file's form and convert it to float32
-    at each product (True), or convert the model at load (False); None chooses by size, in the file above 4 GiB of
-    float32 (refllama.numerics.matrices.FilePlacement)."""
+    `weights_in_file` (numerics float32): keep every matrix (on numba, every matrix of a type without a kernel)
+    memory-mapped in the file's form and convert it to float32 at each product (True), or convert them at load
+    (False); None chooses by size, in the file above 4 GiB of float32 (refllama.numerics.matrices.FilePlacement)."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "

@@ -50,7 +50,7 @@ def test_numpy_keeps_every_gguf_type_in_the_file_and_computes_as_float32(tmp_pat
 @pytest.mark.parametrize("qtype", sorted(FILE_FORMS - REPACKED, key=int), ids=lambda t: t.name)
 def test_numba_keeps_the_types_without_a_kernel_in_the_file(tmp_path, qtype):
     path = write_gguf(tmp_path / "m.gguf", tiny_metadata(), tiny_tensors(qtype))
-    m = refllama.load(path, backend="numba", n_ctx=64, threads=1)
+    m = refllama.load(path, backend="numba", n_ctx=64, threads=1, weights_in_file=True)
     assert isinstance(m.weights["layers"][0]["ffn_down"], FileMatrix)
     same_run(m, float32_model(path, "numba"))
 

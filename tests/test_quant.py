@@ -76,6 +76,11 @@ def test_unsupported_types_fall_back_with_one_notice(tmp_path):
     path = write_gguf(tmp_path / "q5.gguf", tiny_metadata(), tiny_tensors(QT.Q5_K))
     r = subprocess.run([sys.executable, "-c", f"import refllama; m = refllama.load({str(path)!r}, backend='numba');"
                         "print(type(m.weights['layers'][0]['attn_q']).__name__)"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "ndarray"
+    assert r.stderr.strip() == "refllama: no numba kernel for Q5_K: those tensors are dequantized to float32"
+    r = subprocess.run([sys.executable, "-c", f"import refllama; m = refllama.load({str(path)!r}, backend='numba', "
+                        "weights_in_file=True); print(type(m.weights['layers'][0]['attn_q']).__name__)"],
+                       capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "FileMatrix"
     assert r.stderr.strip() == ("refllama: no numba kernel for Q5_K: those matrices are converted to float32 as each "
                                 "product runs")

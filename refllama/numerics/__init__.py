@@ -6,7 +6,7 @@ the formulas are refllama.layers; with numerics "float32" on numpy every step is
     numpy, float32        refllama.layers.FLOAT32     matrices.FileMatrix above 1B parameters, else float32 arrays
     cupy, float32         refllama.layers.FLOAT32     float32 arrays on the GPU (xp.Placement)
     numba, float32        numba_ops.OPS               quant.QuantMatrix: quantized types repacked for Numba kernels;
-                                                      FileMatrix for the types without a kernel
+                                                      the other types as numpy keeps them
     numpy/cupy, ggml      ggml_numerics.OPS           ggml_numerics.GgmlMatrix: llama.cpp's integer dot products
     numba, ggml           ggml_kernels.OPS            the same as Numba / LLVM IR kernels
 
@@ -49,7 +49,7 @@ def placement(backend, xp, numerics="float32", in_file=None):
     if backend == "numba":
         from .quant import NumbaPlacement
 
-        return NumbaPlacement()
+        return NumbaPlacement(in_file)
     if backend == "numpy":
         from .matrices import FilePlacement
 

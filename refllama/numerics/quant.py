@@ -28,7 +28,7 @@ from . import numba_ops
 from .ggml_tables import F16_TABLE, blocks, codes, f16, f16_bits, field, k_scales
 from .ir import F32, I8, I32, I64, V32F32, V32I8, counted_loop, hsum, load, load_f16, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
-from .matrices import FILE_FORMS, FileMatrix, Scratch, WeightMatrix, fuse_layer
+from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
 REPACKED = frozenset((QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_0, QT.Q8_0, QT.Q6_K))
 def as_f32(s, table):
@@ -333,20 +333,24 @@ def concat_quant(ms):
     return whole
 
 
-class NumbaPlacement:
+class NumbaPlacement(FilePlacement):
     """Weights for the numba backend: matrices of the REPACKED types kept in their GGUF bytes and repacked for the
-    kernels as they are read (each memory map dropped once repacked), the other matrices in their file's form
-    (FileMatrix), the rest float32 NumPy. `converted`: the quantized types without a kernel, for a notice."""
+    kernels as they are read (each memory map dropped once repacked); the other matrices, in a model big enough
+    (FilePlacement's size rule), in their file's form (FileMatrix), else float32 NumPy as the rest. `converted`: the
+    quantized types without a kernel kept in the file, for a notice."""
 
-    keep = FILE_FORMS
+    def __init__(self, in_file=None):
+        super().__init__(in_file)
+        self.converted = set()
 
-    def __init__(self):
-        self.scratch, self.converted = Scratch(), set()
+    @property
+    def keep(self):
+        return FILE_FORMS if self.in_file else REPACKED
 
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's quantized matrix types and of a step's small steps, before the weights
         are read; then release the pages that only loading them needed."""
-        self.converted = {t.name for t in qtypes if t in FILE_FORMS - REPACKED - {QT.F16, QT.BF16}}
+        self.converted = {t.name for t in qtypes if t in self.keep - REPACKED - {QT.F16, QT.BF16}}
         with compile_notice():
             warm_up(REPACKED & set(qtypes))
             warm_up_steps(numba_ops.OPS, cfg.head_dim)
