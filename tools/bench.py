@@ -174,6 +174,7 @@ def installed(engine):
 
 
 def main():
+    global N_DECODE  # the children's decode count, from --decode
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2)")
     p.add_argument("--prompt", type=int, default=N_PROMPT, help="prompt tokens (default %(default)s)")
@@ -186,7 +187,6 @@ def main():
     args = p.parse_args()
     from refllama.api import default_model_path
 
-    global N_DECODE
     N_DECODE = args.decode
     path = args.model or default_model_path()
     if args.child:

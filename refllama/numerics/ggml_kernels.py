@@ -359,10 +359,12 @@ class NumbaKQuantMatrix(GgmlMatrix):
     def __init__(self, raw, qtype, shape):
         self.qtype, self.shape, self.group = qtype, tuple(shape), GROUP.get(qtype, 32)
         w = int_weights(raw, qtype, shape)
+        if qtype == QT.Q6_K:
+            np.add(w.codes, np.int8(32), out=w.codes)  # in place, 0..63: the codes held once, in the kernel's form
         self.w = w
         none = np.zeros((0, 0), np.int32)
-        self.fields = ((w.codes + np.int8(32 if qtype == QT.Q6_K else 0)).view(np.uint8), w.d,
-                       w.sc.astype(np.int32), none if w.m is None else w.m.astype(np.int32),
+        self.fields = (w.codes.view(np.uint8), w.d, w.sc.astype(np.int32),
+                       none if w.m is None else w.m.astype(np.int32),
                        none.astype(np.float32) if w.dmin is None else w.dmin)
 
     def matmul(self, x):  # [T, K] -> [T, N]
@@ -371,7 +373,8 @@ class NumbaKQuantMatrix(GgmlMatrix):
 
     def __getitem__(self, rows):
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        return dequantize(IntWeights(self.qtype, *(None if a is None else a[rows] for a in self.w[1:])))
+        codes, *rest = (None if a is None else a[rows] for a in self.w[1:])
+        return dequantize(IntWeights(self.qtype, codes - np.int8(32) if self.qtype == QT.Q6_K else codes, *rest))
 
 
 def concat_raw(ms):
