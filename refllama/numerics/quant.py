@@ -333,6 +333,54 @@ def concat_quant(ms):
     return whole
 
 
+@njit(parallel=True, fastmath=True, cache=True)
+def matvec_bf16(x, w):  # [K] f32, [N, K] bfloat16 bits (uint16) -> [N] = W @ x
+    N, K = w.shape
+    out = np.empty(N, np.float32)
+    n_chunks = min(N, CHUNKS)
+    for c in prange(n_chunks):
+        bits = np.empty(K, np.uint32)
+        row = bits.view(np.float32)
+        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+            for i in range(K):  # bfloat16 is the top half of a float32
+                bits[i] = np.uint32(w[r, i]) << 16
+            acc = np.float32(0.0)
+            for i in range(K):
+                acc += row[i] * x[i]
+            out[r] = acc
+    return out
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def matvec_f16(x, w, table):  # [K] f32, [N, K] float16 bits (uint16), the float16 table -> [N] = W @ x
+    N, K = w.shape
+    out = np.empty(N, np.float32)
+    n_chunks = min(N, CHUNKS)
+    for c in prange(n_chunks):
+        row = np.empty(K, np.float32)
+        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+            for i in range(K):
+                row[i] = table[w[r, i]]
+            acc = np.float32(0.0)
+            for i in range(K):
+                acc += row[i] * x[i]
+            out[r] = acc
+    return out
+
+
+class HalfMatrix(FileMatrix):
+    """An F16/BF16 matrix as stored in the file, memory-mapped: one token's product is a Numba kernel reading its 16
+    bits per weight once (decode is bound by reading the weights); a batch's converts it to float32 in the scratch
+    and multiplies there (FileMatrix)."""
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        if len(x) > 1:
+            return super().matmul(x)
+        x = np.ascontiguousarray(x[0], dtype=np.float32)
+        w = self.stored.raw.view(np.uint16)
+        return (matvec_bf16(x, w) if self.stored.qtype == QT.BF16 else matvec_f16(x, w, F16_TABLE))[None]
+
+
 class NumbaPlacement(FilePlacement):
     """Weights for the numba backend: matrices of the REPACKED types kept in their GGUF bytes and repacked for the
     kernels as they are read (each memory map dropped once repacked); the other matrices, in a model big enough
@@ -353,13 +401,18 @@ class NumbaPlacement(FilePlacement):
         self.converted = {t.name for t in qtypes if t in self.keep - REPACKED - {QT.F16, QT.BF16}}
         with compile_notice():
             warm_up(REPACKED & set(qtypes))
+            for qtype in (self.keep - REPACKED) & set(qtypes) & {QT.F16, QT.BF16}:  # HalfMatrix's kernel
+                half = QuantizedTensor(np.zeros((2, 256 * 2), np.uint8), qtype, (2, 256))
+                _ = np.zeros((1, 256), np.float32) @ HalfMatrix(half, self.scratch).T
             warm_up_steps(numba_ops.OPS, cfg.head_dim)
         release_loader_pages()
 
     def __call__(self, a):
         if not isinstance(a, QuantizedTensor):
             return a
-        return QuantMatrix(a.raw, a.qtype, a.shape) if a.qtype in REPACKED else FileMatrix(a, self.scratch)
+        if a.qtype in REPACKED:
+            return QuantMatrix(a.raw, a.qtype, a.shape)
+        return (HalfMatrix if a.qtype in (QT.F16, QT.BF16) else FileMatrix)(a, self.scratch)
 
     def layer(self, lw):
         fuse_layer(lw, concat_quant)
