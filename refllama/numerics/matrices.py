@@ -1,5 +1,5 @@
-"""Weights that are not arrays (kept quantized, in float16, or several joined as one) multiply as arrays do: `x @ w.T`
-calls `w.matmul(x)`, so `layers.linear` is one line for every backend and numerics."""
+"""Weights that are not arrays (kept quantized, in float16, in the file's form, or several joined as one) multiply as
+arrays do: `x @ w.T` calls `w.matmul(x)`, so `layers.linear` is one line for every backend and numerics."""
 
 import numpy as np
 
