@@ -41,8 +41,8 @@ def bfloat16(a):  # float32 -> bfloat16 bits (uint16), rounded to nearest even a
     return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
 
 
-DTYPES = {"f32": ("float32", "F32", lambda a: a), "f16": ("float16", "F16", lambda a: a.astype(np.float16)),
-          "bf16": ("bfloat16", "BF16", bfloat16)}  # --dtype: (config's torch_dtype, safetensors dtype, convert)
+DTYPES = {"f32": ("float32", lambda a: a), "f16": ("float16", lambda a: a.astype(np.float16)),
+          "bf16": ("bfloat16", bfloat16)}  # --dtype: (config's torch_dtype, the conversion from float32)
 
 
 def hf_tensors(cfg, w):
@@ -73,7 +73,7 @@ def hf_tensors(cfg, w):
 def write_shards(tensors, directory, dtype, shard_bytes):
     """The tensors in shards of at most `shard_bytes` (a larger tensor alone in its own), each converted just before
     its shard is written and dropped after: model.safetensors, or model-0000i-of-0000n.safetensors and the index."""
-    _, st_dtype, cast = DTYPES[dtype]
+    cast = DTYPES[dtype][1]
     width = np.dtype(np.float32 if dtype == "f32" else np.float16).itemsize
     shards, size = [[]], 0
     for name, shape, values in tensors:
@@ -98,7 +98,6 @@ def write_shards(tensors, directory, dtype, shard_bytes):
     if len(files) > 1:
         (directory / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1) + "\n", encoding="utf-8")
-    return st_dtype
 
 
 def save_bf16(arrays, path):

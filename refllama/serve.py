@@ -185,10 +185,6 @@ def sampling(body, m):
     stop = [stop] if isinstance(stop, str) else stop
     if len(stop) > 4 or not all(isinstance(s, str) for s in stop):
         raise APIError(400, "'stop' must be a string or a list of up to 4 strings", param="stop")
-    if field(body, "n", (int,), 1) != 1:
-        raise APIError(400, "only n=1 is supported", param="n")
-    if field(body, "logprobs", (bool, int), False):
-        raise APIError(400, "logprobs are not supported", param="logprobs")
     num = (int, float)
     return dict(
         max_tokens=max_tokens, stop=stop,
@@ -210,6 +206,8 @@ UNSUPPORTED = {  # request fields refllama cannot honour: refused unless they as
     "function_call": (lambda v: v == "none", "function calls are not supported"),
     "response_format": (lambda v: v == {"type": "text"}, "only plain text output ({'type': 'text'}) is supported"),
     "logit_bias": (lambda v: v == {}, "logit_bias is not supported"),
+    "n": (lambda v: v == 1, "only n=1 is supported"),
+    "logprobs": (lambda v: v is False or v == 0, "logprobs are not supported"),
     "top_logprobs": (lambda v: v == 0, "logprobs are not supported"),
     "echo": (lambda v: v is False, "echo is not supported"),
     "suffix": (lambda v: v == "", "suffix (insertion) is not supported"),

@@ -38,13 +38,17 @@ def backend_module(name):
 
 class Placement:
     """Where weights go as a loader reads them: NumPy arrays as they are, or uploaded once to the GPU (CuPy).
-    `keep` are the GGUF types left quantized (none here); `prepare` sees the file's matrix types before any weight
-    is read, with the model's config."""
+    `keep` are the file types a matrix is handed over in (QuantizedTensor; none here); `plan` hears what the model's
+    tensors take in float32 and `prepare` sees the file's matrix types, both before any weight is read; `converted`
+    names the types kept without a kernel, for the loader's notice."""
 
-    keep = frozenset()
+    keep = converted = frozenset()
 
     def __init__(self, xp=np):
         self.xp = xp
+
+    def plan(self, float32_bytes):
+        pass
 
     def prepare(self, qtypes, cfg):
         pass
@@ -68,7 +72,7 @@ def to_numpy(x):
 
 
 def cores_and_busy():
-    """(the cores this process may use, how many of them other work keeps busy: the 1-minute load average)."""
+    """(the cores this process may use, how many of them other work keeps busy: the 1-minute load average, rounded)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
     return cores, min(busy, cores)
@@ -89,7 +93,7 @@ def threads_notice(asked):
     cores, busy = cores_and_busy()
     if not asked or asked <= cores - busy:
         return None
-    return (f"-t {asked} but only {cores - busy} of {cores} cores are idle (load average {os.getloadavg()[0]:.1f}): "
+    return (f"-t {asked} but only {cores - busy} of {cores} cores are idle (the load average says {busy} are busy): "
             "a thread whose core is busy makes the others wait for it, which can be many times slower; "
             "-t 0 takes the idle cores")
 

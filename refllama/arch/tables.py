@@ -86,14 +86,13 @@ def read_weights(arch, cfg, side, fetch, has, place):
             return
         shape = shape_of(row, d)
         t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
-        if isinstance(t, QuantizedTensor) and side == "hf" and row.hf_permute:  # its rows reordered as stored
-            t = t._replace(raw=permute_rows(t.raw, d[row.hf_permute], cfg.rope_dim, "interleaved"))
-        elif isinstance(t, QuantizedTensor) and side == "hf" and (row.hf_transpose or row.hf_add):
-            t = t.to_float32()
+        if isinstance(t, QuantizedTensor) and side == "hf" and (row.hf_transpose or row.hf_add):
+            t = t.to_float32()  # kept as stored only where its rows alone move
         if side == "hf" and row.hf_transpose:
             t = np.ascontiguousarray(t.T)
-        if side == "hf" and row.hf_permute and not isinstance(t, QuantizedTensor):
-            t = permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved")
+        if side == "hf" and row.hf_permute:  # a matrix kept as stored has its bytes' rows reordered
+            t = (t._replace(raw=permute_rows(t.raw, d[row.hf_permute], cfg.rope_dim, "interleaved"))
+                 if isinstance(t, QuantizedTensor) else permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved"))
         if side == "hf" and row.hf_add:
             t = t + np.float32(row.hf_add)
         if row.split:

@@ -273,8 +273,7 @@ def load_gguf(path, placement=None):
     # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     placement = placement or Placement()
-    if hasattr(placement, "plan"):  # a placement that chooses by the model's size (numerics.matrices.FilePlacement)
-        placement.plan(sum(4 * math.prod(t.shape) for t in g.tensors.values()))
+    placement.plan(sum(4 * math.prod(t.shape) for t in g.tensors.values()))
     placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2}, cfg)
     kept = [t for t in g.tensors.values() if not (len(t.shape) == 2 and t.tensor_type in placement.keep)]
     check_memory(sum(4 * math.prod(t.shape) for t in kept), f"{g.path}: the weights in float32",
@@ -283,7 +282,7 @@ def load_gguf(path, placement=None):
                            lambda name: name in g.tensors, placement)
     types = ", ".join(sorted(g.fallbacks))
     notices = [f"no {{backend}} kernel for {types}: those tensors are dequantized to float32"] if types else []
-    converted = ", ".join(sorted(getattr(placement, "converted", ())))
+    converted = ", ".join(sorted(placement.converted))
     if converted:
         notices.append(f"no {{backend}} kernel for {converted}: those matrices are converted to float32 as each "
                        "product runs")

@@ -179,8 +179,7 @@ def load_hf(directory, placement=None):
     cfg.checked(c.path)
     ck = Checkpoint(d)
     place = placement or Placement()
-    if hasattr(place, "plan"):  # a placement that chooses by the model's size (numerics.matrices.FilePlacement)
-        place.plan(ck.float32_bytes(frozenset()))
+    place.plan(ck.float32_bytes(frozenset()))
     check_memory(ck.float32_bytes(place.keep), f"{d}: the weights in float32",
                  "use a smaller model or a 16-bit one (kept as stored on numpy and numba)")
     weights = read_weights(arch, cfg, "hf", lambda name, shape: ck.tensor(name, shape, place.keep),

@@ -23,7 +23,7 @@ from ..errors import RefllamaError
 from ..formats.ggml_types import GGMLType as QT
 from ..formats.ggml_types import QuantizedTensor
 from ..layers import Ops, rms_norm
-from ..xp import array_module
+from ..xp import Placement, array_module
 from . import ggml_tables
 from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, round_f16
 from .matrices import WeightMatrix
@@ -388,14 +388,11 @@ class F16Matrix(WeightMatrix):
         return self.w[rows].astype(np.float32)
 
 
-class GgmlPlacement:
+class GgmlPlacement(Placement):
     """Weights for `numerics="ggml"` on numpy (or cupy): quantized matrices as GgmlMatrix, float16 ones as
     F16Matrix, the rest float32."""
 
     keep = EMULATED | {QT.F16}
-
-    def __init__(self, xp=np):
-        self.xp = xp
 
     def prepare(self, qtypes, cfg):
         unsupported = {t for t in qtypes if t not in self.keep and t not in (QT.F32,)}
@@ -411,7 +408,7 @@ class GgmlPlacement:
 
                 return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
             return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp)
-        return a if self.xp is np else self.xp.asarray(a)
+        return super().__call__(a)
 
 
 # numerics "ggml" on numpy (and cupy): RMSNorm is refllama.layers' own, which sums as ggml does

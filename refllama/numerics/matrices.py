@@ -4,6 +4,7 @@ arrays do: `x @ w.T` calls `w.matmul(x)`, so `layers.linear` is one line for eve
 import numpy as np
 
 from ..formats.ggml_types import GGMLType, QuantizedTensor
+from ..xp import Placement
 
 
 class WeightMatrix:
@@ -15,6 +16,13 @@ class WeightMatrix:
     @property
     def T(self):
         return _Transposed(self)
+
+    def row_ids(self, rows):
+        """Embedding rows asked for as a checked int64 [T] (a kernel, or NumPy's negative indices, would not)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):
+            raise IndexError(f"rows {rows.min()}..{rows.max()} asked of a {self.shape[0]}-row matrix")
+        return rows
 
 
 class _Transposed:
@@ -106,10 +114,6 @@ class FileMatrix(WeightMatrix):
         self.stored, self.scratch, self.shape = stored, scratch, tuple(stored.shape)
         self.block = max(BLOCK_ROWS, SCRATCH_VALUES // self.shape[1] // BLOCK_ROWS * BLOCK_ROWS)  # rows at once
 
-    @property
-    def nbytes(self):
-        return self.stored.raw.nbytes
-
     def float32(self, a, b):  # rows a:b -> [b - a, K] float32 in the scratch, converted CHUNK rows at a time
         out = self.scratch.take((b - a, self.shape[1]))
         for c in range(a, b, CHUNK):  # bounds the converter's temporaries (gguf-py's dequantize makes several)
@@ -127,10 +131,7 @@ class FileMatrix(WeightMatrix):
         return out
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32, only those rows converted
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):
-            raise IndexError(f"rows {rows.min()}..{rows.max()} asked of a {self.shape[0]}-row matrix")
-        return self.stored.rows(rows).to_float32()
+        return self.stored.rows(self.row_ids(rows)).to_float32()
 
 
 FILE_FORMS = frozenset(GGMLType) - {GGMLType.F32}  # the types a matrix stays in; F32 matrices are float32 already
@@ -139,13 +140,14 @@ FILE_FORMS = frozenset(GGMLType) - {GGMLType.F32}  # the types a matrix stays in
 FLOAT32_AT_LOAD = 4 << 30  # a model whose float32 weights take up to this is converted at load, as a fast reference
 
 
-class FilePlacement:
+class FilePlacement(Placement):
     """Weights for the float32 arithmetic on NumPy. A model whose weights take more than FLOAT32_AT_LOAD in float32
     (1B parameters and up) keeps every matrix in its file's form (FileMatrix), all sharing one scratch: a conversion
     at every product, but never the model in float32 whole. A smaller one is converted to float32 at load, once, and
     multiplies faster: the products are the same. `in_file` (True, False) overrides the size rule."""
 
     def __init__(self, in_file=None):
+        super().__init__()
         self.scratch, self.in_file = Scratch(), in_file
 
     @property
@@ -153,12 +155,8 @@ class FilePlacement:
         return FILE_FORMS if self.in_file else frozenset()
 
     def plan(self, float32_bytes):
-        """Told by the loader, before any weight is read, what the model's tensors take in float32."""
         if self.in_file is None:
             self.in_file = float32_bytes > FLOAT32_AT_LOAD
-
-    def prepare(self, qtypes, cfg):
-        pass
 
     def __call__(self, a):
         return FileMatrix(a, self.scratch) if isinstance(a, QuantizedTensor) else a

@@ -309,9 +309,7 @@ class QuantMatrix(WeightMatrix):
         return self.matvec(x[0], *self.fields)[None]
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.shape[0]):  # the kernel does not check
-            raise IndexError(f"rows {rows.min()}..{rows.max()} asked of a {self.shape[0]}-row matrix")
+        rows = self.row_ids(rows)
         out = np.empty((len(rows), self.shape[1]), np.float32)
         dequant_rows(*self.form, F16_TABLE, rows, out)
         return out
@@ -373,12 +371,15 @@ class HalfMatrix(FileMatrix):
     bits per weight once (decode is bound by reading the weights); a batch's converts it to float32 in the scratch
     and multiplies there (FileMatrix)."""
 
+    def __init__(self, stored, scratch):
+        super().__init__(stored, scratch)
+        self.bits, self.bf16 = stored.raw.view(np.uint16), stored.qtype == QT.BF16  # [N, K]
+
     def matmul(self, x):  # [T, K] -> [T, N]
         if len(x) > 1:
             return super().matmul(x)
         x = np.ascontiguousarray(x[0], dtype=np.float32)
-        w = self.stored.raw.view(np.uint16)
-        return (matvec_bf16(x, w) if self.stored.qtype == QT.BF16 else matvec_f16(x, w, F16_TABLE))[None]
+        return (matvec_bf16(x, self.bits) if self.bf16 else matvec_f16(x, self.bits, F16_TABLE))[None]
 
 
 class NumbaPlacement(FilePlacement):
