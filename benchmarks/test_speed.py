@@ -47,5 +47,5 @@ def test_matvec_1536x576(benchmark, kind):
     else:
         qt = QT.Q4_1 if kind.startswith("Q4_1") else QT.Q8_0
         raw = rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((1536, 576), qt), dtype=np.uint8)
-        w = QuantMatrix(raw, qt, (1536, 576))
+        w = QuantMatrix([raw], qt, 576)
     benchmark(lambda: x @ w.T)

@@ -198,7 +198,7 @@ def test_f16_sums_follow_ggml_order_not_float64():
 
 def test_fused_products_equal_separate_ones():
     """q/k/v (gate/up) joined into one matrix give each part the columns its own product gives."""
-    parts = [QuantMatrix(random_blocks(QT.Q4_1, n, 256), QT.Q4_1, (n, 256)) for n in (64, 32, 32)]
+    parts = [QuantMatrix([random_blocks(QT.Q4_1, n, 256)], QT.Q4_1, 256) for n in (64, 32, 32)]
     x = activations(3, 256)
     want = [x @ m.T for m in parts]
     fused = Fused(concat_quant(parts), [64, 32, 32]).parts()

@@ -5,13 +5,14 @@ the formulas are refllama.layers; with numerics "float32" on numpy every step is
     (backend, numerics)   operations table            weights
     numpy, float32        refllama.layers.FLOAT32     matrices.FileMatrix above 1B parameters, else float32 arrays
     cupy, float32         refllama.layers.FLOAT32     float32 arrays on the GPU (xp.Placement)
-    numba, float32        numba_ops.OPS               quant.QuantMatrix: quantized types repacked for Numba kernels;
+    numba, float32        numba_ops.OPS               quant.QuantMatrix: GGUF blocks read in place by Numba kernels;
                                                       the other types as numpy keeps them
     numpy/cupy, ggml      ggml_numerics.OPS           ggml_numerics.GgmlMatrix: llama.cpp's integer dot products
     numba, ggml           ggml_kernels.OPS            the same as Numba / LLVM IR kernels
 
-Shared facts: ggml_tables (block layouts, float16, expf's constants), ir (LLVM IR helpers), matrices (the weight-matrix
-protocol, fused matrices, file-form matrices), kernel_pages (kernels loaded before the loader's pages are released).
+Shared facts: ggml_tables (block layouts, float16, expf's constants), ir (LLVM IR helpers), block_ir (GGUF blocks
+unpacked in IR), matrices (the weight-matrix protocol, fused matrices, file-form matrices), kernel_pages (kernels
+loaded before the loader's pages are released).
 """
 
 import importlib
