@@ -15,8 +15,9 @@ from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.ggml_types import byte_shape
 from refllama.numerics import ggml_kernels as gk
 from refllama.numerics import ggml_numerics as gn
+from refllama.numerics import ggml_tables as gt
 from refllama.numerics.matrices import Fused
-from refllama.numerics.quant import QuantMatrix, concat_quant
+from refllama.numerics.quant import QuantMatrix, concat_blocks
 
 RNG = np.random.default_rng(20261123)
 LEGACY = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
@@ -133,20 +134,29 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
     raw = random_blocks(qtype, 37, 256)
     x = activations(T, 256)
     want = x @ gn.GgmlMatrix(raw, qtype, (37, 256)).T
-    np.testing.assert_array_equal(x @ gk.NumbaGgmlMatrix(raw, qtype, (37, 256), vnni=vnni).T, want)
+    fast = gk.NumbaGgmlMatrix([raw], qtype, 256)
+    fast.vnni = vnni
+    np.testing.assert_array_equal(x @ fast.T, want)
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
-@pytest.mark.parametrize("group", [32, 16])
-def test_k_quant_block_sums_are_exact_in_both_forms(group, vnni):
-    """One block of 256's sum of sc * (u . x) per sub-block, against integers in NumPy."""
+@pytest.mark.parametrize("qtype", gk.K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("T", [1, 3, 8, 19])
+def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
+    """Both kernel forms (8-token tiles and single tokens), on blocks of every byte value (the largest codes, scales
+    and mins, against activations that quantize to +-127: the integer sums at their largest), in two parts."""
     if vnni and not gk.host_has_vnni():
         pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
-    ksum = gk._ksum(group, vnni)
-    run = njit(lambda u, x, sc: ksum(u.ctypes.data, x.ctypes.data, sc.ctypes.data))
-    u, x = RNG.integers(0, 64, 256).astype(np.uint8), RNG.integers(-128, 128, 256).astype(np.int8)
-    sc = RNG.integers(-128, 128, 256 // group).astype(np.int32)
-    assert run(u, x, sc) == int((u.astype(np.int64) * x).reshape(-1, group).sum(axis=1) @ sc)
+    raw = RNG.integers(0, 256, size=gguf.quant_shape_to_byte_shape((37, 512), qtype), dtype=np.uint8)
+    b = raw.reshape(37, 2, -1)
+    for name in ("d", "dmin") if qtype != QT.Q6_K else ("d",):  # finite float16 scales
+        start, end = gt.LAYOUT[qtype][name]
+        b[..., start:end] = RNG.uniform(-1e-2, 1e-2, b.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+    x = np.where(RNG.random((T, 512)) < 0.5, -1, 1).astype(np.float32) * RNG.uniform(0.5, 1, (T, 512)).astype(
+        np.float32)
+    fast = gk.NumbaKQuantMatrix([raw[:20], raw[20:]], qtype, 512)
+    fast.vnni = vnni
+    np.testing.assert_array_equal(x @ fast.T, x @ gn.GgmlMatrix(raw, qtype, (37, 512)).T)
 
 
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
@@ -201,13 +211,13 @@ def test_fused_products_equal_separate_ones():
     parts = [QuantMatrix([random_blocks(QT.Q4_1, n, 256)], QT.Q4_1, 256) for n in (64, 32, 32)]
     x = activations(3, 256)
     want = [x @ m.T for m in parts]
-    fused = Fused(concat_quant(parts), [64, 32, 32]).parts()
+    fused = Fused(concat_blocks(parts), [64, 32, 32]).parts()
     for m, w in zip(fused, want):
         np.testing.assert_array_equal(x @ m.T, w)
     y = activations(3, 256)
     np.testing.assert_array_equal(y @ fused[1].T, y @ parts[1].T)  # a new input is multiplied afresh
     raw = [random_blocks(QT.Q8_0, n, 256) for n in (16, 8)]
-    joined = gk.concat_raw([gk.NumbaGgmlMatrix(r, QT.Q8_0, (len(r), 256)) for r in raw])
+    joined = concat_blocks([gk.NumbaGgmlMatrix([r], QT.Q8_0, 256) for r in raw])
     np.testing.assert_array_equal(x @ joined.T, np.concatenate([x @ gn.GgmlMatrix(r, QT.Q8_0, (len(r), 256)).T
                                                                  for r in raw], axis=1))
 

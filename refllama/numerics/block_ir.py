@@ -4,11 +4,13 @@ order of values within a block is ggml's dequantize_row_* (ggml-quants.c)."""
 
 from llvmlite import ir
 
+from ..formats.ggml_types import BLOCK_SIZES
 from ..formats.ggml_types import GGMLType as QT
 from .ggml_tables import LAYOUT
-from .ir import F32, I8, I32, I64, V32F32, V32I8, load, load_f16, splat
+from .ir import F32, I8, I32, I64, V32F32, V32I8, load, load_f16, prefetch, splat
 
 V16I8 = ir.VectorType(I8, 16)
+AHEAD = 1024  # bytes: how far ahead of the block in use its row's stream is prefetched (one thread's row, in order)
 GROUPS = {QT.Q4_0: 1, QT.Q4_1: 1, QT.Q5_0: 1, QT.Q8_0: 1, QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}  # 32s per block
 
 
@@ -113,3 +115,9 @@ def groups(builder, qtype, blk):
         out.append((builder.uitofp(k_codes(builder, blk, qtype, j), V32F32), splat(builder, scale, V32F32),
                     builder.fneg(builder.fmul(dmin, builder.uitofp(m, F32)))))
     return out
+
+
+def prefetch_block(builder, blk, qtype):  # a hint to fetch the cache lines of the bytes AHEAD past this block's
+    size = BLOCK_SIZES[qtype][1]
+    for line in range(0, size, 64) if size >= 64 else [0]:
+        prefetch(builder, builder.add(blk, ir.Constant(I64, AHEAD + line)))

@@ -18,24 +18,21 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from ..layers import Ops
+from .block_ir import field_at, k_codes, k_scale_min, prefetch_block, q5_0_codes, q6_k_codes
 from .ggml_numerics import (
-    GROUP,
     GgmlMatrix,
     GgmlPlacement,
-    IntWeights,
     cos_sin,
-    dequantize,
     geglu,
     gelu,
-    int_weights,
     quantize_q8_K,
     rope_cos_sin,
 )
-from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
+from .quant import Blocks, concat_blocks, row_address
 
 
 def host_has_vnni():
@@ -50,10 +47,6 @@ BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 
 
-def field_at(builder, blk, qtype, name):  # the address of a field of the block at blk (ggml_tables.LAYOUT)
-    return builder.add(blk, ir.Constant(I64, LAYOUT[qtype][name][0]))
-
-
 def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
     if vnni:
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", fnty=ir.FunctionType(
@@ -65,19 +58,6 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
                                                                                   list(range(k, 32, 4))))
              for k in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
-
-
-def _q5_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nibble | fifth bit << 4, minus 16
-    v16, v32 = ir.VectorType(I8, 16), ir.VectorType(I32, 32)
-    qs = load(builder, field_at(builder, blk, QT.Q5_0, "qs"), v16)
-    nibbles = builder.shuffle_vector(builder.and_(qs, ir.Constant(v16, [15] * 16)),
-                                     builder.lshr(qs, ir.Constant(v16, [4] * 16)),
-                                     ir.Constant(v32, list(range(32))))
-    bits = builder.lshr(splat(builder, load(builder, field_at(builder, blk, QT.Q5_0, "qh"), I32), v32),
-                        ir.Constant(v32, list(range(32))))  # bit j of qh is value j's fifth bit
-    high = builder.shl(builder.trunc(builder.and_(bits, ir.Constant(v32, [1] * 32)), V32I8),
-                       ir.Constant(V32I8, [4] * 32))
-    return builder.sub(builder.or_(nibbles, high), ir.Constant(V32I8, [16] * 32))
 
 
 def _row_dot_ir(builder, args, qtype, vnni, n_tok):
@@ -95,10 +75,11 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
     def block(i, sums):  # -> the n_tok tokens' 8-lane sums and the vector of Q4_1's offset sums, block i added
         *accs, summs = sums
         blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
+        prefetch_block(builder, blk, qtype)
         dw = load_f16(builder, field_at(builder, blk, qtype, "d"))
         if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
             q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
-                _q5_codes(builder, blk)
+                q5_0_codes(builder, blk)
             neg = builder.icmp_signed("<", q, zero)
             is_zero = builder.icmp_signed("==", q, zero)
             u = builder.select(neg, builder.sub(zero, q), q)
@@ -202,9 +183,9 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] 
 DOT1 = DOTN = ROW_BYTES = None  # one type's dot products and block size, in each copy's globals (_make_matmul)
 
 
-def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, with one type's DOT1, DOTN
+def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32, one type's DOT1, DOTN
     T, K = X.shape
-    N, nb = raw.shape[0], K // 32
+    N, nb = starts[-1], K // 32
     xq = np.empty((T, K), np.int8)
     xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side: a tile's scales are one vector
     xs = np.empty((nb, T), np.float32)
@@ -214,9 +195,9 @@ def _matmul(X, raw):  # [T, K] f32, [N, K/32 * block bytes] u8 -> [T, N] f32, wi
     for c in prange(n_chunks):
         # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
         # (taken before it, Numba may free xq once its last named use has passed)
-        w0, x0, d0, s0 = raw.ctypes.data, xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+        x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
         for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-            w = w0 + r * nb * ROW_BYTES
+            w = row_address(bases, starts, r, nb * ROW_BYTES)
             for t in range(0, T - T % TILE, TILE):
                 sums = DOTN(w, x0 + t * K, d0 + t * 4, s0 + t * 4, nb, K, T * 4)
                 for j in range(TILE):
@@ -241,19 +222,18 @@ def kernel(qtype, vnni=VNNI):
     return KERNELS[qtype, vnni]
 
 
-class NumbaGgmlMatrix(GgmlMatrix):
-    """A Q4_0/Q4_1/Q5_0/Q8_0 matrix in its GGUF bytes: `x @ w.T` runs the IR kernel; rows dequantize as GgmlMatrix's."""
+class NumbaGgmlMatrix(Blocks):
+    """A Q4_0/Q4_1/Q5_0/Q8_0 matrix in its GGUF blocks, in place: `x @ w.T` runs the IR kernel; rows dequantize as
+    GgmlMatrix's."""
 
-    def __init__(self, raw, qtype, shape, vnni=VNNI):
-        self.qtype, self.shape, self.vnni = qtype, tuple(shape), vnni
-        self.raw = np.array(raw)  # a writable copy: a read-only memory map would be another type to Numba
+    vnni = VNNI
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.raw)
+        return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.bases, self.starts)
 
     def __getitem__(self, rows):
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        return GgmlMatrix(self.raw[rows], self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
+        rows = self.row_ids(rows)
+        return GgmlMatrix(self.raw_rows(rows), self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
 
 
 class GgmlNumbaPlacement(GgmlPlacement):
@@ -274,117 +254,138 @@ class GgmlNumbaPlacement(GgmlPlacement):
 
     def __call__(self, a):
         if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
-            return NumbaGgmlMatrix(a.raw, a.qtype, a.shape)
+            return NumbaGgmlMatrix([a.raw], a.qtype, a.shape[1])
         if isinstance(a, QuantizedTensor) and a.qtype in K_QUANTS:
-            return NumbaKQuantMatrix(a.raw, a.qtype, a.shape)
+            return NumbaKQuantMatrix([a.raw], a.qtype, a.shape[1])
         return super().__call__(a)
 
     def layer(self, lw):
-        fuse_layer(lw, concat_raw)
+        fuse_layer(lw, concat_blocks)
 
 
 K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def _ksum(group, vnni):
-    """An intrinsic (u, x, sc) -> int64: one block of 256's sum over its sub-blocks of sc[g] * sum_j u[g, j] * x[g, j],
-    u unsigned codes (uint8), x Q8_K's int8 codes, sc int32 scales, each an address. Integer sums are exact, so
-    the lanes' order is free: 8 lanes of 4 products (vpdpbusd where the CPU has it), added per sub-block of
-    `group` (32: all 8 lanes; 16: lanes 0-3 and 4-7)."""
+def _kblock_ir(builder, args, qtype, vnni, n_tok):
+    """IR of one K-quant block of 256 weights against n_tok tokens' Q8_K blocks: (blk, x, x_step, bs, bs_step,
+    isum_out, msum_out) -> (d, dmin). blk: the GGUF block; x: the first token's int8 codes, the next token's x_step
+    bytes further; bs: its sums of 16 codes (int32), the next token's bs_step bytes further. Writes each token's
+    exact integer sums as int64: isum = sum over sub-blocks of sc * (codes . x) (Q6_K's codes unpacked as 0..63, the
+    32 * sc * x sums taken back), msum = sum of the mins times x's sums of 32 (Q4_K/Q5_K). The block is unpacked
+    once for all the tokens; integer sums are exact, so lanes add in any order."""
+    blk, x, x_step, bs, bs_step, isum_out, msum_out = args
+    v8, v16 = V8I32, ir.VectorType(I32, 16)
+    reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [v8]))
+    reduce16 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v16i32", fnty=ir.FunctionType(I32, [v16]))
+
+    def vector(values, ty):
+        v = ir.Constant(ty, ir.Undefined)
+        for i, value in enumerate(values):
+            v = builder.insert_element(v, value, ir.Constant(I32, i))
+        return v
+
+    prefetch_block(builder, blk, qtype)
+    d = load_f16(builder, field_at(builder, blk, qtype, "d"))
+    if qtype == QT.Q6_K:  # 16 sub-blocks of 16: a chunk of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
+        codes = [q6_k_codes(builder, blk, c) for c in range(8)]
+        sc = [builder.sext(load(builder, field_at(builder, blk, qtype, "scales", g), I8), I32) for g in range(16)]
+        scales = [vector([sc[2 * c]] * 4 + [sc[2 * c + 1]] * 4, v8) for c in range(8)]
+        sc16, dmin = vector(sc, v16), ir.Constant(F32, 0.0)
+    else:
+        codes = [k_codes(builder, blk, qtype, j) for j in range(8)]
+        sc, m = zip(*(k_scale_min(builder, blk, qtype, j) for j in range(8)))
+        scales, mins = [splat(builder, s, v8) for s in sc], vector(m, v8)
+        dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+    for k in range(n_tok):
+        xk, bk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step)), builder.add(bs, builder.mul(ir.Constant(
+            I64, k), bs_step))
+        acc = ir.Constant(v8, None)
+        for c in range(8):
+            lanes = _lanes(builder, codes[c], load(builder, builder.add(xk, ir.Constant(I64, 32 * c)), V32I8), vnni)
+            acc = builder.add(acc, builder.mul(lanes, scales[c]))
+        isum, sums = builder.sext(builder.call(reduce8, [acc]), I64), load(builder, bk, v16)  # x's 16 sums of 16
+        msum = ir.Constant(I64, 0)
+        if qtype == QT.Q6_K:
+            taken = builder.sext(builder.call(reduce16, [builder.mul(sums, sc16)]), I64)
+            isum = builder.sub(isum, builder.mul(taken, ir.Constant(I64, 32)))
+        else:
+            pairs = builder.add(*(builder.shuffle_vector(sums, sums, ir.Constant(v8, list(range(o, 16, 2))))
+                                  for o in (0, 1)))  # x's sums of 32
+            msum = builder.sext(builder.call(reduce8, [builder.mul(pairs, mins)]), I64)
+        for out, value in ((isum_out, isum), (msum_out, msum)):
+            builder.store(value, builder.inttoptr(builder.add(out, ir.Constant(I64, 8 * k)), I64.as_pointer()))
+    return d, dmin
+
+
+def _make_kblock(qtype, vnni, n_tok):
     @intrinsic
-    def ksum(typingctx, u, x, sc):
+    def kblock(typingctx, blk, x, x_step, bs, bs_step, isum_out, msum_out):
+        sig = types.UniTuple(types.float32, 2)(*[types.int64] * 7)
+
         def codegen(context, builder, signature, args):
-            u, x, sc = args
-            add = builder.module.declare_intrinsic("llvm.vector.reduce.add.v4i32", fnty=ir.FunctionType(
-                I32, [ir.VectorType(I32, 4)]))
-            total = ir.Constant(I64, 0)
-            for c in range(8):  # 32 bytes at a time
-                at = ir.Constant(I64, 32 * c)
-                lanes = _lanes(builder, load(builder, builder.add(u, at), V32I8),
-                               load(builder, builder.add(x, at), V32I8), vnni)
-                halves = [builder.call(add, [builder.shuffle_vector(lanes, lanes, ir.Constant(
-                    ir.VectorType(I32, 4), list(range(k, k + 4))))]) for k in (0, 4)]
-                sums = [builder.add(*halves)] if group == 32 else halves
-                for k, part in enumerate(sums):  # sub-block g = c (group 32) or 2c + k (group 16)
-                    g = c if group == 32 else 2 * c + k
-                    scale = load(builder, builder.add(sc, ir.Constant(I64, 4 * g)), I32)
-                    total = builder.add(total, builder.mul(builder.sext(part, I64), builder.sext(scale, I64)))
-            return total
+            return context.make_tuple(builder, signature.return_type, _kblock_ir(builder, args, qtype, vnni, n_tok))
 
-        return types.int64(types.int64, types.int64, types.int64), codegen
+        return sig, codegen
 
-    return ksum
+    return kblock
 
 
-KSUM32, KSUM16 = _ksum(32, VNNI), _ksum(16, VNNI)
+KBLOCK1 = KBLOCKN = None  # one K-quant type's block intrinsics (1 and TILE tokens), in each copy's globals
+HAS_MIN = SIZE = None
 
 
-@njit(parallel=True, cache=True)
-def _kquant_matmul(xq, dx, bsums, u, d, sc, m, dmin, group):  # Q8_K x [T, K], [N, K] u8 codes -> [T, N]
-    """GgmlMatrix._matmul's K-quant form, value for value: per block of 256, the exact integer sum of each
-    sub-block's products times its scale (Q6_K's codes kept as code + 32, the 32 * x taken back with Q8_K's
-    sums of 16), then out + (d_x * d_w) * sum, and for Q4_K/Q5_K out - (d_x * dmin) * (the mins times Q8_K's
-    sums of 32), each product and sum rounded to float32 in that order."""
+def _kquant_matmul(xq, dx, bsums, bases, starts):  # Q8_K x [T, K], the parts' addresses and first rows -> [T, N]
+    """Per row, TILE tokens at a time (then one at a time): per block, out + (d_x * d_w) * isum, then for Q4_K/Q5_K
+    out - (d_x * dmin) * msum, each product and sum rounded to float32 in that order (GgmlMatrix's)."""
     T, K = xq.shape
-    N = u.shape[0]
-    per = 256 // group
+    N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
     for n in prange(N):
-        u0, x0, s0 = u.ctypes.data, xq.ctypes.data, sc.ctypes.data  # taken in the loop: the arrays stay alive
-        for t in range(T):
-            acc = np.float32(0.0)
-            for B in range(K // 256):
-                at_u, at_x, at_s = u0 + n * K + B * 256, x0 + t * K + B * 256, s0 + (n * (K // group) + B * per) * 4
-                if group == 32:
-                    isum = KSUM32(at_u, at_x, at_s)
+        isum, msum, acc = np.empty(TILE, np.int64), np.empty(TILE, np.int64), np.empty(TILE, np.float32)
+        x0, b0, i0, m0 = xq.ctypes.data, bsums.ctypes.data, isum.ctypes.data, msum.ctypes.data  # kept alive here
+        w = row_address(bases, starts, n, nb * SIZE)
+        t = 0
+        while t < T:
+            n_tok = TILE if T - t >= TILE else 1
+            acc[:] = 0
+            for B in range(nb):
+                at_x, at_b = x0 + t * K + B * 256, b0 + (t * (K // 16) + 16 * B) * 4
+                if n_tok == TILE:
+                    d, dmin = KBLOCKN(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
                 else:
-                    isum = KSUM16(at_u, at_x, at_s)
-                    for g in range(16):
-                        isum -= 32 * np.int64(sc[n, B * 16 + g]) * bsums[t, B * 16 + g]
-                acc = acc + (dx[t, B] * d[n, B]) * np.float32(isum)
-                if m.shape[0]:
-                    msum = 0
-                    for g in range(8):
-                        xsum = bsums[t, 16 * B + 2 * g] + bsums[t, 16 * B + 2 * g + 1]
-                        msum += np.int64(xsum) * np.int64(m[n, 8 * B + g])
-                    acc = acc - (dx[t, B] * dmin[n, B]) * np.float32(msum)
-            out[t, n] = acc
+                    d, dmin = KBLOCK1(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
+                for k in range(n_tok):
+                    acc[k] = acc[k] + (dx[t + k, B] * d) * np.float32(isum[k])
+                    if HAS_MIN:
+                        acc[k] = acc[k] - (dx[t + k, B] * dmin) * np.float32(msum[k])
+            for k in range(n_tok):
+                out[t + k, n] = acc[k]
+            t += n_tok
     return out
 
 
-class NumbaKQuantMatrix(GgmlMatrix):
-    """A Q4_K/Q5_K/Q6_K matrix as unsigned codes (a byte each) and integer scales: `x @ w.T` is _kquant_matmul,
-    equal to GgmlMatrix's to the bit."""
+def kquant_kernel(qtype, vnni=VNNI):
+    if (qtype, vnni) not in KERNELS:
+        consts = dict(KBLOCK1=_make_kblock(qtype, vnni, 1), KBLOCKN=_make_kblock(qtype, vnni, TILE),
+                      HAS_MIN=qtype != QT.Q6_K, SIZE=BLOCK_SIZES[qtype][1])
+        KERNELS[qtype, vnni] = specialize(_kquant_matmul, f"kquant_matmul_{qtype.name}_{'vnni' if vnni else 'generic'}",
+                                          **consts)
+    return KERNELS[qtype, vnni]
 
-    def __init__(self, raw, qtype, shape):
-        self.qtype, self.shape, self.group = qtype, tuple(shape), GROUP.get(qtype, 32)
-        w = int_weights(raw, qtype, shape)
-        if qtype == QT.Q6_K:
-            np.add(w.codes, np.int8(32), out=w.codes)  # in place, 0..63: the codes held once, in the kernel's form
-        self.w = w
-        none = np.zeros((0, 0), np.int32)
-        self.fields = (w.codes.view(np.uint8), w.d, w.sc.astype(np.int32),
-                       none if w.m is None else w.m.astype(np.int32),
-                       none.astype(np.float32) if w.dmin is None else w.dmin)
+
+class NumbaKQuantMatrix(Blocks):
+    """A Q4_K/Q5_K/Q6_K matrix in its GGUF blocks, in place: `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to
+    the bit; rows dequantize as GgmlMatrix's."""
+
+    vnni = VNNI
 
     def matmul(self, x):  # [T, K] -> [T, N]
         xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32))
-        return _kquant_matmul(xq, dx, bsums, *self.fields, self.group)
+        return kquant_kernel(self.qtype, self.vnni)(xq, dx, bsums, self.bases, self.starts)
 
     def __getitem__(self, rows):
-        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
-        codes, *rest = (None if a is None else a[rows] for a in self.w[1:])
-        return dequantize(IntWeights(self.qtype, codes - np.int8(32) if self.qtype == QT.Q6_K else codes, *rest))
-
-
-def concat_raw(ms):
-    """One NumbaGgmlMatrix of the rows of several of one type and width, or None."""
-    first = ms[0]
-    if not all(isinstance(m, NumbaGgmlMatrix) and m.qtype == first.qtype and m.shape[1] == first.shape[1]
-               for m in ms):
-        return None
-    return NumbaGgmlMatrix(np.concatenate([m.raw for m in ms]), first.qtype,
-                           (sum(m.shape[0] for m in ms), first.shape[1]), first.vnni)
+        rows = self.row_ids(rows)
+        return GgmlMatrix(self.raw_rows(rows), self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
 
 
 @njit(parallel=True, cache=True)

@@ -60,3 +60,12 @@ def counted_loop(builder, n, initial, body):
     builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)
     builder.position_at_end(done)
     return new
+
+
+def prefetch(builder, addr):
+    """A hint to bring the cache line at addr in ahead of its use: the kernels read the weights as one stream per
+    thread, which the hardware prefetchers alone keep well below the memory's bandwidth."""
+    ptr = ir.IntType(8).as_pointer()
+    fn = builder.module.globals.get("llvm.prefetch.p0i8") or ir.Function(
+        builder.module, ir.FunctionType(ir.VoidType(), [ptr, I32, I32, I32]), "llvm.prefetch.p0i8")
+    builder.call(fn, [builder.inttoptr(addr, ptr), ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])

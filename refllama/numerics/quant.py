@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
-from .block_ir import GROUPS, groups
+from .block_ir import GROUPS, groups, prefetch_block
 from .ggml_tables import F16_TABLE
 from .ir import F32, I64, V32F32, counted_loop, hsum, load, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
@@ -42,6 +42,7 @@ def _row_dot(qtype):
             def block(i, sums):
                 acc, off = sums
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                prefetch_block(builder, blk, qtype)
                 for g, (codes, scale, offset) in enumerate(groups(builder, qtype, blk)):
                     at = builder.add(builder.mul(i, ir.Constant(I64, per)), ir.Constant(I64, g))  # group index
                     xv = load(builder, builder.add(x, builder.mul(at, ir.Constant(I64, 128))), V32F32)
@@ -171,9 +172,10 @@ def _kernels(qtype):
 KERNELS = {}  # qtype -> (matvec, matmul, rows), made on first use
 
 
-class QuantMatrix(WeightMatrix):
-    """A [N, K] weight in its GGUF blocks, in place (`parts`: [rows, row bytes] arrays, a fused matrix's several,
-    held here so that the kernels' addresses stay valid). `x @ w.T` runs the kernels; `w[rows]` dequantizes rows."""
+class Blocks(WeightMatrix):
+    """A [N, K] weight held as its GGUF blocks, in place: `parts` are [rows, row bytes] arrays (memory maps of the
+    file; a fused matrix's several), kept here so that the addresses the kernels take (`bases`, and `starts`, each
+    part's first row) stay valid."""
 
     def __init__(self, parts, qtype, K):
         self.parts = [np.ascontiguousarray(p) for p in parts]
@@ -182,13 +184,34 @@ class QuantMatrix(WeightMatrix):
             raise ValueError(f"{qtype.name} rows of {K} values take {byte_shape((1, K), qtype)[1]} bytes")
         self.bases = np.array([p.ctypes.data for p in self.parts], np.int64)
         self.starts = np.cumsum([0] + [len(p) for p in self.parts]).astype(np.int64)
-        if qtype not in KERNELS:
-            KERNELS[qtype] = _kernels(qtype)
-        self.matvec, self.matmul_many, self.rows = KERNELS[qtype]
 
     @property
     def nbytes(self):
         return sum(p.nbytes for p in self.parts)
+
+    def raw_rows(self, rows):  # [T] checked ids -> [T, row bytes]: those rows' blocks
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        return np.stack([self.parts[p][r - self.starts[p]] for p, r in zip(part, rows)]) if len(rows) else \
+            np.empty((0, self.parts[0].shape[1]), np.uint8)
+
+
+def concat_blocks(ms):
+    """One matrix of the rows of several of one class, type and width, their blocks joined by reference; or None."""
+    first = ms[0]
+    if not all(isinstance(m, Blocks) and type(m) is type(first) and m.qtype == first.qtype
+               and m.shape[1] == first.shape[1] for m in ms):
+        return None
+    return type(first)([p for m in ms for p in m.parts], first.qtype, first.shape[1])
+
+
+class QuantMatrix(Blocks):
+    """A quantized [N, K] weight in its GGUF blocks: `x @ w.T` runs the kernels; `w[rows]` dequantizes rows."""
+
+    def __init__(self, parts, qtype, K):
+        super().__init__(parts, qtype, K)
+        if qtype not in KERNELS:
+            KERNELS[qtype] = _kernels(qtype)
+        self.matvec, self.matmul_many, self.rows = KERNELS[qtype]
 
     def matmul(self, x):  # [T, K] -> [T, N]
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -201,14 +224,6 @@ class QuantMatrix(WeightMatrix):
         out = np.empty((len(rows), self.shape[1]), np.float32)
         self.rows(self.bases, self.starts, rows, out)
         return out
-
-
-def concat_quant(ms):
-    """One QuantMatrix of the rows of several of one type and width (their blocks joined by reference), or None."""
-    first = ms[0]
-    if not all(isinstance(m, QuantMatrix) and m.qtype == first.qtype and m.shape[1] == first.shape[1] for m in ms):
-        return None
-    return QuantMatrix([p for m in ms for p in m.parts], first.qtype, first.shape[1])
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -296,7 +311,7 @@ class NumbaPlacement(FilePlacement):
         return (HalfMatrix if a.qtype in (QT.F16, QT.BF16) else FileMatrix)(a, self.scratch)
 
     def layer(self, lw):
-        fuse_layer(lw, concat_quant)
+        fuse_layer(lw, concat_blocks)
 
 
 def warm_up(qtypes):
