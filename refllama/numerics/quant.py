@@ -18,9 +18,8 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
-from .block_ir import GROUPS, groups, prefetch_block
-from .ggml_tables import F16_TABLE
-from .ir import F32, I64, V32F32, counted_loop, hsum, load, specialize, splat
+from .block_ir import AHEAD, GROUPS, groups, prefetch_block
+from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
@@ -226,55 +225,67 @@ class QuantMatrix(Blocks):
         return out
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_bf16(x, w):  # [K] f32, [N, K] bfloat16 bits (uint16) -> [N] = W @ x
+def _half_dot(bf16):
+    """An intrinsic (w, x, n) -> float: the dot product of n * 32 bfloat16 (bf16) or float16 weights at address w with
+    float32 x: 32 float32 lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
+    v32i16, v32i32 = ir.VectorType(ir.IntType(16), 32), ir.VectorType(ir.IntType(32), 32)
+
+    @intrinsic
+    def half_dot(typingctx, w, x, n):
+        def codegen(context, builder, signature, args):
+            w, x, n = args
+            fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
+
+            def chunk(i, accs):
+                at = builder.add(w, builder.mul(i, ir.Constant(I64, 64)))
+                prefetch(builder, builder.add(at, ir.Constant(I64, AHEAD)))
+                bits = load(builder, at, v32i16)
+                if bf16:  # the top half of a float32
+                    v = builder.bitcast(builder.shl(builder.zext(bits, v32i32), ir.Constant(v32i32, [16] * 32)), V32F32)
+                else:
+                    v = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 32)), V32F32)
+                xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
+                return [builder.call(fma, [v, xv, accs[0]])]
+
+            acc, = counted_loop(builder, n, [ir.Constant(V32F32, None)], chunk)
+            return hsum(builder, acc)
+
+        return types.float32(*[types.int64] * 3), codegen
+
+    return half_dot
+
+
+HALF_DOT = None  # one 16-bit type's row dot, in each copy's globals (MATVEC_HALF)
+
+
+def _matvec_half(x, w):  # [K] f32, [N, K] 16-bit weights (uint16), K % 32 == 0 -> [N] = W @ x
     N, K = w.shape
     out = np.empty(N, np.float32)
     n_chunks = min(N, CHUNKS)
     for c in prange(n_chunks):
-        bits = np.empty(K, np.uint32)
-        row = bits.view(np.float32)
+        w0, x0 = w.ctypes.data, x.ctypes.data  # taken in the loop: the arrays stay alive
         for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-            for i in range(K):  # bfloat16 is the top half of a float32
-                bits[i] = np.uint32(w[r, i]) << 16
-            acc = np.float32(0.0)
-            for i in range(K):
-                acc += row[i] * x[i]
-            out[r] = acc
+            out[r] = HALF_DOT(w0 + r * K * 2, x0, K // 32)
     return out
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def matvec_f16(x, w, table):  # [K] f32, [N, K] float16 bits (uint16), the float16 table -> [N] = W @ x
-    N, K = w.shape
-    out = np.empty(N, np.float32)
-    n_chunks = min(N, CHUNKS)
-    for c in prange(n_chunks):
-        row = np.empty(K, np.float32)
-        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-            for i in range(K):
-                row[i] = table[w[r, i]]
-            acc = np.float32(0.0)
-            for i in range(K):
-                acc += row[i] * x[i]
-            out[r] = acc
-    return out
+MATVEC_HALF = {qtype: specialize(_matvec_half, f"matvec_{qtype.name.lower()}", HALF_DOT=_half_dot(qtype == QT.BF16))
+               for qtype in (QT.BF16, QT.F16)}
 
 
 class HalfMatrix(FileMatrix):
-    """An F16/BF16 matrix as stored in the file, memory-mapped: one token's product is a Numba kernel reading its 16
-    bits per weight once (decode is bound by reading the weights); a batch's converts it to float32 in the scratch
-    and multiplies there (FileMatrix)."""
+    """An F16/BF16 matrix as stored in the file, memory-mapped: one token's product is a kernel reading its 16 bits
+    per weight once (decode is bound by reading the weights; rows of whole 32s); a batch's converts it to float32 in
+    the scratch and multiplies there (FileMatrix)."""
 
     def __init__(self, stored, scratch):
         super().__init__(stored, scratch)
-        self.bits, self.bf16 = stored.raw.view(np.uint16), stored.qtype == QT.BF16  # [N, K]
+        self.bits, self.matvec = stored.raw.view(np.uint16), MATVEC_HALF[stored.qtype]  # [N, K]
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        if len(x) > 1:
+        if len(x) > 1 or self.shape[1] % 32:
             return super().matmul(x)
-        x = np.ascontiguousarray(x[0], dtype=np.float32)
-        return (matvec_bf16(x, self.bits) if self.bf16 else matvec_f16(x, self.bits, F16_TABLE))[None]
+        return self.matvec(np.ascontiguousarray(x[0], dtype=np.float32), self.bits)[None]
 
 
 class NumbaPlacement(FilePlacement):
