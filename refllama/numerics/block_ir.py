@@ -47,19 +47,29 @@ def q5_0_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nib
     return builder.sub(codes, const8(16))
 
 
-def k_scale_min(builder, blk, qtype, j):
-    """Q4_K/Q5_K: sub-block j's 6-bit scale and min (get_scale_min_k4) as i32: 8 of each packed in 12 bytes."""
-    def q(i):
-        return builder.zext(load(builder, field_at(builder, blk, qtype, "scales", i), I8), I32)
+def k_scales_mins(builder, blk, qtype):
+    """Q4_K/Q5_K: the 8 six-bit scales and 8 mins packed in 12 bytes (get_scale_min_k4), as <16 x i32>: scales in
+    lanes 0-7, mins in 8-15. Unpacked as whole 32-bit words (ggml's x86 kernels do the same): word 0 holds scales
+    0-3 and the high bits of 4-7, word 1 mins 0-3 and the high bits of mins 4-7, word 2 the low bits of both."""
+    def word(i):
+        return load(builder, field_at(builder, blk, qtype, "scales", 4 * i), I32)
 
     def c(v):
         return ir.Constant(I32, v)
 
-    if j < 4:
-        return builder.and_(q(j), c(63)), builder.and_(q(j + 4), c(63))
-    top = builder.lshr(q(j - 4), c(6)), builder.lshr(q(j), c(6))  # the scale's and the min's two high bits
-    sc = builder.or_(builder.and_(q(j + 4), c(15)), builder.shl(top[0], c(4)))
-    return sc, builder.or_(builder.lshr(q(j + 4), c(4)), builder.shl(top[1], c(4)))
+    u0, u1, u2 = word(0), word(1), word(2)
+    low6, low4, low2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    high = [builder.shl(builder.and_(builder.lshr(u, c(6)), low2), c(4)) for u in (u0, u1)]  # bits 6-7, moved to 4-5
+    words = [builder.and_(u0, low6), builder.or_(builder.and_(u2, low4), high[0]),
+             builder.and_(u1, low6), builder.or_(builder.and_(builder.lshr(u2, c(4)), low4), high[1])]
+    v = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
+    for i, w in enumerate(words):
+        v = builder.insert_element(v, w, c(i))
+    return builder.zext(builder.bitcast(v, V16I8), ir.VectorType(I32, 16))
+
+
+def broadcast_lane(builder, v, i, n):  # lane i of vector v repeated n times
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), [i] * n))
 
 
 def q6_k_codes(builder, blk, c):
@@ -80,41 +90,39 @@ def k_codes(builder, blk, qtype, j):  # Q4_K/Q5_K: sub-block j's 32 codes (0..15
 
 
 def groups(builder, qtype, blk):
-    """IR of the block at blk, a group of 32 values at a time: a list of (codes <32 x float>, scale <32 x float>,
-    offset float or None), value = scale * code (+ offset), each product as ggml's dequantize_row_* takes it
-    (d * sc of the K-quants is exact in float32, as is -8 d of Q4_0)."""
-    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0):
-        d = load_f16(builder, field_at(builder, blk, qtype, "d"))
-        if qtype == QT.Q8_0:
-            return [(builder.sitofp(load(builder, field_at(builder, blk, qtype, "qs"), V32I8), V32F32),
-                     splat(builder, d, V32F32), None)]
-        if qtype == QT.Q5_0:
-            return [(builder.sitofp(q5_0_codes(builder, blk), V32F32), splat(builder, d, V32F32), None)]
-        codes = builder.uitofp(nibbles16(builder, field_at(builder, blk, qtype, "qs")), V32F32)
-        offset = load_f16(builder, field_at(builder, blk, qtype, "m")) if qtype == QT.Q4_1 else \
-            builder.fmul(d, ir.Constant(F32, -8.0))
-        return [(codes, splat(builder, d, V32F32), offset)]
+    """IR of the block at blk, a group of 32 values at a time: ([(codes <32 x float>, scale <32 x float>)], offsets),
+    value = scale * code + offsets[g], each product as ggml's dequantize_row_* takes it (d * sc of the K-quants is
+    exact in float32, as is -8 d of Q4_0). offsets: a vector of one per group, or None for the types without."""
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
+    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0):
+        if qtype == QT.Q8_0:
+            codes = builder.sitofp(load(builder, field_at(builder, blk, qtype, "qs"), V32I8), V32F32)
+        elif qtype == QT.Q5_0:
+            codes = builder.sitofp(q5_0_codes(builder, blk), V32F32)
+        else:
+            codes = builder.uitofp(nibbles16(builder, field_at(builder, blk, qtype, "qs")), V32F32)
+        offsets = None
+        if qtype in (QT.Q4_0, QT.Q4_1):
+            offset = load_f16(builder, field_at(builder, blk, qtype, "m")) if qtype == QT.Q4_1 else \
+                builder.fmul(d, ir.Constant(F32, -8.0))
+            offsets = builder.insert_element(ir.Constant(ir.VectorType(F32, 1), ir.Undefined), offset,
+                                             ir.Constant(I32, 0))
+        return [(codes, splat(builder, d, V32F32))], offsets
+    v16 = ir.VectorType(F32, 16)
     if qtype == QT.Q6_K:  # two scales d * sc per 32 values: sub-blocks of 16
-        out = []
-        for c in range(8):
-            sc = [builder.sitofp(load(builder, field_at(builder, blk, qtype, "scales", 2 * c + k), I8), F32)
-                  for k in (0, 1)]
-            pair = builder.insert_element(builder.insert_element(ir.Constant(ir.VectorType(F32, 2), ir.Undefined),
-                                                                 builder.fmul(d, sc[0]), ir.Constant(I32, 0)),
-                                          builder.fmul(d, sc[1]), ir.Constant(I32, 1))
-            scale = builder.shuffle_vector(pair, pair, ir.Constant(ir.VectorType(I32, 32), [0] * 16 + [1] * 16))
-            codes = builder.sub(q6_k_codes(builder, blk, c), const8(32))
-            out.append((builder.sitofp(codes, V32F32), scale, None))
-        return out
+        sc = builder.sitofp(load(builder, field_at(builder, blk, qtype, "scales"), V16I8), v16)
+        scales = builder.fmul(splat(builder, d, v16), sc)
+        pairs = [builder.shuffle_vector(scales, scales, ir.Constant(ir.VectorType(I32, 32), [2 * c] * 16 + [
+            2 * c + 1] * 16)) for c in range(8)]
+        return [(builder.sitofp(builder.sub(q6_k_codes(builder, blk, c), const8(32)), V32F32), pairs[c])
+                for c in range(8)], None
     dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
-    out = []
-    for j in range(8):
-        sc, m = k_scale_min(builder, blk, qtype, j)
-        scale = builder.fmul(d, builder.uitofp(sc, F32))
-        out.append((builder.uitofp(k_codes(builder, blk, qtype, j), V32F32), splat(builder, scale, V32F32),
-                    builder.fneg(builder.fmul(dmin, builder.uitofp(m, F32)))))
-    return out
+    factors = builder.shuffle_vector(splat(builder, d, ir.VectorType(F32, 8)), splat(builder, dmin, ir.VectorType(
+        F32, 8)), ir.Constant(ir.VectorType(I32, 16), list(range(16))))  # d in lanes 0-7, dmin in 8-15
+    both = builder.fmul(factors, builder.uitofp(k_scales_mins(builder, blk, qtype), v16))  # d * sc, dmin * m
+    offsets = builder.fneg(builder.shuffle_vector(both, both, ir.Constant(ir.VectorType(I32, 8), list(range(8, 16)))))
+    return [(builder.uitofp(k_codes(builder, blk, qtype, j), V32F32), broadcast_lane(builder, both, j, 32))
+            for j in range(8)], offsets
 
 
 def prefetch_block(builder, blk, qtype):  # a hint to fetch the cache lines of the bytes AHEAD past this block's

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from ..layers import Ops
-from .block_ir import field_at, k_codes, k_scale_min, prefetch_block, q5_0_codes, q6_k_codes
+from .block_ir import broadcast_lane, field_at, k_codes, k_scales_mins, prefetch_block, q5_0_codes, q6_k_codes
 from .ggml_numerics import (
     GgmlMatrix,
     GgmlPlacement,
@@ -266,44 +266,35 @@ class GgmlNumbaPlacement(GgmlPlacement):
 K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def _kblock_ir(builder, args, qtype, vnni, n_tok):
-    """IR of one K-quant block of 256 weights against n_tok tokens' Q8_K blocks: (blk, x, x_step, bs, bs_step,
-    isum_out, msum_out) -> (d, dmin). blk: the GGUF block; x: the first token's int8 codes, the next token's x_step
-    bytes further; bs: its sums of 16 codes (int32), the next token's bs_step bytes further. Writes each token's
-    exact integer sums as int64: isum = sum over sub-blocks of sc * (codes . x) (Q6_K's codes unpacked as 0..63, the
-    32 * sc * x sums taken back), msum = sum of the mins times x's sums of 32 (Q4_K/Q5_K). The block is unpacked
-    once for all the tokens; integer sums are exact, so lanes add in any order."""
-    blk, x, x_step, bs, bs_step, isum_out, msum_out = args
+def _kblock_sums(builder, blk, qtype, vnni, tokens):
+    """IR of one K-quant block of 256 weights at blk against some tokens' Q8_K blocks, `tokens` a list of (x, bs)
+    addresses: the int8 codes and their int32 sums of 16. -> (d, dmin, [(isum, msum) per token]), the sums exact
+    int64: isum = sum over sub-blocks of sc * (codes . x) (Q6_K's codes unpacked as 0..63, the 32 * sc * x sums
+    taken back), msum = sum of the mins times x's sums of 32 (Q4_K/Q5_K; 0 for Q6_K). The block is unpacked once
+    for all the tokens; integer sums are exact, so lanes add in any order."""
     v8, v16 = V8I32, ir.VectorType(I32, 16)
     reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [v8]))
     reduce16 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v16i32", fnty=ir.FunctionType(I32, [v16]))
-
-    def vector(values, ty):
-        v = ir.Constant(ty, ir.Undefined)
-        for i, value in enumerate(values):
-            v = builder.insert_element(v, value, ir.Constant(I32, i))
-        return v
-
     prefetch_block(builder, blk, qtype)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
     if qtype == QT.Q6_K:  # 16 sub-blocks of 16: a chunk of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
         codes = [q6_k_codes(builder, blk, c) for c in range(8)]
-        sc = [builder.sext(load(builder, field_at(builder, blk, qtype, "scales", g), I8), I32) for g in range(16)]
-        scales = [vector([sc[2 * c]] * 4 + [sc[2 * c + 1]] * 4, v8) for c in range(8)]
-        sc16, dmin = vector(sc, v16), ir.Constant(F32, 0.0)
+        sc16 = builder.sext(load(builder, field_at(builder, blk, qtype, "scales"), ir.VectorType(I8, 16)), v16)
+        scales = [builder.shuffle_vector(sc16, sc16, ir.Constant(v8, [2 * c] * 4 + [2 * c + 1] * 4)) for c in range(8)]
+        dmin = ir.Constant(F32, 0.0)
     else:
         codes = [k_codes(builder, blk, qtype, j) for j in range(8)]
-        sc, m = zip(*(k_scale_min(builder, blk, qtype, j) for j in range(8)))
-        scales, mins = [splat(builder, s, v8) for s in sc], vector(m, v8)
+        both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
+        scales = [broadcast_lane(builder, both, j, 8) for j in range(8)]
+        mins = builder.shuffle_vector(both, both, ir.Constant(v8, list(range(8, 16))))
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
-    for k in range(n_tok):
-        xk, bk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step)), builder.add(bs, builder.mul(ir.Constant(
-            I64, k), bs_step))
+    out = []
+    for x, bs in tokens:
         acc = ir.Constant(v8, None)
         for c in range(8):
-            lanes = _lanes(builder, codes[c], load(builder, builder.add(xk, ir.Constant(I64, 32 * c)), V32I8), vnni)
+            lanes = _lanes(builder, codes[c], load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8), vnni)
             acc = builder.add(acc, builder.mul(lanes, scales[c]))
-        isum, sums = builder.sext(builder.call(reduce8, [acc]), I64), load(builder, bk, v16)  # x's 16 sums of 16
+        isum, sums = builder.sext(builder.call(reduce8, [acc]), I64), load(builder, bs, v16)  # x's 16 sums of 16
         msum = ir.Constant(I64, 0)
         if qtype == QT.Q6_K:
             taken = builder.sext(builder.call(reduce16, [builder.mul(sums, sc16)]), I64)
@@ -312,61 +303,93 @@ def _kblock_ir(builder, args, qtype, vnni, n_tok):
             pairs = builder.add(*(builder.shuffle_vector(sums, sums, ir.Constant(v8, list(range(o, 16, 2))))
                                   for o in (0, 1)))  # x's sums of 32
             msum = builder.sext(builder.call(reduce8, [builder.mul(pairs, mins)]), I64)
-        for out, value in ((isum_out, isum), (msum_out, msum)):
-            builder.store(value, builder.inttoptr(builder.add(out, ir.Constant(I64, 8 * k)), I64.as_pointer()))
-    return d, dmin
+        out.append((isum, msum))
+    return d, dmin, out
 
 
-def _make_kblock(qtype, vnni, n_tok):
+def _make_ktile(qtype, vnni):
+    """An intrinsic (blk, x, x_step, bs, bs_step, isum_out, msum_out) -> (d, dmin): one block against TILE tokens,
+    token k's codes x + k * x_step, its sums bs + k * bs_step; each token's isum and msum written as int64."""
     @intrinsic
-    def kblock(typingctx, blk, x, x_step, bs, bs_step, isum_out, msum_out):
+    def ktile(typingctx, blk, x, x_step, bs, bs_step, isum_out, msum_out):
         sig = types.UniTuple(types.float32, 2)(*[types.int64] * 7)
 
         def codegen(context, builder, signature, args):
-            return context.make_tuple(builder, signature.return_type, _kblock_ir(builder, args, qtype, vnni, n_tok))
+            blk, x, x_step, bs, bs_step, isum_out, msum_out = args
+            tokens = [(builder.add(x, builder.mul(ir.Constant(I64, k), x_step)),
+                       builder.add(bs, builder.mul(ir.Constant(I64, k), bs_step))) for k in range(TILE)]
+            d, dmin, sums = _kblock_sums(builder, blk, qtype, vnni, tokens)
+            for k, pair in enumerate(sums):
+                for out, value in zip((isum_out, msum_out), pair):
+                    builder.store(value, builder.inttoptr(builder.add(out, ir.Constant(I64, 8 * k)), I64.as_pointer()))
+            return context.make_tuple(builder, signature.return_type, (d, dmin))
 
         return sig, codegen
 
-    return kblock
+    return ktile
 
 
-KBLOCK1 = KBLOCKN = None  # one K-quant type's block intrinsics (1 and TILE tokens), in each copy's globals
+def _make_krow(qtype, vnni):
+    """An intrinsic (w, x, bs, dx, nb) -> float: one token's product with the row of nb blocks at w, in _kquant_matmul's
+    float steps; dx: the token's Q8_K scales (float32, one per block)."""
+    size = BLOCK_SIZES[qtype][1]
+
+    @intrinsic
+    def krow(typingctx, w, x, bs, dx, nb):
+        def codegen(context, builder, signature, args):
+            w, x, bs, dx, nb = args
+
+            def block(i, accs):
+                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                tokens = [(builder.add(x, builder.mul(i, ir.Constant(I64, 256))),
+                           builder.add(bs, builder.mul(i, ir.Constant(I64, 64))))]
+                d, dmin, ((isum, msum),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
+                dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
+                acc = builder.fadd(accs[0], builder.fmul(builder.fmul(dxi, d), builder.sitofp(isum, F32)))
+                if qtype != QT.Q6_K:
+                    acc = builder.fsub(acc, builder.fmul(builder.fmul(dxi, dmin), builder.sitofp(msum, F32)))
+                return [acc]
+
+            acc, = counted_loop(builder, nb, [ir.Constant(F32, 0.0)], block)
+            return acc
+
+        return types.float32(*[types.int64] * 5), codegen
+
+    return krow
+
+
+KTILE = KROW = None  # one K-quant type's intrinsics (a block against TILE tokens; one token's row), in each copy
 HAS_MIN = SIZE = None
 
 
 def _kquant_matmul(xq, dx, bsums, bases, starts):  # Q8_K x [T, K], the parts' addresses and first rows -> [T, N]
-    """Per row, TILE tokens at a time (then one at a time): per block, out + (d_x * d_w) * isum, then for Q4_K/Q5_K
+    """Per row, TILE tokens at a time, then one at a time: per block, out + (d_x * d_w) * isum, then for Q4_K/Q5_K
     out - (d_x * dmin) * msum, each product and sum rounded to float32 in that order (GgmlMatrix's)."""
     T, K = xq.shape
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
     for n in prange(N):
         isum, msum, acc = np.empty(TILE, np.int64), np.empty(TILE, np.int64), np.empty(TILE, np.float32)
-        x0, b0, i0, m0 = xq.ctypes.data, bsums.ctypes.data, isum.ctypes.data, msum.ctypes.data  # kept alive here
+        x0, b0, d0, i0, m0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, isum.ctypes.data, msum.ctypes.data
         w = row_address(bases, starts, n, nb * SIZE)
-        t = 0
-        while t < T:
-            n_tok = TILE if T - t >= TILE else 1
+        for t in range(0, T - T % TILE, TILE):
             acc[:] = 0
             for B in range(nb):
                 at_x, at_b = x0 + t * K + B * 256, b0 + (t * (K // 16) + 16 * B) * 4
-                if n_tok == TILE:
-                    d, dmin = KBLOCKN(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
-                else:
-                    d, dmin = KBLOCK1(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
-                for k in range(n_tok):
+                d, dmin = KTILE(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
+                for k in range(TILE):
                     acc[k] = acc[k] + (dx[t + k, B] * d) * np.float32(isum[k])
                     if HAS_MIN:
                         acc[k] = acc[k] - (dx[t + k, B] * dmin) * np.float32(msum[k])
-            for k in range(n_tok):
-                out[t + k, n] = acc[k]
-            t += n_tok
+            out[t:t + TILE, n] = acc
+        for t in range(T - T % TILE, T):
+            out[t, n] = KROW(w, x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)
     return out
 
 
 def kquant_kernel(qtype, vnni=VNNI):
     if (qtype, vnni) not in KERNELS:
-        consts = dict(KBLOCK1=_make_kblock(qtype, vnni, 1), KBLOCKN=_make_kblock(qtype, vnni, TILE),
+        consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni),
                       HAS_MIN=qtype != QT.Q6_K, SIZE=BLOCK_SIZES[qtype][1])
         KERNELS[qtype, vnni] = specialize(_kquant_matmul, f"kquant_matmul_{qtype.name}_{'vnni' if vnni else 'generic'}",
                                           **consts)

@@ -18,8 +18,8 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
-from .block_ir import AHEAD, GROUPS, groups, prefetch_block
-from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize, splat
+from .block_ir import AHEAD, GROUPS, broadcast_lane, groups, prefetch_block
+from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
@@ -28,32 +28,35 @@ KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
 
 def _row_dot(qtype):
     """An intrinsic (w, x, xsum, nb) -> float: one row's dot product with x, over its nb blocks at address w; x and
-    xsum (x summed over each group of 32, for the offsets) are float32 addresses."""
+    xsum (x summed over each group of 32, for the offsets) are float32 addresses. 32 lanes accumulate
+    fma(scale, code * x, acc) over the row, a lane per group the offsets times xsum; each summed once at the end."""
     size, per = BLOCK_SIZES[qtype][1], GROUPS[qtype]
+    vper = ir.VectorType(F32, per)
 
     @intrinsic
     def row_dot(typingctx, w, x, xsum, nb):
         def codegen(context, builder, signature, args):
             w, x, xsum, nb = args
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
-            fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+            fma_per = builder.module.declare_intrinsic(f"llvm.fma.v{per}f32", fnty=ir.FunctionType(vper, [vper] * 3))
 
             def block(i, sums):
                 acc, off = sums
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
                 prefetch_block(builder, blk, qtype)
-                for g, (codes, scale, offset) in enumerate(groups(builder, qtype, blk)):
-                    at = builder.add(builder.mul(i, ir.Constant(I64, per)), ir.Constant(I64, g))  # group index
+                items, offsets = groups(builder, qtype, blk)
+                first = builder.mul(i, ir.Constant(I64, per))  # the block's first group
+                for g, (codes, scale) in enumerate(items):
+                    at = builder.add(first, ir.Constant(I64, g))
                     xv = load(builder, builder.add(x, builder.mul(at, ir.Constant(I64, 128))), V32F32)
                     acc = builder.call(fma, [scale, builder.fmul(codes, xv), acc])
-                    if offset is not None:
-                        xs = load(builder, builder.add(xsum, builder.mul(at, ir.Constant(I64, 4))), F32)
-                        off = builder.call(fma1, [offset, xs, off])
+                if offsets is not None:
+                    xs = load(builder, builder.add(xsum, builder.mul(first, ir.Constant(I64, 4))), vper)
+                    off = builder.call(fma_per, [offsets, xs, off])
                 return [acc, off]
 
-            acc, off = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(F32, 0.0)], block)
-            return builder.fadd(hsum(builder, acc), off) if qtype in (QT.Q4_0, QT.Q4_1, QT.Q4_K, QT.Q5_K) else \
-                hsum(builder, acc)
+            acc, off = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)], block)
+            return builder.fadd(hsum(builder, acc), hsum(builder, off))  # the types without offsets add 0
 
         return types.float32(*[types.int64] * 4), codegen
 
@@ -71,11 +74,12 @@ def _row_values(qtype):
 
             def block(i, _):
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                for g, (codes, scale, offset) in enumerate(groups(builder, qtype, blk)):
-                    at = builder.add(builder.mul(i, ir.Constant(I64, per)), ir.Constant(I64, g))
+                items, offsets = groups(builder, qtype, blk)
+                for g, (codes, scale) in enumerate(items):
                     v = builder.fmul(scale, codes)
-                    if offset is not None:
-                        v = builder.fadd(v, splat(builder, offset, V32F32))
+                    if offsets is not None:
+                        v = builder.fadd(v, broadcast_lane(builder, offsets, g, 32))
+                    at = builder.add(builder.mul(i, ir.Constant(I64, per)), ir.Constant(I64, g))
                     to = builder.add(out, builder.mul(at, ir.Constant(I64, 128)))
                     builder.store(v, builder.inttoptr(to, V32F32.as_pointer()), align=4)
                 return []
