@@ -107,6 +107,9 @@ def main(argv=None):
     p.add_argument("-m", "--model", help="the model both ran, to re-run stages on each side's inputs (default: "
                    "the one the dumps name, or the installed SmolLM2, if its sha256 matches)")
     p.add_argument("--no-rerun", action="store_true", help="compare end to end only, without loading a model")
+    p.add_argument("--backend", choices=("numba", "numpy"), default="numba",
+                   help="what re-runs the stages: numba's kernels (fast at any size) or the readable NumPy forward "
+                   "(default %(default)s)")
     p.add_argument("--numerics", choices=PRODUCER_NUMERICS,
                    help="what MINE computes in (default: its manifest's 'numerics', else float32)")
     p.add_argument("--tolerance", choices=COLUMNS, help="tolerance column (default: chosen from both dumps)")
@@ -125,7 +128,8 @@ def main(argv=None):
                 return 0 if close_enough(v) else 1
             return print_logits(v)
         mine, ref = Dump(args.mine), Dump(args.ref)
-        model, why = (None, "--no-rerun") if args.no_rerun else find_model(args.model, mine, ref, args.numerics)
+        model, why = (None, "--no-rerun") if args.no_rerun else \
+            find_model(args.model, mine, ref, args.numerics, args.backend)
         rep = compare(args.mine, args.ref, model, args.tolerance, args.numerics)
         if model is None:
             rep.notes.append(f"stages not re-run ({why}): verdicts are end to end only")
