@@ -1,11 +1,9 @@
 """refllama: a NumPy-first reference implementation of Llama-family inference, checkpointed stage by stage."""
 
-import importlib.metadata
-
 from .api import Model, load
 from .errors import RefllamaError
 from .trace import trace
-from .xp import set_threads
+from .xp import set_threads, version
 
 __all__ = ["Model", "RefllamaError", "load", "set_threads", "trace"]
-__version__ = importlib.metadata.version("refllama")  # pyproject.toml's
+__version__ = version()

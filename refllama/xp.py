@@ -121,3 +121,17 @@ def set_threads(n=None, backend="numpy"):
         threadpool_limits(limits=n)
     THREADS_SET.add(backend)
     return n
+
+
+def version():
+    """refllama's version: the installed package's, else (a source tree pip has not installed) pyproject.toml's."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("refllama")
+    except importlib.metadata.PackageNotFoundError:
+        import re
+        from pathlib import Path
+
+        text = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+        return re.search(r'^version = "([^"]+)"', text, re.M).group(1)

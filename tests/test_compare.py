@@ -126,3 +126,44 @@ def test_scores_of_keys_a_query_cannot_see_are_not_compared(tiny, ids, tmp_path)
     mine = hand_written(tmp_path / "mine", stages, token_ids=ids, qk_layout="interleaved")
     rep = compare(mine, LLAMACPP, tiny)
     assert rep.first is None and all("local_MINE" in r for r in rep.rows), rep.first
+
+
+def test_a_dump_saves_each_stage_as_it_runs_and_leaves_nothing_when_it_fails(ids, tmp_path, monkeypatch):
+    """Model.dump streams: the prefill's stages are on disk before the decode step runs; a run that fails leaves
+    neither the dump nor its temporary directory."""
+    m = refllama.load(DATA / "llama-f32.gguf", n_ctx=256)
+    forward, seen = m.forward, []
+
+    def decode_step(tokens, start, *rest):
+        if start:  # a decode step: count the stages already saved
+            seen.append(len(list(tmp_path.glob(".dump-*/*.npy"))))
+        return forward(tokens, start, *rest)
+
+    monkeypatch.setattr(m, "forward", decode_step)
+    d = m.dump(ids[:5], tmp_path / "ok", decode_steps=1)
+    manifest = json.loads((d / "manifest.json").read_text())
+    assert seen[0] > 0 and len(manifest["tensors"]) == 2 * seen[0]  # every prefill stage was on disk by then
+    assert manifest["tensors"][0]["name"] == "inp_embd" and manifest["tensors"][-1]["file"].endswith("@5.npy")
+
+    def failing(tokens, start, *rest):
+        if start:
+            raise RuntimeError("the engine failed")
+        return forward(tokens, start, *rest)
+
+    monkeypatch.setattr(m, "forward", failing)
+    with pytest.raises(RuntimeError):
+        m.dump(ids[:5], tmp_path / "failed", decode_steps=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok"]
+
+
+def test_the_version_of_a_source_tree_that_pip_has_not_installed(monkeypatch):
+    import importlib.metadata
+
+    from refllama.xp import version
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
+    assert f'version = "{version()}"' in text and version() == refllama.__version__

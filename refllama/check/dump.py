@@ -7,6 +7,7 @@ engine; `read_dump` loads any of them and can convert q/k to either RoPE pair la
 import json
 import os
 import re
+import shutil
 import tempfile
 from functools import lru_cache
 from pathlib import Path
@@ -16,6 +17,8 @@ import numpy as np
 from .. import arch as archs
 from ..arch import LAYOUTS, QK_STAGES, permute_qk
 from ..errors import RefllamaError
+from ..trace import stage_name
+from ..xp import to_numpy
 
 FORMAT = "refllama-dump/1"
 INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
@@ -80,47 +83,88 @@ def model_sha256(path):
     return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
 
 
+class DumpWriter:
+    """A dump written a stage at a time, into a temporary directory beside `directory` that `finish` renames, so that
+    a long run holds no stage longer than it takes to save it and a failed one leaves nothing half-written (`abort`
+    removes it). `rows` {name: token positions kept} and `dtypes` {name: dtype} store a subset of a prefill's
+    positions or a narrower float type; `names`, if given, are the stages kept. A recorder (refllama.trace.recording):
+    `at(position)` says which pass the next stages are of (None: the prefill; T + k: the k-th decode step, each stage
+    its own record NAME@POSITION.npy)."""
+
+    def __init__(self, directory, rows=None, dtypes=None, names=None):
+        self.directory = Path(directory)
+        if self.directory.exists() and any(self.directory.iterdir()):
+            raise RefllamaError(f"{self.directory}: dump directory exists and is not empty")
+        self.rows, self.dtypes, self.names = rows or {}, dtypes or {}, None if names is None else set(names)
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=self.directory.parent))
+        self.tensors, self.position, self.passes = [], None, [None]
+
+    def at(self, position):
+        self.position = position
+        if position is not None:
+            self.passes.append(position)
+        return self
+
+    def record(self, name, layer, x):
+        key = stage_name(name, layer)
+        if self.names is None or key in self.names:
+            self.save(key, to_numpy(x), self.position)
+        return x
+
+    def save(self, name, a, at=None):
+        stage, layer = split_name(name)
+        axis = TOKEN_AXIS.get(stage, 0)
+        n_tokens = a.shape[axis]
+        keep = list(self.rows.get(name, range(n_tokens))) if at is None else [at]
+        a = np.take(a, keep, axis=axis) if at is None and len(keep) != n_tokens else a
+        dtype = np.dtype(self.dtypes.get(name, np.float32))
+        if dtype == np.float16 and np.abs(a[np.isfinite(a)]).max(initial=0) > np.finfo(np.float16).max:
+            dtype = np.dtype(np.float32)  # float16 storage only where the values fit (Gemma's residual stream)
+        a = np.ascontiguousarray(a.astype(dtype))
+        fname = name.replace("/", "_") + ("" if at is None else f"@{at}") + ".npy"
+        np.save(self.tmp / fname, a)
+        self.tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
+                             "dtype": a.dtype.name, "token_axis": axis, "positions": keep})
+
+    def finish(self, provenance):
+        """Write the manifest (the tensors of each pass in forward order) and move the dump into place."""
+        for key in ("producer", "model_sha256", "token_ids", "qk_layout"):
+            if key not in provenance:
+                raise RefllamaError(f"dump provenance lacks '{key}'")
+        if provenance["qk_layout"] not in LAYOUTS:
+            raise RefllamaError(f"qk_layout must be one of {LAYOUTS}, got {provenance['qk_layout']!r}")
+        order = layer_stages(provenance.get("arch"))
+        by_pass = {}
+        for t in self.tensors:
+            by_pass.setdefault(None if "@" not in t["file"] else t["positions"][0], {})[t["name"]] = t
+        tensors = [by_pass[p][n] for p in self.passes if p in by_pass for n in forward_order(by_pass[p], order)]
+        manifest = {"format": FORMAT, **provenance, "tensors": tensors}
+        (self.tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n",
+                                                encoding="utf-8")
+        if self.directory.exists():
+            self.directory.rmdir()
+        os.replace(self.tmp, self.directory)
+        return self.directory
+
+    def abort(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=()):
-    """Write stages {name: array} and a manifest; `rows` {name: token positions kept} and `dtypes`
-    {name: dtype} store a subset of positions or a narrower float type. `decode` holds one {name: array} per
-    decode step after the prefill (positions T, T+1, ..., whose tokens are provenance["decode_ids"]), each
-    written as its own record, NAME@POSITION.npy. Written to a temporary directory first and renamed, so a
-    failed dump leaves nothing half-written."""
-    directory = Path(directory)
-    if directory.exists() and any(directory.iterdir()):
-        raise RefllamaError(f"{directory}: dump directory exists and is not empty")
-    for key in ("producer", "model_sha256", "token_ids", "qk_layout"):
-        if key not in provenance:
-            raise RefllamaError(f"dump provenance lacks '{key}'")
-    if provenance["qk_layout"] not in LAYOUTS:
-        raise RefllamaError(f"qk_layout must be one of {LAYOUTS}, got {provenance['qk_layout']!r}")
-    rows, dtypes = rows or {}, dtypes or {}
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=directory.parent))
-    tensors, order = [], layer_stages(provenance.get("arch"))
-    steps = [(None, arrays)] + [(len(provenance["token_ids"]) + k, step) for k, step in enumerate(decode)]
-    for at, stages in steps:
-        for name in forward_order(stages, order):
-            stage, layer = split_name(name)
-            a = np.asarray(stages[name])
-            axis = TOKEN_AXIS.get(stage, 0)
-            n_tokens = a.shape[axis]
-            keep = list(rows.get(name, range(n_tokens))) if at is None else [at]
-            a = np.take(a, keep, axis=axis) if at is None and len(keep) != n_tokens else a
-            dtype = np.dtype(dtypes.get(name, np.float32))
-            if dtype == np.float16 and np.abs(a[np.isfinite(a)]).max(initial=0) > np.finfo(np.float16).max:
-                dtype = np.dtype(np.float32)  # float16 storage only where the values fit (Gemma's residual stream)
-            a = np.ascontiguousarray(a.astype(dtype))
-            fname = name.replace("/", "_") + ("" if at is None else f"@{at}") + ".npy"
-            np.save(tmp / fname, a)
-            tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
-                            "dtype": a.dtype.name, "token_axis": axis, "positions": keep})
-    manifest = {"format": FORMAT, **provenance, "tensors": tensors}
-    (tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    if directory.exists():
-        directory.rmdir()
-    os.replace(tmp, directory)
-    return directory
+    """Write stages {name: array} and a manifest (DumpWriter: `rows`, `dtypes`); `decode` holds one {name: array}
+    per decode step after the prefill (positions T, T+1, ..., whose tokens are provenance["decode_ids"])."""
+    writer = DumpWriter(directory, rows, dtypes)
+    try:
+        order, n = layer_stages(provenance.get("arch")), len(provenance.get("token_ids", ()))
+        for at, stages in [(None, arrays)] + [(n + k, step) for k, step in enumerate(decode)]:
+            writer.at(at)
+            for name in forward_order(stages, order):
+                writer.save(name, np.asarray(stages[name]), at)
+        return writer.finish(provenance)
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def known_stages(arch):
