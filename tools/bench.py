@@ -220,10 +220,10 @@ def main():
         if a in rows and b in rows:
             print(f"- {a} / {b} {key.split('_')[0]}: {rows[a][key] / rows[b][key]:.2f}x")
     print()
-    for mine in ("numba", "numba-ggml"):
-        ratio(mine, "llama.cpp", "decode_tok_s")
-        ratio(mine, "llama.cpp", "prefill_tok_s")
-    ratio("numpy", "transformers", "decode_tok_s")
+    for mine in ("numpy", "numba", "numba-ggml"):
+        for peer in ("llama.cpp", "transformers"):
+            ratio(mine, peer, "decode_tok_s")
+            ratio(mine, peer, "prefill_tok_s")
     kv_mb = (args.prompt + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20
     for e, r in rows.items():
         print(f"- {e} peak RSS / (file + KV cache {kv_mb:.0f} MB): {r['peak_rss_mb'] / (size_mb + kv_mb):.2f}x")
@@ -239,7 +239,9 @@ def describe(path):
         c = Config(os.path.join(path, "config.json"))
         cfg = arch.for_hf(c.get("architectures", kind=(list,))[0], c.path).config_from_hf(c)[0]
         size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".safetensors"))
-        return cfg, os.path.basename(path.rstrip("/")), size / 2**20
+        card = os.path.join(path, "README.md")  # a model card's title, e.g. a synthetic model's
+        title = open(card, encoding="utf-8").readline() if os.path.exists(card) else ""
+        return cfg, title[2:].strip() if title.startswith("# ") else os.path.basename(path.rstrip("/")), size / 2**20
     from refllama.formats.gguf_loader import GGUFFile
 
     g = GGUFFile(path)

@@ -176,6 +176,9 @@ def write_hf(name, kind, out, n_layer=None, seed=0):
         write(name, gguf_kind, out, n_layer, seed)
     directory = path.with_name(path.name.removesuffix(".gguf").replace(f"-{gguf_kind}", f"-{kind}"))
     convert(path, directory, gguf_kind)
+    (directory / "README.md").write_text(f"# synthetic {name} (random weights)\n\nWritten by refllama's "
+                                         "tools/make_synthetic_model.py: the shapes and vocabulary of the real model, "
+                                         "random weights. Its text is noise; use it for speed and memory only.\n")
     print(f"wrote {directory} (HF, {gguf_kind}, synthetic weights)")
     return directory
 
