@@ -228,11 +228,13 @@ class Model:
         return Generation(self, history, logits, sample, max_tokens, stop, cancel)
 
     def dump(self, ids: Sequence[int], directory: str | os.PathLike, prompt: str | None = None, greedy: int = 0,
-             decode_steps: int = 0, decode_ids: Sequence[int] | None = None, **plan) -> Path:
+             decode_steps: int = 0, decode_ids: Sequence[int] | None = None, tokens_from: str | None = None,
+             **plan) -> Path:
         """Trace one prefill of `ids` and write every stage to `directory` (checkpoints/FORMAT.md);
         `decode_steps` then decodes that many greedy tokens one at a time (or feeds `decode_ids`, another
         engine's tokens) and writes each step's stages as its own record; `greedy` records that many greedy
-        tokens in the manifest; `plan` takes storage_plan's options."""
+        tokens in the manifest; `tokens_from` names the dump the ids came from, if they did; `plan` takes
+        storage_plan's options."""
         names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES,
                                            inputs=self.arch.INPUTS, **plan)
         writer = DumpWriter(directory, rows, dtypes, names)  # each stage saved as it is computed, never held
@@ -251,6 +253,7 @@ class Model:
                 "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
                 "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
                 "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
+                "tokens_from": None if tokens_from is None else os.path.abspath(tokens_from),
             }
             return writer.finish(provenance)
         except BaseException:

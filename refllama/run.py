@@ -103,7 +103,9 @@ def run(args, prompt):
 
             other = Dump(args.tokens_from)
             ids, decode_ids = other.prompt_ids, other.decode_ids
-        m.dump(ids, args.dump_dir, prompt=prompt, decode_steps=args.decode_steps, decode_ids=decode_ids)
+            prompt = other.manifest.get("prompt")  # the ids are the other dump's: so is their text, if it gave one
+        m.dump(ids, args.dump_dir, prompt=prompt, decode_steps=args.decode_steps, decode_ids=decode_ids,
+               tokens_from=args.tokens_from)
         steps = len(decode_ids) if decode_ids is not None else args.decode_steps
         print(f"dumped the forward pass of {len(ids)} tokens and {steps} decode steps to {args.dump_dir}",
               file=sys.stderr)

@@ -3,6 +3,7 @@ clean and with the bugs engine authors make. The clean engine must pass; each bu
 by the commands README shows: refllama's dump of the same tokens, then `python -m refllama.compare MINE REF`.
 """
 
+import json
 import subprocess
 import sys
 
@@ -48,6 +49,8 @@ def test_the_clean_engine_passes_with_the_readme_commands(weights, model, tmp_pa
     r = subprocess.run([sys.executable, "-m", "refllama.run", "--dump-dir", str(ref), "--tokens-from", str(mine),
                         "-n", "0"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+    manifest = json.loads((ref / "manifest.json").read_text())  # the ids' origin, not the default prompt
+    assert manifest["tokens_from"] == str(mine.resolve()) and manifest["prompt"] == Dump(mine).manifest.get("prompt")
     r = subprocess.run([sys.executable, "-m", "refllama.compare", str(mine), str(ref)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tolerance: float32" in r.stdout and "within tolerance" in r.stdout

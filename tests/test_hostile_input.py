@@ -218,17 +218,27 @@ def sharded(tmp_path, target):
     ("/etc/passwd", "leaves the model directory"), ("../outside.safetensors", "leaves the model directory"),
     ("sub/../../x", "leaves the model directory"), ("link/model.safetensors", "link out of the model directory"),
     ("fifo", "not a regular file"), ("dir", "not a regular file"), (7, "must map tensor names to file names"),
+    ("loop", "cannot be resolved"),
 ])
 def test_shard_names_stay_inside_the_directory_and_are_regular_files(tmp_path, target, fragment):
     d = sharded(tmp_path, target)
     os.mkfifo(d / "fifo")
     (d / "dir").mkdir()
     os.symlink(DATA / "tiny-qwen2", d / "link")
+    os.symlink("loop", d / "loop")  # a link to itself
     done = []
     t = threading.Thread(target=lambda: done.append(expect_error(d, fragment)), daemon=True)
     t.start()
     t.join(20)  # a FIFO opened for reading blocks until a writer comes: it must never be opened
     assert done, f"loading hung on shard {target!r}"
+
+
+def test_an_untied_config_without_the_output_weight_is_refused_at_load(tmp_path):
+    d = hf_copy(tmp_path)
+    config = json.loads((d / "config.json").read_text())
+    assert config.get("tie_word_embeddings") is not False  # the tiny Qwen2 ties its head: untie it, keep no lm_head
+    (d / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    expect_error(d, "lm_head.weight")
 
 
 def test_a_directory_where_config_json_belongs(tmp_path):

@@ -82,7 +82,8 @@ def read_weights(arch, cfg, side, fetch, has, place):
 
     def take(row, prefix, out):
         name = getattr(row, side)
-        if name is None or (not row.required and not has(prefix + name)):
+        required = row.required or row.key == "output"  # read only when untied: then the model needs it
+        if name is None or (not required and not has(prefix + name)):
             return
         shape = shape_of(row, d)
         t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)

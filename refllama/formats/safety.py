@@ -103,8 +103,11 @@ def inside(directory, name, listed_in):
         raise RefllamaError(f"{listed_in}: file name {shown(name)} is not a file name")
     if os.path.isabs(name) or ".." in Path(name).parts:
         raise RefllamaError(f"{listed_in}: file name {shown(name)} leaves the model directory")
-    root = Path(directory).resolve()
-    path = (root / name).resolve()
+    try:
+        root = Path(directory).resolve()
+        path = (root / name).resolve()
+    except (OSError, RuntimeError) as e:  # a symlink loop: RuntimeError before Python 3.13, OSError since
+        raise RefllamaError(f"{listed_in}: file {shown(name)} cannot be resolved ({e})") from None
     if not path.is_relative_to(root):
         raise RefllamaError(f"{listed_in}: file {shown(name)} is a link out of the model directory")
     return Path(directory) / name
