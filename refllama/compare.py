@@ -57,14 +57,23 @@ def plot(rows, path, first=None):
         if first is not None and r["name"] == first["name"]:
             ax.plot(x, y, marker="*", color="white", markersize=14, markeredgecolor="black")
     fig.colorbar(im, ax=ax, label="log10(max abs error / reference range)")
-    ax.set_title("error per stage (red: past tolerance; star: first divergence"
+    ax.set_title("error per stage (red box: the stage adds error, or is past tolerance where it was not re-run; "
+                 "star: first divergence"
                  + (f", {first['name']})" if first else ")"))
     fig.savefig(path, dpi=120, bbox_inches="tight")
     return labels
 
 
+def divergence_line(f):
+    return (f"first divergence: {f['name']} (max_rel {f['max_rel']:.3e}, nmse {f['nmse']:.3e}"
+            + (f"; added by {' and '.join(f['adds'])}" if f["adds"] else "") + f"; positions {spans(f['positions'])})")
+
+
 def print_report(rep, show_all):
+    """The verdict first, then the stages, the coverage, where the first divergence sits and the hints, and the
+    verdict again as the last line."""
     col = rep.column
+    print(divergence_line(rep.first) if rep.first else f"all {len(rep.rows)} stages within tolerance")
     print(f"tolerance: {col.name} ({col.why})")
     for note in rep.notes:
         print(f"note: {note}")
@@ -84,17 +93,14 @@ def print_report(rep, show_all):
     if rep.first is None:
         print(f"all {len(rep.rows)} stages within tolerance")
         return 0
-    f = rep.first
     print("\n".join(rep.where + rep.hints))
-    print(f"first divergence: {f['name']} (max_rel {f['max_rel']:.3e}, nmse {f['nmse']:.3e}"
-          + (f"; added by {' and '.join(f['adds'])}" if f["adds"] else "")
-          + f"; positions {spans(f['positions'])})")
+    print(divergence_line(rep.first))
     return 1
 
 
 def as_json(rep):
     keep = ("name", "stage", "layer", "positions", "max_abs", "max_rel", "nmse", "cosine", "tol", "local_tol",
-            "input_nmse", "local_MINE", "local_REF", "adds", "ok", "carried")
+            "input_nmse", "local_MINE", "local_REF", "adds", "ok", "carried", "verdict")
     return {"tolerance": rep.column._asdict(), "notes": rep.notes, "coverage": rep.coverage,
             "rows": [{k: r[k] for k in keep if k in r} for r in rep.rows],
             "first_divergence": rep.first["name"] if rep.first else None, "where": rep.where, "hints": rep.hints}

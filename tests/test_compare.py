@@ -2,6 +2,7 @@
 line, exit 2), the whole-text verdict on logits, the plot, and a trace in the other q/k layout."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,31 @@ def test_the_version_of_a_source_tree_that_pip_has_not_installed(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
     text = (Path(__file__).parent.parent / "pyproject.toml").read_text()
     assert f'version = "{version()}"' in text and version() == refllama.__version__
+
+
+def test_the_verdict_comes_first_and_json_rows_say_which_stages_add_and_which_carry(tiny, ids, tmp_path):
+    ref = tiny.dump(ids, tmp_path / "ref")
+    mine = tmp_path / "mine"
+    shutil.copytree(ref, mine)
+    for stage in ("result_norm", "result_output"):  # the norm scaled (it adds error), the head linear: it carries
+        np.save(mine / f"{stage}.npy", np.load(mine / f"{stage}.npy") * np.float32(1.5))
+    r = run_compare(mine, ref, "-m", DATA / "llama-f32.gguf")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 1 and lines[0].startswith("first divergence: result_norm") and lines[-1] == lines[0]
+    r = run_compare(mine, ref, "-m", DATA / "llama-f32.gguf", "--json")
+    rows = {row["name"]: row for row in json.loads(r.stdout)["rows"]}
+    assert rows["result_norm"]["verdict"] == "adds error" and not rows["result_norm"]["ok"]
+    assert rows["result_output"]["verdict"] == "carries error" and rows["result_output"]["ok"]
+    assert rows["inp_embd"]["verdict"] == "within tolerance"
+
+
+def test_a_dump_of_unknown_stage_names_only_is_an_error(tiny, ids, tmp_path):
+    ref = tiny.dump(ids, tmp_path / "ref")
+    mine = tmp_path / "mine"
+    shutil.copytree(ref, mine)
+    manifest = json.loads((mine / "manifest.json").read_text())
+    for t in manifest["tensors"]:
+        t["name"] = "x_" + t["name"]  # every name misspelt
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    r = run_compare(mine, ref, "--no-rerun")
+    assert r.returncode == 2 and "none of its" in r.stderr and len(r.stderr.strip().splitlines()) == 1

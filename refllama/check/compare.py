@@ -147,6 +147,10 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
     same = len(os.path.commonprefix([mine.token_ids, ref.token_ids]))  # positions with the same history
     if same < min(len(mine.token_ids), len(ref.token_ids)):
         notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")
+    known = known_stages(ref.arch)
+    if mine.names and not any(split_name(n)[0] in known for n in mine.names):
+        raise RefllamaError(f"MINE: none of its {len(mine.names)} stage names is one refllama knows (e.g. "
+                            f"'{mine.names[0]}'); the names are llama.cpp's (checkpoints/FORMAT.md)")
     arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
     rows, first, previous = [], None, None
     for name in forward_order([n for n in ref.names if n in mine], arch.STAGES):
@@ -175,6 +179,8 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
         e2e_ok = within(row, row["tol"])
         row["ok"] = not adds and (both_local or e2e_ok)
         row["carried"] = not e2e_ok and row["ok"]
+        row["verdict"] = ("adds error" if adds else "past tolerance" if not row["ok"] else
+                          "carries error" if row["carried"] else "within tolerance")
         rows.append(row)
         previous = row
         if first is None and not row["ok"]:
