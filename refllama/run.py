@@ -3,12 +3,20 @@
     python -m refllama.run -p "The capital of France is" -n 32
 """
 
+import argparse
 import sys
 import time
 
 from .cli import SCRIPTS, add_gpu_layers, gpu_layers, parser
 from .errors import RefllamaError
 from .xp import BACKENDS, NUMERICS, threads_notice
+
+
+def layer_list(text):  # "0,-1" -> [0, -1]
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of block numbers: {text!r}") from None
 
 
 def parse_args(argv):
@@ -43,13 +51,20 @@ def parse_args(argv):
     p.add_argument("--tokens-from", metavar="DUMP",
                    help="with --dump-dir: run another dump's token ids (its prompt, then its decode steps' tokens) "
                         "instead of tokenizing a prompt, so the two dumps compare")
+    p.add_argument("--dump-layers", metavar="N,N,...", type=layer_list,
+                   help="with --dump-dir: keep these blocks only (negative from the end; each one's input too)")
+    p.add_argument("--dump-positions", metavar="N", type=int,
+                   help="with --dump-dir: keep N token positions of a longer prompt per stage (the first 8 and the "
+                        "last N - 8; K and V keep all, attention reads them)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size in tokens; 0 = the model's (default 4096)")
     args = p.parse_args(argv)
     if args.prompt is not None and args.file is not None:
         p.error("give either -p/--prompt or -f/--file, not both")
-    if (args.decode_steps or args.tokens_from) and not args.dump_dir:
-        p.error("--decode-steps and --tokens-from go with --dump-dir")
+    if (args.decode_steps or args.tokens_from or args.dump_layers or args.dump_positions) and not args.dump_dir:
+        p.error("--decode-steps, --tokens-from, --dump-layers and --dump-positions go with --dump-dir")
+    if args.dump_positions is not None and args.dump_positions < 9:
+        p.error(f"--dump-positions must be at least 9 (the first 8 and the last ones), got {args.dump_positions}")
     if args.system is not None and not args.chat:
         p.error("--system goes with --chat (a plain prompt has no system message)")
     if args.n_predict < -1:
@@ -105,7 +120,7 @@ def run(args, prompt):
             ids, decode_ids = other.prompt_ids, other.decode_ids
             prompt = other.manifest.get("prompt")  # the ids are the other dump's: so is their text, if it gave one
         m.dump(ids, args.dump_dir, prompt=prompt, decode_steps=args.decode_steps, decode_ids=decode_ids,
-               tokens_from=args.tokens_from)
+               tokens_from=args.tokens_from, layers=args.dump_layers, max_rows=args.dump_positions)
         steps = len(decode_ids) if decode_ids is not None else args.decode_steps
         print(f"dumped the forward pass of {len(ids)} tokens and {steps} decode steps to {args.dump_dir}",
               file=sys.stderr)

@@ -114,3 +114,23 @@ def test_checkpoint_suite_runs_one_backend_on_request():
     assert numba and all(any(b in t for b in on_numba) for t in numba)
     assert numba == [t for t in every if any(b in t for b in on_numba)] and len(every) > len(numba)
 
+
+
+def test_a_dump_keeps_the_blocks_and_positions_asked_for(tmp_path):
+    """--dump-layers and --dump-positions keep a long prompt's dump small: those blocks (and each one's input),
+    the first 8 and last positions of every stage but K and V."""
+    import json
+
+    tiny = Path(__file__).parent / "data" / "gguf-llama" / "llama-f32.gguf"
+    prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 4)
+    r = cli("-m", tiny, "-p", prompt, "--dump-dir", tmp_path / "d", "-n", "0", "--dump-layers", "-1",
+            "--dump-positions", "12")
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    n_tokens, layers = len(manifest["token_ids"]), {t["layer"] for t in manifest["tensors"]} - {None}
+    assert n_tokens > 12 and len(layers) == 2  # the last block, and the one before it for its input l_out
+    rows = {t["stage"]: t["positions"] for t in manifest["tensors"]}
+    assert rows["attn_norm"] == [*range(8), *range(n_tokens - 4, n_tokens)] and len(rows["Kcur"]) == n_tokens
+    r = cli("-m", tiny, "-p", "hi", "--dump-dir", tmp_path / "e", "-n", "0", "--dump-layers", "99")
+    assert r.returncode == 1 and "block 99 asked for" in r.stderr
+    assert cli("-m", tiny, "-p", "hi", "--dump-layers", "0").returncode == 2  # only with --dump-dir

@@ -395,6 +395,9 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
     positions whose logits are kept; dtype: storage type for every stage (float32 unless given).
     """
     layers = range(n_layer) if layers is None else [n_layer + n if n < 0 else n for n in layers]
+    for n in layers:
+        if not 0 <= n < n_layer:
+            raise RefllamaError(f"block {n} asked for: the model has blocks 0..{n_layer - 1}")
     names = [*inputs, "result_norm", "result_output"]
     for n in layers:
         names += [f"{s}-{n}" for s in stages]
