@@ -310,7 +310,7 @@ def header_outcome(path):
 # ---------------------------------------------------------------- HF directories
 
 CONFIG_VALUES = [None, 0, -1, 1, 2 ** 31, 10 ** 30, 0.5, "x", "linear", [], [1, 2, 3], {}, {"rope_type": "linear"},
-                 {"rope_type": "llama3", "factor": 8.0}, {"rope_type": "longrope", "short_factor": [1.0]}, True]
+                 {"rope_type": "llama3", "factor": 8.0}, {"rope_type": "longrope", "short_factor": [1.0]}, True, False]
 
 
 def hf_mutant(source, d, rng):
@@ -320,7 +320,8 @@ def hf_mutant(source, d, rng):
     cfg_path = d / "config.json"
     cfg = json.loads(cfg_path.read_text())
     if op in (0, 1):
-        key = str(pick(rng, sorted(cfg) + ["rope_scaling", "rope_parameters", "head_dim", "partial_rotary_factor"]))
+        key = str(pick(rng, sorted(cfg) + ["rope_scaling", "rope_parameters", "head_dim", "partial_rotary_factor",
+                                           "tie_word_embeddings"]))
         value = CONFIG_VALUES[int(rng.integers(len(CONFIG_VALUES)))]
         cfg[key] = value
         if op == 1 and isinstance(cfg.get("rope_parameters"), dict):
@@ -360,8 +361,9 @@ def hf_mutant(source, d, rng):
     if op == 7:  # a shard index naming files it must not
         names = [k for k in header if k != "__metadata__"]
         target = str(pick(rng, ["../outside.safetensors", "/etc/passwd", "sub/../../x", "fifo", "dir", "link",
-                                 "missing.safetensors", "model.safetensors"]))
+                                 "missing.safetensors", "model.safetensors", "loop"]))
         (d / "fifo").exists() or os.mkfifo(d / "fifo")
+        (d / "loop").is_symlink() or os.symlink("loop", d / "loop")  # a link to itself
         (d / "dir").mkdir(exist_ok=True)
         (d / "link").exists() or os.symlink(Path(source).resolve().parent, d / "link")
         st.rename(d / "model-1.safetensors")
