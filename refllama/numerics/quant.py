@@ -27,38 +27,43 @@ KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
 
 
 def _row_dot(qtype):
-    """An intrinsic (w, x, xsum, nb) -> float: one row's dot product with x, over its nb blocks at address w; x and
-    xsum (x summed over each group of 32, for the offsets) are float32 addresses. 32 lanes accumulate
+    """An intrinsic (wa, wb, x, xsum, nb) -> (float, float): two rows' dot products with x, over their nb blocks at
+    addresses wa and wb, side by side (two streams of weights per thread keep more reads in flight than one); x and
+    xsum (x summed over each group of 32, for the offsets) are float32 addresses. Per row, 32 lanes accumulate
     fma(scale, code * x, acc) over the row, a lane per group the offsets times xsum; each summed once at the end."""
     size, per = BLOCK_SIZES[qtype][1], GROUPS[qtype]
     vper = ir.VectorType(F32, per)
 
     @intrinsic
-    def row_dot(typingctx, w, x, xsum, nb):
+    def row_dot(typingctx, wa, wb, x, xsum, nb):
         def codegen(context, builder, signature, args):
-            w, x, xsum, nb = args
+            wa, wb, x, xsum, nb = args
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
             fma_per = builder.module.declare_intrinsic(f"llvm.fma.v{per}f32", fnty=ir.FunctionType(vper, [vper] * 3))
 
             def block(i, sums):
-                acc, off = sums
-                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                prefetch_block(builder, blk, qtype)
-                items, offsets = groups(builder, qtype, blk)
-                first = builder.mul(i, ir.Constant(I64, per))  # the block's first group
-                for g, (codes, scale) in enumerate(items):
-                    at = builder.add(first, ir.Constant(I64, g))
-                    xv = load(builder, builder.add(x, builder.mul(at, ir.Constant(I64, 128))), V32F32)
-                    acc = builder.call(fma, [scale, builder.fmul(codes, xv), acc])
-                if offsets is not None:
-                    xs = load(builder, builder.add(xsum, builder.mul(first, ir.Constant(I64, 4))), vper)
-                    off = builder.call(fma_per, [offsets, xs, off])
-                return [acc, off]
+                out = []
+                for w, acc, off in ((wa, *sums[:2]), (wb, *sums[2:])):
+                    blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                    prefetch_block(builder, blk, qtype)
+                    items, offsets = groups(builder, qtype, blk)
+                    first = builder.mul(i, ir.Constant(I64, per))  # the block's first group
+                    for g, (codes, scale) in enumerate(items):
+                        at = builder.add(first, ir.Constant(I64, g))
+                        xv = load(builder, builder.add(x, builder.mul(at, ir.Constant(I64, 128))), V32F32)
+                        acc = builder.call(fma, [scale, builder.fmul(codes, xv), acc])
+                    if offsets is not None:
+                        xs = load(builder, builder.add(xsum, builder.mul(first, ir.Constant(I64, 4))), vper)
+                        off = builder.call(fma_per, [offsets, xs, off])
+                    out += [acc, off]
+                return out
 
-            acc, off = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)], block)
-            return builder.fadd(hsum(builder, acc), hsum(builder, off))  # the types without offsets add 0
+            sums = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)] * 2, block)
+            dots = [builder.fadd(hsum(builder, acc), hsum(builder, off))  # the types without offsets add 0
+                    for acc, off in (sums[:2], sums[2:])]
+            return context.make_tuple(builder, signature.return_type, dots)
 
-        return types.float32(*[types.int64] * 4), codegen
+        return types.UniTuple(types.float32, 2)(*[types.int64] * 5), codegen
 
     return row_dot
 
@@ -114,8 +119,12 @@ def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -
     n_chunks = min(N, CHUNKS)
     for c in prange(n_chunks):
         x0, xs0 = x.ctypes.data, xsum.ctypes.data  # taken in the loop: the arrays stay alive
-        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-            out[r] = ROW_DOT(row_address(bases, starts, r, K // BLOCK * SIZE), x0, xs0, K // BLOCK)
+        lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
+        half = (hi - lo + 1) // 2  # the chunk's two halves side by side (an odd last row with itself)
+        for r in range(lo, lo + half):
+            s = min(r + half, hi - 1)
+            out[r], out[s] = ROW_DOT(row_address(bases, starts, r, K // BLOCK * SIZE),
+                                     row_address(bases, starts, s, K // BLOCK * SIZE), x0, xs0, K // BLOCK)
     return out
 
 
@@ -230,31 +239,36 @@ class QuantMatrix(Blocks):
 
 
 def _half_dot(bf16):
-    """An intrinsic (w, x, n) -> float: the dot product of n * 32 bfloat16 (bf16) or float16 weights at address w with
-    float32 x: 32 float32 lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
+    """An intrinsic (wa, wb, x, n) -> (float, float): the dot products of two rows of n * 32 bfloat16 (bf16) or
+    float16 weights at addresses wa and wb with float32 x, side by side (as quant's row dots): per row, 32 float32
+    lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
     v32i16, v32i32 = ir.VectorType(ir.IntType(16), 32), ir.VectorType(ir.IntType(32), 32)
 
     @intrinsic
-    def half_dot(typingctx, w, x, n):
+    def half_dot(typingctx, wa, wb, x, n):
         def codegen(context, builder, signature, args):
-            w, x, n = args
+            wa, wb, x, n = args
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
 
             def chunk(i, accs):
-                at = builder.add(w, builder.mul(i, ir.Constant(I64, 64)))
-                prefetch(builder, builder.add(at, ir.Constant(I64, AHEAD)))
-                bits = load(builder, at, v32i16)
-                if bf16:  # the top half of a float32
-                    v = builder.bitcast(builder.shl(builder.zext(bits, v32i32), ir.Constant(v32i32, [16] * 32)), V32F32)
-                else:
-                    v = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 32)), V32F32)
                 xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
-                return [builder.call(fma, [v, xv, accs[0]])]
+                out = []
+                for w, acc in zip((wa, wb), accs):
+                    at = builder.add(w, builder.mul(i, ir.Constant(I64, 64)))
+                    prefetch(builder, builder.add(at, ir.Constant(I64, AHEAD)))
+                    bits = load(builder, at, v32i16)
+                    if bf16:  # the top half of a float32
+                        v = builder.bitcast(builder.shl(builder.zext(bits, v32i32), ir.Constant(v32i32, [16] * 32)),
+                                            V32F32)
+                    else:
+                        v = builder.fpext(builder.bitcast(bits, ir.VectorType(ir.HalfType(), 32)), V32F32)
+                    out.append(builder.call(fma, [v, xv, acc]))
+                return out
 
-            acc, = counted_loop(builder, n, [ir.Constant(V32F32, None)], chunk)
-            return hsum(builder, acc)
+            accs = counted_loop(builder, n, [ir.Constant(V32F32, None)] * 2, chunk)
+            return context.make_tuple(builder, signature.return_type, [hsum(builder, acc) for acc in accs])
 
-        return types.float32(*[types.int64] * 3), codegen
+        return types.UniTuple(types.float32, 2)(*[types.int64] * 4), codegen
 
     return half_dot
 
@@ -268,8 +282,11 @@ def _matvec_half(x, w):  # [K] f32, [N, K] 16-bit weights (uint16), K % 32 == 0 
     n_chunks = min(N, CHUNKS)
     for c in prange(n_chunks):
         w0, x0 = w.ctypes.data, x.ctypes.data  # taken in the loop: the arrays stay alive
-        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
-            out[r] = HALF_DOT(w0 + r * K * 2, x0, K // 32)
+        lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
+        half = (hi - lo + 1) // 2  # the chunk's two halves side by side (an odd last row with itself)
+        for r in range(lo, lo + half):
+            s = min(r + half, hi - 1)
+            out[r], out[s] = HALF_DOT(w0 + r * K * 2, w0 + s * K * 2, x0, K // 32)
     return out
 
 
