@@ -329,36 +329,46 @@ def _make_ktile(qtype, vnni):
     return ktile
 
 
-def _make_krow(qtype, vnni):
-    """An intrinsic (w, x, bs, dx, nb) -> float: one token's product with the row of nb blocks at w, in _kquant_matmul's
-    float steps; dx: the token's Q8_K scales (float32, one per block)."""
+def _make_krow(qtype, vnni, n_rows):
+    """An intrinsic (w_1 .. w_n_rows, x, bs, dx, nb) -> n_rows floats: one token's product with n_rows rows of nb
+    blocks each, side by side (two streams of weights per thread keep more reads in flight than one), in
+    _kquant_matmul's float steps; dx: the token's Q8_K scales (float32, one per block)."""
     size = BLOCK_SIZES[qtype][1]
 
-    @intrinsic
-    def krow(typingctx, w, x, bs, dx, nb):
-        def codegen(context, builder, signature, args):
-            w, x, bs, dx, nb = args
+    def codegen(context, builder, signature, args):
+        *rows, x, bs, dx, nb = args
 
-            def block(i, accs):
+        def block(i, accs):
+            tokens = [(builder.add(x, builder.mul(i, ir.Constant(I64, 256))),
+                       builder.add(bs, builder.mul(i, ir.Constant(I64, 64))))]
+            dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
+            out = []
+            for w, acc in zip(rows, accs):
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                tokens = [(builder.add(x, builder.mul(i, ir.Constant(I64, 256))),
-                           builder.add(bs, builder.mul(i, ir.Constant(I64, 64))))]
                 d, dmin, ((isum, msum),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
-                dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
-                acc = builder.fadd(accs[0], builder.fmul(builder.fmul(dxi, d), builder.sitofp(isum, F32)))
+                acc = builder.fadd(acc, builder.fmul(builder.fmul(dxi, d), builder.sitofp(isum, F32)))
                 if qtype != QT.Q6_K:
                     acc = builder.fsub(acc, builder.fmul(builder.fmul(dxi, dmin), builder.sitofp(msum, F32)))
-                return [acc]
+                out.append(acc)
+            return out
 
-            acc, = counted_loop(builder, nb, [ir.Constant(F32, 0.0)], block)
-            return acc
+        accs = counted_loop(builder, nb, [ir.Constant(F32, 0.0)] * n_rows, block)
+        return context.make_tuple(builder, signature.return_type, accs)
 
-        return types.float32(*[types.int64] * 5), codegen
+    sig = types.UniTuple(types.float32, n_rows)(*[types.int64] * (n_rows + 4))
+    if n_rows == 1:
+        @intrinsic
+        def krow(typingctx, w, x, bs, dx, nb):
+            return sig, codegen
+    else:
+        @intrinsic
+        def krow(typingctx, wa, wb, x, bs, dx, nb):
+            return sig, codegen
 
     return krow
 
 
-KTILE = KROW = None  # one K-quant type's intrinsics (a block against TILE tokens; one token's row), in each copy
+KTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (a block against TILE tokens; one token's row, two)
 HAS_MIN = SIZE = None
 
 
@@ -368,6 +378,17 @@ def _kquant_matmul(xq, dx, bsums, bases, starts):  # Q8_K x [T, K], the parts' a
     T, K = xq.shape
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
+    if T == 1:  # one token: a chunk's two halves side by side (an odd last row with itself)
+        n_chunks = min(N, 64)
+        for c in prange(n_chunks):
+            x0, b0, d0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
+            lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
+            half = (hi - lo + 1) // 2
+            for r in range(lo, lo + half):
+                s = min(r + half, hi - 1)
+                out[0, r], out[0, s] = KROW2(row_address(bases, starts, r, nb * SIZE),
+                                             row_address(bases, starts, s, nb * SIZE), x0, b0, d0, nb)
+        return out
     for n in prange(N):
         isum, msum, acc = np.empty(TILE, np.int64), np.empty(TILE, np.int64), np.empty(TILE, np.float32)
         x0, b0, d0, i0, m0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, isum.ctypes.data, msum.ctypes.data
@@ -383,13 +404,14 @@ def _kquant_matmul(xq, dx, bsums, bases, starts):  # Q8_K x [T, K], the parts' a
                         acc[k] = acc[k] - (dx[t + k, B] * dmin) * np.float32(msum[k])
             out[t:t + TILE, n] = acc
         for t in range(T - T % TILE, T):
-            out[t, n] = KROW(w, x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)
+            out[t, n] = KROW(w, x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
     return out
 
 
 def kquant_kernel(qtype, vnni=VNNI):
     if (qtype, vnni) not in KERNELS:
-        consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni),
+        consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni, 1),
+                      KROW2=_make_krow(qtype, vnni, 2),
                       HAS_MIN=qtype != QT.Q6_K, SIZE=BLOCK_SIZES[qtype][1])
         KERNELS[qtype, vnni] = specialize(_kquant_matmul, f"kquant_matmul_{qtype.name}_{'vnni' if vnni else 'generic'}",
                                           **consts)
