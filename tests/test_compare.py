@@ -196,3 +196,17 @@ def test_a_dump_of_unknown_stage_names_only_is_an_error(tiny, ids, tmp_path):
     (mine / "manifest.json").write_text(json.dumps(manifest))
     r = run_compare(mine, ref, "--no-rerun")
     assert r.returncode == 2 and "none of its" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_first_divergence_line_names_the_wrong_positions(tiny, ids, tmp_path):
+    ref = tiny.dump(ids, tmp_path / "ref")
+    mine = tmp_path / "mine"
+    shutil.copytree(ref, mine)
+    a = np.load(mine / "result_norm.npy")
+    a[-1] *= np.float32(1.5)  # only the last position wrong
+    np.save(mine / "result_norm.npy", a)
+    r = run_compare(mine, ref, "--no-rerun")
+    last = len(ids) - 1
+    assert r.returncode == 1 and f"; positions {last} of 0-{last})" in r.stdout.splitlines()[0], r.stdout
+    rows = json.loads(run_compare(mine, ref, "--no-rerun", "--json").stdout)["rows"]
+    assert next(row for row in rows if row["name"] == "result_norm")["wrong_positions"] == [last]

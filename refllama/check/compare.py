@@ -13,7 +13,7 @@ from ..trace import recording, stage_name
 from ..xp import to_numpy
 from .diagnose import diagnose
 from .dump import Dump, forward_order, known_stages, model_sha256, split_name, stack_records
-from .metrics import metrics, spans, take, visible, within
+from .metrics import metrics, spans, take, visible, within, wrong_positions
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 
 COLUMNS = (*REFERENCE_KINDS, *UNIT_ROUNDOFF)
@@ -185,6 +185,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
         previous = row
         if first is None and not row["ok"]:
             first = row
+            first["wrong_positions"] = wrong_positions(a, b, stage, positions, row["tol"]) if row["tol"] else []
     report = Report(rows, first, col, notes, coverage(mine, ref), [], [])
     if first is not None:
         diagnose(report, mine, ref, forced, model)

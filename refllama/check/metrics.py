@@ -20,12 +20,28 @@ def metrics(a, b, valid=None):
     if a.size == 0:
         return {"max_abs": 0.0, "max_rel": 0.0, "nmse": 0.0, "cosine": 1.0}
     diff = a - b
-    span = float(b.max() - b.min()) or float(np.abs(b).max()) or 1.0
+    span = value_range(b)
     norm_b = float(np.sum(b ** 2))
     denom = float(np.linalg.norm(a) * np.linalg.norm(b))
     return {"max_abs": float(np.abs(diff).max()), "max_rel": float(np.abs(diff).max()) / span,
             "nmse": float(np.sum(diff ** 2)) / norm_b if norm_b else float(np.sum(diff ** 2)),
             "cosine": float(np.sum(a * b)) / denom if denom else 1.0}
+
+
+def value_range(b):  # the reference's range, what max_rel divides by (its largest value if constant, else 1)
+    return float(b.max() - b.min()) or float(np.abs(b).max()) or 1.0
+
+
+def wrong_positions(a, b, stage, positions, tol):
+    """The positions (along the stage's token axis) whose own entries are past the max_rel tolerance `tol`, measured
+    against the range of the whole stage as `metrics` measures it."""
+    valid = visible(stage, positions, b.shape)
+    diff = np.abs(a.astype(np.float64) - b)
+    if valid is not None:
+        diff = np.where(valid, diff, 0.0)
+    per = np.moveaxis(diff, 1 if stage in ATTENTION else 0, 0).reshape(len(positions), -1).max(axis=1)
+    span = value_range(b[valid] if valid is not None else b)
+    return [p for p, e in zip(positions, per) if e / span > tol[0]]
 
 
 def visible(stage, positions, shape):
