@@ -98,21 +98,20 @@ class DumpWriter:
         self.rows, self.dtypes, self.names = rows or {}, dtypes or {}, None if names is None else set(names)
         self.directory.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=self.directory.parent))
-        self.tensors, self.position, self.passes = [], None, [None]
+        self.tensors, self.position = [], None  # tensors: (pass, entry), a pass None (the prefill) or a position
 
     def at(self, position):
         self.position = position
-        if position is not None:
-            self.passes.append(position)
         return self
 
     def record(self, name, layer, x):
         key = stage_name(name, layer)
         if self.names is None or key in self.names:
-            self.save(key, to_numpy(x), self.position)
+            self.save(key, to_numpy(x))
         return x
 
-    def save(self, name, a, at=None):
+    def save(self, name, a):  # a stage of the pass `at` names
+        at = self.position
         stage, layer = split_name(name)
         axis = TOKEN_AXIS.get(stage, 0)
         n_tokens = a.shape[axis]
@@ -124,8 +123,8 @@ class DumpWriter:
         a = np.ascontiguousarray(a.astype(dtype))
         fname = name.replace("/", "_") + ("" if at is None else f"@{at}") + ".npy"
         np.save(self.tmp / fname, a)
-        self.tensors.append({"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
-                             "dtype": a.dtype.name, "token_axis": axis, "positions": keep})
+        self.tensors.append((at, {"name": name, "stage": stage, "layer": layer, "file": fname, "shape": list(a.shape),
+                                  "dtype": a.dtype.name, "token_axis": axis, "positions": keep}))
 
     def finish(self, provenance):
         """Write the manifest (the tensors of each pass in forward order) and move the dump into place."""
@@ -135,10 +134,10 @@ class DumpWriter:
         if provenance["qk_layout"] not in LAYOUTS:
             raise RefllamaError(f"qk_layout must be one of {LAYOUTS}, got {provenance['qk_layout']!r}")
         order = layer_stages(provenance.get("arch"))
-        by_pass = {}
-        for t in self.tensors:
-            by_pass.setdefault(None if "@" not in t["file"] else t["positions"][0], {})[t["name"]] = t
-        tensors = [by_pass[p][n] for p in self.passes if p in by_pass for n in forward_order(by_pass[p], order)]
+        by_pass = {}  # in the order the passes ran
+        for at, t in self.tensors:
+            by_pass.setdefault(at, {})[t["name"]] = t
+        tensors = [t[n] for t in by_pass.values() for n in forward_order(t, order)]
         manifest = {"format": FORMAT, **provenance, "tensors": tensors}
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n",
                                                 encoding="utf-8")
@@ -160,7 +159,7 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=())
         for at, stages in [(None, arrays)] + [(n + k, step) for k, step in enumerate(decode)]:
             writer.at(at)
             for name in forward_order(stages, order):
-                writer.save(name, np.asarray(stages[name]), at)
+                writer.save(name, np.asarray(stages[name]))
         return writer.finish(provenance)
     except BaseException:
         writer.abort()

@@ -222,18 +222,22 @@ def kernel(qtype, vnni=VNNI):
     return KERNELS[qtype, vnni]
 
 
-class NumbaGgmlMatrix(Blocks):
-    """A Q4_0/Q4_1/Q5_0/Q8_0 matrix in its GGUF blocks, in place: `x @ w.T` runs the IR kernel; rows dequantize as
-    GgmlMatrix's."""
+class GgmlBlocks(Blocks):
+    """A matrix in its GGUF blocks, in place, for numerics ggml: rows dequantize as GgmlMatrix's (llama.cpp's
+    get_rows); `vnni` picks the kernels' form."""
 
     vnni = VNNI
-
-    def matmul(self, x):  # [T, K] -> [T, N]
-        return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.bases, self.starts)
 
     def __getitem__(self, rows):
         rows = self.row_ids(rows)
         return GgmlMatrix(self.raw_rows(rows), self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
+
+
+class NumbaGgmlMatrix(GgmlBlocks):
+    """A Q4_0/Q4_1/Q5_0/Q8_0 matrix: `x @ w.T` runs the IR kernel."""
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.bases, self.starts)
 
 
 class GgmlNumbaPlacement(GgmlPlacement):
@@ -418,19 +422,12 @@ def kquant_kernel(qtype, vnni=VNNI):
     return KERNELS[qtype, vnni]
 
 
-class NumbaKQuantMatrix(Blocks):
-    """A Q4_K/Q5_K/Q6_K matrix in its GGUF blocks, in place: `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to
-    the bit; rows dequantize as GgmlMatrix's."""
-
-    vnni = VNNI
+class NumbaKQuantMatrix(GgmlBlocks):
+    """A Q4_K/Q5_K/Q6_K matrix: `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit."""
 
     def matmul(self, x):  # [T, K] -> [T, N]
         xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32))
         return kquant_kernel(self.qtype, self.vnni)(xq, dx, bsums, self.bases, self.starts)
-
-    def __getitem__(self, rows):
-        rows = self.row_ids(rows)
-        return GgmlMatrix(self.raw_rows(rows), self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
 
 
 @njit(parallel=True, cache=True)

@@ -239,15 +239,15 @@ class QuantMatrix(Blocks):
 
 
 def _half_dot(bf16):
-    """An intrinsic (wa, wb, x, n) -> (float, float): the dot products of two rows of n * 32 bfloat16 (bf16) or
-    float16 weights at addresses wa and wb with float32 x, side by side (as quant's row dots): per row, 32 float32
-    lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
+    """An intrinsic (wa, wb, x, xsum, n) -> (float, float): the dot products of two rows of n * 32 bfloat16 (bf16) or
+    float16 weights at addresses wa and wb with float32 x, side by side, in _row_dot's form (xsum unused): per row,
+    32 float32 lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
     v32i16, v32i32 = ir.VectorType(ir.IntType(16), 32), ir.VectorType(ir.IntType(32), 32)
 
     @intrinsic
-    def half_dot(typingctx, wa, wb, x, n):
+    def half_dot(typingctx, wa, wb, x, xsum, n):
         def codegen(context, builder, signature, args):
-            wa, wb, x, n = args
+            wa, wb, x, _, n = args
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
 
             def chunk(i, accs):
@@ -268,30 +268,13 @@ def _half_dot(bf16):
             accs = counted_loop(builder, n, [ir.Constant(V32F32, None)] * 2, chunk)
             return context.make_tuple(builder, signature.return_type, [hsum(builder, acc) for acc in accs])
 
-        return types.UniTuple(types.float32, 2)(*[types.int64] * 4), codegen
+        return types.UniTuple(types.float32, 2)(*[types.int64] * 5), codegen
 
     return half_dot
 
 
-HALF_DOT = None  # one 16-bit type's row dot, in each copy's globals (MATVEC_HALF)
-
-
-def _matvec_half(x, w):  # [K] f32, [N, K] 16-bit weights (uint16), K % 32 == 0 -> [N] = W @ x
-    N, K = w.shape
-    out = np.empty(N, np.float32)
-    n_chunks = min(N, CHUNKS)
-    for c in prange(n_chunks):
-        w0, x0 = w.ctypes.data, x.ctypes.data  # taken in the loop: the arrays stay alive
-        lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-        half = (hi - lo + 1) // 2  # the chunk's two halves side by side (an odd last row with itself)
-        for r in range(lo, lo + half):
-            s = min(r + half, hi - 1)
-            out[r], out[s] = HALF_DOT(w0 + r * K * 2, w0 + s * K * 2, x0, K // 32)
-    return out
-
-
-MATVEC_HALF = {qtype: specialize(_matvec_half, f"matvec_{qtype.name.lower()}", HALF_DOT=_half_dot(qtype == QT.BF16))
-               for qtype in (QT.BF16, QT.F16)}
+MATVEC_HALF = {qtype: specialize(_matvec, f"matvec_{qtype.name.lower()}", ROW_DOT=_half_dot(qtype == QT.BF16),
+                                 BLOCK=32, SIZE=64) for qtype in (QT.BF16, QT.F16)}  # a "block": 32 16-bit values
 
 
 class HalfMatrix(FileMatrix):
@@ -301,12 +284,14 @@ class HalfMatrix(FileMatrix):
 
     def __init__(self, stored, scratch):
         super().__init__(stored, scratch)
-        self.bits, self.matvec = stored.raw.view(np.uint16), MATVEC_HALF[stored.qtype]  # [N, K]
+        self.matvec = MATVEC_HALF[stored.qtype]
+        self.bases = np.array([stored.raw.ctypes.data], np.int64)  # _matvec's parts: the one memory map
+        self.starts = np.array([0, self.shape[0]], np.int64)
 
     def matmul(self, x):  # [T, K] -> [T, N]
         if len(x) > 1 or self.shape[1] % 32:
             return super().matmul(x)
-        return self.matvec(np.ascontiguousarray(x[0], dtype=np.float32), self.bits)[None]
+        return self.matvec(np.ascontiguousarray(x[0], dtype=np.float32), self.bases, self.starts)[None]
 
 
 class NumbaPlacement(FilePlacement):
