@@ -54,11 +54,15 @@ DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be fa
 
 
 def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: int | None = None,
-         threads: int | None = None, numerics: str = "float32", weights_in_file: bool | None = None) -> "Model":
+         threads: int | None = None, numerics: str = "float32", weights_in_file: bool | None = None,
+         repack: bool = True) -> "Model":
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory (config.json +
     safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32 on the
     dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.numerics: activations
-    rounded to 8 bits before each quantized product, K/V and attention operands in float16). `n_ctx`: the context
+    rounded to 8 bits before each quantized product, K/V and attention operands in float16). `repack` (numerics
+    "ggml"): multiply the Q4_K matrices as llama.cpp's x86 build does by default, in the interleaved form it repacks
+    them to at load (its CPU_REPACK buffers); False as `llama-cli --no-repack` (use_extra_bufts off) or a build
+    without GGML_CPU_REPACK, each product one vec_dot (docs/ggml-numerics.md). `n_ctx`: the context
     size; None for DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as
     `refllama.set_threads`; None sets the idle cores, as the CLI does, unless the caller already set this backend's
     threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down).
@@ -81,7 +85,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     xp = backend_module(backend)
     if threads is not None or backend not in THREADS_SET:
         set_threads(threads, backend)
-    where = placement(backend, xp, numerics, weights_in_file)
+    where = placement(backend, xp, numerics, weights_in_file, repack)
     loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
     for notice in loaded.notices:
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
@@ -89,7 +93,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics)
+    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics, repack)
     if m.n_ctx > cfg.n_ctx_train:  # as llama.cpp: allowed, but positions past training are unlike any it has seen
         print(f"refllama: context size {m.n_ctx} exceeds the {cfg.n_ctx_train} tokens the model was trained on; "
               "text past that may degrade", file=sys.stderr)
@@ -152,14 +156,16 @@ class Generation:
 
 class Model:
     """A loaded model: config (the model file's hyper-parameters), tokenizer, weights on a backend, the run-time
-    choices apart from them (backend, numerics, context size; `ops`, the operations table they pick), and one cache
-    reused across calls."""
+    choices apart from them (backend, numerics and, in numerics "ggml", llama.cpp's repack; context size; `ops`, the
+    operations table they pick), and one cache reused across calls."""
 
     def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
-                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32"):
+                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", repack: bool = True):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
-        self.arch, self.ops = archs.get(config.arch), ops_for(backend, numerics)
+        self.repack = numerics == "ggml" and repack
+        self.arch = archs.get(config.arch)
+        self.ops = ops_for(backend, numerics, self.arch)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
         self.cache = Cache(config, self.n_ctx, self.ops, xp, archs.freq_factors(weights, config, self.n_ctx))
 
@@ -252,6 +258,7 @@ class Model:
                 "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
                 "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
                 "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
+                "repack": self.repack,
                 "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
                 "tokens_from": None if tokens_from is None else os.path.abspath(tokens_from),
             }

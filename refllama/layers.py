@@ -169,9 +169,11 @@ class Ops(NamedTuple):
     swiglu: Callable  # (gate [T, F], up [T, F]) -> [T, F]
     gelu: Callable  # [...] -> [...]
     geglu: Callable  # (gate [T, F], up [T, F]) -> [T, F]
+    softcap: Callable  # (x [...], cap) -> [...] in (-cap, cap)
     kv_f16: bool  # K and V rounded to float16 as the cache stores them (llama.cpp's default cache type)
+    q_first: bool  # q scaled by kq_scale before q.k where llama.cpp's graph does so (arch LLAMACPP_Q_SCALED)
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
               attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu_tanh,
-              geglu=geglu, kv_f16=False)
+              geglu=geglu, softcap=softcap, kv_f16=False, q_first=False)

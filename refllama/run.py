@@ -42,6 +42,9 @@ def parse_args(argv):
     add_gpu_layers(p)
     p.add_argument("--numerics", choices=NUMERICS, default="float32",
                    help="float32 (default), or ggml: llama.cpp's CPU arithmetic on a GGUF (8-bit activations, f16 KV)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="with --numerics ggml: as llama.cpp run with --no-repack (or built without GGML_CPU_REPACK): "
+                        "Q4_K products by vec_dot, not x86's repacked gemv/gemm (docs/ggml-numerics.md)")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
                         "(default, see README)")
@@ -103,7 +106,8 @@ def run(args, prompt):
     if busy:
         print(f"refllama: {busy}", file=sys.stderr)
     t0 = time.perf_counter()
-    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size, numerics=args.numerics)
+    m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size, numerics=args.numerics,
+                 repack=not args.no_repack)
     t_load = time.perf_counter() - t0
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []

@@ -140,23 +140,54 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
-@pytest.mark.parametrize("qtype", gk.K_QUANTS, ids=lambda t: t.name)
-@pytest.mark.parametrize("T", [1, 3, 8, 19])
-def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
-    """Both kernel forms (8-token tiles and single tokens), on blocks of every byte value (the largest codes, scales
-    and mins, against activations that quantize to +-127: the integer sums at their largest), in two parts."""
+@pytest.mark.parametrize("qtype, N", [(QT.Q4_K, 40), (QT.Q4_K, 37), (QT.Q5_K, 40), (QT.Q6_K, 40)],
+                         ids=["Q4_K-repacked", "Q4_K", "Q5_K", "Q6_K"])  # Q4_K repacked when its rows are 8 k
+@pytest.mark.parametrize("T", [1, 3, 5, 8, 14, 19])  # every path: vec_dot, gemv and gemm, tiled, with remainders
+def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, N, vnni, T):
+    """Every path of llama.cpp's that the kernels take (GgmlMatrix.matmul), on blocks of every byte value (the
+    largest codes, scales and mins, against activations that quantize to +-127: the integer sums at their
+    largest), in two parts."""
     if vnni and not gk.host_has_vnni():
         pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
-    raw = RNG.integers(0, 256, size=gguf.quant_shape_to_byte_shape((37, 512), qtype), dtype=np.uint8)
-    b = raw.reshape(37, 2, -1)
+    raw = RNG.integers(0, 256, size=gguf.quant_shape_to_byte_shape((N, 512), qtype), dtype=np.uint8)
+    b = raw.reshape(N, 2, -1)
     for name in ("d", "dmin") if qtype != QT.Q6_K else ("d",):  # finite float16 scales
         start, end = gt.LAYOUT[qtype][name]
         b[..., start:end] = RNG.uniform(-1e-2, 1e-2, b.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
     x = np.where(RNG.random((T, 512)) < 0.5, -1, 1).astype(np.float32) * RNG.uniform(0.5, 1, (T, 512)).astype(
         np.float32)
-    fast = gk.NumbaKQuantMatrix([raw[:20], raw[20:]], qtype, 512)
-    fast.vnni = vnni
-    np.testing.assert_array_equal(x @ fast.T, x @ gn.GgmlMatrix(raw, qtype, (37, 512)).T)
+    want = gn.GgmlMatrix(raw, qtype, (N, 512))
+    assert want.repacked == (qtype == QT.Q4_K and N == 40)
+    fast = gk.NumbaKQuantMatrix([raw[:16], raw[16:]], qtype, 512)
+    fast.vnni, fast.repacked = vnni, want.repacked
+    np.testing.assert_array_equal(x @ fast.T, x @ want.T)
+
+
+def test_llama_cpp_paths_differ_in_their_float_steps():
+    """The paths' integer sums are equal and their float steps are not: one row's product with one token differs
+    in its last bits between vec_dot (8 lanes), the repacked gemv (a block a step) and the tiled kernel (a block a
+    step, d_w first); so each must be the one llama.cpp takes (held by test_llamacpp_exact)."""
+    raw = random_blocks(QT.Q4_K, 64, 2048)
+    x = activations(8, 2048)
+    vec_dot = np.concatenate([x[t:t + 1] @ gn.GgmlMatrix(raw, QT.Q4_K, (64, 2048), repack=False).T for t in range(8)])
+    tiled = x @ gn.GgmlMatrix(raw, QT.Q4_K, (64, 2048), repack=False).T
+    gemv = np.concatenate([x[t:t + 1] @ gn.GgmlMatrix(raw, QT.Q4_K, (64, 2048)).T for t in range(8)])
+    gemm = x @ gn.GgmlMatrix(raw, QT.Q4_K, (64, 2048)).T
+    for a, b in [(vec_dot, tiled), (vec_dot, gemv), (gemv, tiled), (gemm, gemv)]:
+        assert (a != b).any() and np.allclose(a, b, rtol=1e-5, atol=1e-4 * np.abs(a).max())
+
+
+def test_a_repacked_matrixs_gemm_rows_quantize_ties_to_the_positive_max():
+    """x86's ggml_quantize_mat_q8_K_4x8 (the gemm's four rows) takes +amax when a value equals it, where
+    quantize_row_q8_K takes the first largest |x|: a block holding -2 before +2 scales by 127 / 2 there (d > 0) and
+    by -127 / 2 here (d < 0)."""
+    x = RNG.uniform(-1, 1, (5, 256)).astype(np.float32)
+    x[:, 10], x[:, 20] = -2.0, 2.0
+    q, d, _ = gn.quantize_q8_K(x)
+    q4, d4, _ = gn.quantize_q8_K(x, in_fours=True)
+    assert (q[:, 10] == -127).all() and (q[:, 20] == 127).all() and (d > 0).all()
+    assert (q4[:4, 10] == 127).all() and (q4[:4, 20] == -127).all() and (d4[:4] < 0).all()
+    np.testing.assert_array_equal(q4[4], q[4])  # the fifth row goes through the gemv: ggml's own quantizer
 
 
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):

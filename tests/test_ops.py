@@ -6,6 +6,7 @@ its numerics' distance from float32; the Numba tables of numerics "ggml" are the
 import numpy as np
 import pytest
 
+from refllama import arch as archs
 from refllama.layers import FLOAT32, Ops, causal_mask
 from refllama.numerics import ggml_kernels, ggml_numerics, numba_ops, ops_for
 
@@ -65,12 +66,15 @@ def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step):
 
 
 def test_a_table_is_chosen_once_from_backend_and_numerics():
-    assert ops_for("numpy", "float32") is FLOAT32 and ops_for("cupy", "float32") is FLOAT32
-    assert ops_for("numba", "float32") is numba_ops.OPS
-    assert ops_for("numpy", "ggml") is ggml_numerics.OPS and ops_for("numba", "ggml") is ggml_kernels.OPS
+    llama, gemma3 = archs.get("llama"), archs.get("gemma3")
+    assert ops_for("numpy", "float32", llama) is FLOAT32 and ops_for("cupy", "float32", gemma3) is FLOAT32
+    assert ops_for("numba", "float32", gemma3) is numba_ops.OPS
+    for backend, table in (("numpy", ggml_numerics.OPS), ("numba", ggml_kernels.OPS)):
+        assert ops_for(backend, "ggml", gemma3) == table and ops_for(backend, "ggml", gemma3).q_first
+        assert ops_for(backend, "ggml", llama) == table._replace(q_first=False)  # llama.cpp scales the scores
     for table in TABLES.values():
         assert isinstance(table, Ops) and set(table.rope) == {"interleaved", "half"}
-        steps = [f for name, f in table._asdict().items() if name not in ("rope", "kv_f16")]
+        steps = [f for name, f in table._asdict().items() if name not in ("rope", "kv_f16", "q_first")]
         assert all(callable(f) for f in [*steps, *table.rope.values()]) and isinstance(table.kv_f16, bool)
     assert [t.kv_f16 for t in TABLES.values()] == [False, False, True, True]  # llama.cpp's float16 cache
 

@@ -106,14 +106,53 @@ def unfuse(stages, arch, n_head, n_head_kv, kq_scale):
     return stages
 
 
-def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0):
-    """Stages of one prefill of `ids`, then of each of `decode_steps` greedy decode steps (one token each), via
-    cb_eval: (prefill stages, [each step's stages], the decoded ids). The KV cache is f16 (llama.cpp's default)
-    or F32."""
+def load_model(model_path, repack=True):
+    """llama.cpp's model, its Q4_0/Q4_K matrices repacked for the CPU's interleaved kernels at load (its default)
+    or not (`use_extra_bufts` off: llama-cli's --no-repack)."""
     mp = llama_cpp.llama_model_default_params()
+    mp.use_extra_bufts = repack
     model = llama_cpp.llama_model_load_from_file(model_path.encode(), mp)
     if not model:
         sys.exit(f"llama.cpp could not load {model_path}")
+    return model
+
+
+def new_context(model, n_ctx, n_batch, n_threads, kv_f32=False, cb=None):
+    """A context with flash attention off (the unfused path exposes kq and kq_soft_max), a float16 KV cache
+    (llama.cpp's default) or F32, and `cb` as its eval callback."""
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    if kv_f32:
+        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
+    cp.n_batch = cp.n_ubatch = max(n_batch, 1)
+    cp.n_threads = cp.n_threads_batch = n_threads
+    cp.flash_attn_type = 0  # disabled
+    if cb is not None:
+        cp.cb_eval = cb
+    return llama_cpp.llama_init_from_model(model, cp)
+
+
+def decode(ctx, tokens, start, every_row=True):
+    """Run `tokens` at positions start.. in one batch, every row's logits asked for (or the last row's, as
+    llama-cli asks: its graph then cuts the rows before the last block's feed-forward); -> the last row's logits."""
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    batch.n_tokens = len(tokens)
+    for i, tok in enumerate(tokens):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, start + i, 1
+        batch.logits[i] = every_row or i == len(tokens) - 1
+        batch.seq_id[i][0] = 0
+    if llama_cpp.llama_decode(ctx, batch) != 0:
+        sys.exit("llama_decode failed")
+    llama_cpp.llama_batch_free(batch)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(llama_cpp.llama_get_model(ctx)))
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
+
+
+def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0, repack=True):
+    """Stages of one prefill of `ids`, then of each of `decode_steps` greedy decode steps (one token each), via
+    cb_eval: (prefill stages, [each step's stages], the decoded ids). The KV cache is f16 (llama.cpp's default)
+    or F32; `repack` as load_model."""
+    model = load_model(model_path, repack)
     heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
              "Vcur": llama_cpp.llama_model_n_head_kv(model)}
     step = {"stages": {}, "T": 0, "S": 0}  # the batch being run: its stages, its tokens, the keys it sees
@@ -148,65 +187,51 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
         step["stages"][f"{stage}-{layer}" if layer else stage] = a
         return True
 
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx = n_ctx or max(256, len(ids) + decode_steps + 64)
-    if kv_f32:
-        cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
-    cp.n_batch = cp.n_ubatch = max(len(ids), 1)
-    cp.n_threads = cp.n_threads_batch = n_threads
-    cp.flash_attn_type = 0  # disabled: the unfused path exposes kq and kq_soft_max
-    cp.cb_eval = cb
-    ctx = llama_cpp.llama_init_from_model(model, cp)
+    ctx = new_context(model, n_ctx or max(256, len(ids) + decode_steps + 64), len(ids), n_threads, kv_f32, cb)
     g = GGUFFile(model_path)
     arch = archs.for_gguf(g.string("general.architecture", required=True), model_path)
     kq_scale = arch.config_from_gguf(g).kq_scale
-    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
 
     def run(tokens, start):
         step.update(stages={}, T=len(tokens), S=start + len(tokens))
-        batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
-        batch.n_tokens = len(tokens)
-        for i, tok in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = tok, start + i, 1, 1
-            batch.seq_id[i][0] = 0
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            sys.exit("llama_decode failed")
-        llama_cpp.llama_batch_free(batch)
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+        logits = decode(ctx, tokens, start)
         return unfuse(step["stages"], arch, heads["Qcur"], heads["Kcur"], kq_scale), int(np.argmax(logits))
 
     prefill, nxt = run(ids, 0)
-    decode, decode_ids = [], []
+    steps, decode_ids = [], []
     for k in range(decode_steps):
         decode_ids.append(nxt)
         stages, nxt = run([nxt], len(ids) + k)
-        decode.append(stages)
-    return prefill, decode, decode_ids, model, ctx, cb
+        steps.append(stages)
+    return prefill, steps, decode_ids, model, ctx, cb
 
 
-def greedy(model_path, ids, n, n_threads, kv_f32=False, n_ctx=None):
+def greedy(model_path, ids, n, n_threads, kv_f32=False, n_ctx=None, repack=True):
     """llama.cpp's own greedy continuation (argmax of its logits), n tokens; f16 (its default) or F32 KV cache."""
     if n <= 0:
         return []
-    kv = dict(type_k=0, type_v=0) if kv_f32 else {}  # GGML_TYPE_F32
-    llm = llama_cpp.Llama(model_path, n_ctx=n_ctx or len(ids) + n + 8, n_threads=n_threads, flash_attn=False,
-                          logits_all=True, verbose=False, **kv)
-    llm.eval(ids)
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([out[-1]])
+    model = load_model(model_path, repack)
+    ctx = new_context(model, n_ctx or len(ids) + n + 8, len(ids), n_threads, kv_f32)
+    out = [int(np.argmax(decode(ctx, ids, 0, every_row=False)))]
+    for k in range(n - 1):
+        out.append(int(np.argmax(decode(ctx, out[-1:], len(ids) + k))))
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
     return out
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_tool_args(p, "llama.cpp")
+    p.add_argument("--no-repack", action="store_true",
+                   help="load without the CPU repack (use_extra_bufts off, llama-cli's --no-repack): Q4_K by vec_dot")
     args = p.parse_args(argv)
     model_path = args.model or default_model_path()
     vocab = llama_cpp.Llama(model_path, vocab_only=True, verbose=False)
     ids = vocab.tokenize(args.prompt.encode("utf-8"), add_bos=True, special=args.special)
-    stages, decode, decode_ids, *_ = capture(model_path, ids, args.threads, decode_steps=args.decode_steps)
+    repack = not args.no_repack
+    stages, steps, decode_ids, *_ = capture(model_path, ids, args.threads, decode_steps=args.decode_steps,
+                                            repack=repack)
     n_layer = 1 + max(int(n.rsplit("-", 1)[1]) for n in stages if n.startswith("l_out-"))
     arch = arch_of(model_path)
     names, rows, dtypes = plan_from_args(args, n_layer, len(ids), arch.STAGES, arch.INPUTS)
@@ -214,15 +239,17 @@ def main(argv=None):
     if missing:
         sys.exit(f"llama.cpp's graph had no node for: {', '.join(missing[:8])}")
     provenance = {
-        "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off)",
+        "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off"
+                    f"{'' if repack else ', no repack'})",
+        "repack": repack,
         "model": os.path.basename(model_path), "model_sha256": file_sha256(model_path),
         "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids,
         "arch": arch.NAME,
         "qk_layout": arch.ROPE_LAYOUT,
-        "greedy": greedy(model_path, ids, args.greedy, args.threads),
+        "greedy": greedy(model_path, ids, args.greedy, args.threads, repack=repack),
     }
     write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes,
-               [{n: step[n] for n in names} for step in decode])
+               [{n: step[n] for n in names} for step in steps])
     print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
 
 

@@ -60,8 +60,14 @@ def rope_qk(q, k, cfg, ops, at, i):  # [T, H, HD], [T, KVH, HD] -> same, rotated
 def attend(q, k, v, lw, cfg, ops, i, at):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, D]
     """Store k and v, then scores, softmax, weighted values and the output projection."""
     k_all, v_all = at.cache.store(i, at.start_pos, k, v)  # [KVH, S, HD] each
-    kq = tap("kq", i, ops.attention_scores(q, k_all))  # [H, T, S]
-    p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, cfg.kq_scale))  # [H, T, S]
+    if ops.q_first:  # llama.cpp's graph: q times the scale (float32), then q.k; the stage stays q.k unscaled
+        scale = array_module(q).float32(cfg.kq_scale)
+        kq = ops.attention_scores(q * scale, k_all)  # [H, T, S]
+        tap("kq", i, kq / scale)
+        p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, 1.0))  # [H, T, S]
+    else:
+        kq = tap("kq", i, ops.attention_scores(q, k_all))  # [H, T, S]
+        p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, cfg.kq_scale))  # [H, T, S]
     attn = tap("kqv_out", i, ops.attention_mix(p, v_all))  # [T, H*HD]
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 
@@ -78,7 +84,8 @@ def pre_norm_forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  #
     """Run T new tokens at positions start_pos.. through the model, writing their K/V into cache.
 
     Prefill passes the whole prompt at once (matrix-matrix); decode passes one token. `last_only` computes logits
-    for the last position only (all that generation needs).
+    for the last position only (all that generation needs): the last block keeps only that row once attention has
+    run, where llama.cpp's graphs pick their output rows (inp_out_ids), so its feed-forward runs on one token.
     """
     T = len(tokens)
     cache.check_room(T)
@@ -87,22 +94,23 @@ def pre_norm_forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  #
 
     x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
     for i, lw in enumerate(w["layers"]):
-        x = pre_norm_block(x, lw, cfg, ops, i, at)  # [T, D]
+        x = pre_norm_block(x, lw, cfg, ops, i, at, last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])
     cache.n_past = start_pos + T
 
-    if last_only:
-        x = x[-1:]  # [1, D]
     x = tap("result_norm", None, ops.rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
     return tap("result_output", None, linear(x, w["output"]))  # [T, V]
 
 
-def pre_norm_block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i (its intermediates freed when it returns)
+def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
     h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
     q, k, v = qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
     if "attn_q_norm" in lw:  # Qwen3
         q, k = qk_norm(q, k, lw, cfg, ops, i)
     q, k = rope_qk(q, k, cfg, ops, at, i)
-    x = tap("ffn_inp", i, x + attend(q, k, v, lw, cfg, ops, i, at))  # [T, D]
+    h = attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
+    if last_only:  # only the last row goes on
+        x, h = x[-1:], h[-1:]  # [1, D]
+    x = tap("ffn_inp", i, x + h)  # [T, D]
     del h, q, k, v  # before the feed-forward's larger arrays
     h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
     return tap("l_out", i, x + gated_ffn(h, lw, ops, "swiglu", i))  # [T, D]

@@ -17,7 +17,7 @@ import math
 
 from ..errors import RefllamaError, shown
 from ..formats.ggml_types import GGUFValueType
-from ..layers import embedding, linear, softcap
+from ..layers import embedding, linear
 from ..trace import tap
 from ..xp import array_module
 from . import blocks, tables
@@ -144,19 +144,17 @@ def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [
     x = tap("inp_scaled", None, x * xp.float32(math.sqrt(cfg.n_embd)))
     for i, lw in enumerate(w["layers"]):
         local = bool(cfg.swa_layers and cfg.swa_layers[i])
-        x = block(x, lw, cfg, ops, i, at[local])  # [T, D]
+        x = block(x, lw, cfg, ops, i, at[local], last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])
     cache.n_past = start_pos + T
 
-    if last_only:
-        x = x[-1:]  # [1, D]
     x = tap("result_norm", None, ops.rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
     logits = linear(x, w["output"])  # [T, V]
     if cfg.logit_softcap:
-        logits = softcap(logits, cfg.logit_softcap)
+        logits = ops.softcap(logits, cfg.logit_softcap)
     return tap("result_output", None, logits)
 
 
-def block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i
+def block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
     eps = cfg.rms_eps
     h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], eps))  # [T, D]
     q, k, v = blocks.qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
@@ -164,6 +162,8 @@ def block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i
     q, k = blocks.rope_qk(q, k, cfg, ops, at, i)
     h = blocks.attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
     del q, k, v  # before the feed-forward's larger arrays
+    if last_only:  # only the last row goes on (pre_norm_forward's)
+        x, h = x[-1:], h[-1:]  # [1, D]
     h = tap("attn_post_norm", i, ops.rms_norm(h, lw["attn_post_norm"], eps))
     x = tap("sa_out", i, x + h)  # the attention residual
 

@@ -105,19 +105,21 @@ def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [
     pos = tap("pos_embd", None, embedding(xp.arange(start_pos, start_pos + T), w["position_embd"]))  # [T, D]
     x = tap("inpL", None, x + pos)
     for i, lw in enumerate(w["layers"]):
-        x = block(x, lw, cfg, ops, i, at)  # [T, D]
+        x = block(x, lw, cfg, ops, i, at, last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])
     cache.n_past = start_pos + T
 
-    if last_only:
-        x = x[-1:]  # [1, D]
     x = tap("result_norm", None, layer_norm(x, w["output_norm"], w["output_norm_bias"], cfg.rms_eps))  # [T, D]
     return tap("result_output", None, linear(x, w["output"]))  # [T, V]
 
 
-def block(x, lw, cfg, ops, i, at):  # [T, D] -> [T, D], layer i: attention, then a GELU MLP, each after a LayerNorm
+def block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i: attention,
+    # then a GELU MLP, each after a LayerNorm
     h = tap("attn_norm", i, layer_norm(x, lw["attn_norm"], lw["attn_norm_bias"], cfg.rms_eps))  # [T, D]
     q, k, v = blocks.qkv(h, lw, cfg, i)  # [T, H, HD] each (KVH = H), positions already in x
-    x = tap("ffn_inp", i, x + blocks.attend(q, k, v, lw, cfg, ops, i, at))  # [T, D]
+    h = blocks.attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
+    if last_only:  # only the last row goes on (blocks.pre_norm_forward's)
+        x, h = x[-1:], h[-1:]  # [1, D]
+    x = tap("ffn_inp", i, x + h)  # [T, D]
     del h, q, k, v  # before the MLP's larger arrays
     h = tap("ffn_norm", i, layer_norm(x, lw["ffn_norm"], lw["ffn_norm_bias"], cfg.rms_eps))  # [T, D]
     h = tap("ffn_up", i, linear(h, lw["ffn_up"], lw["ffn_up_bias"]))  # [T, F]

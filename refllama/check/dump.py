@@ -294,6 +294,9 @@ class Dump:
         self.head_dim = int(m.get("head_dim") or head_dim or 0) or None
         self.arch = m.get("arch") or "llama"
         self.numerics = numerics_of(m)
+        self.repack = m.get("repack", True)  # numerics "ggml": llama.cpp's repacked x86 products, or vec_dot's
+        if not isinstance(self.repack, bool):
+            _fail(self.dir, f"'repack' must be true or false, got {self.repack!r}")
         self.records = {}  # name -> its entries, in position order
         for e in raw:
             stage, layer = split_name(e["name"])

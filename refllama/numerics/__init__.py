@@ -28,25 +28,28 @@ OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps;
 }
 
 
-def ops_for(backend, numerics):
-    """The operations table (refllama.layers.Ops) of a backend and numerics, chosen once, at load: the forwards call
-    every step whose arithmetic a numerics sets through it. A numerics module is imported only when chosen."""
+def ops_for(backend, numerics, arch):
+    """The operations table (refllama.layers.Ops) of a backend and numerics for an architecture, chosen once, at
+    load: the forwards call every step whose arithmetic a numerics sets through it. A numerics module is imported
+    only when chosen; one that follows llama.cpp's graph scales q first only where that architecture's graph does."""
     if (backend, numerics) not in OPS:
         return FLOAT32
-    return importlib.import_module(OPS[backend, numerics]).OPS
+    ops = importlib.import_module(OPS[backend, numerics]).OPS
+    return ops._replace(q_first=False) if ops.q_first and not getattr(arch, "LLAMACPP_Q_SCALED", False) else ops
 
 
-def placement(backend, xp, numerics="float32", in_file=None):
+def placement(backend, xp, numerics="float32", in_file=None, repack=True):
     """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read.
-    `in_file`: numpy's choice between file-form and float32 matrices (None: by the model's size, FilePlacement)."""
+    `in_file`: numpy's choice between file-form and float32 matrices (None: by the model's size, FilePlacement);
+    `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms (ggml_numerics.REPACK) or its vec_dot."""
     if numerics == "ggml":
         if backend == "numba":
             from .ggml_kernels import GgmlNumbaPlacement
 
-            return GgmlNumbaPlacement()
+            return GgmlNumbaPlacement(xp, repack)
         from .ggml_numerics import GgmlPlacement
 
-        return GgmlPlacement(xp)
+        return GgmlPlacement(xp, repack)
     if backend == "numba":
         from .quant import NumbaPlacement
 

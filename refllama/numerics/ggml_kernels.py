@@ -26,12 +26,14 @@ from .ggml_numerics import (
     geglu,
     gelu,
     quantize_q8_K,
+    repacked,
     rope_cos_sin,
+    softcap,
 )
-from .ir import F32, I8, I32, I64, V32I8, counted_loop, load, load_f16, specialize, splat
+from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, load, load_f16, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
-from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
+from .numba_ops import ROPE, V64F32, _kq_dot, expf, fma32, kq_dot16, rms_norm
 from .quant import Blocks, concat_blocks, row_address
 
 
@@ -213,7 +215,7 @@ def _make_matmul(qtype, vnni):
                       DOTN=_make_dot(qtype, vnni, TILE), ROW_BYTES=BLOCK_BYTES[qtype])
 
 
-KERNELS = {}  # (qtype, vnni) -> compiled matmul, made on first use
+KERNELS = {}  # (qtype, vnni) or (qtype, repacked, vnni) -> compiled matmul, made on first use
 
 
 def kernel(qtype, vnni=VNNI):
@@ -250,8 +252,10 @@ class GgmlNumbaPlacement(GgmlPlacement):
         super().prepare(qtypes, cfg)
         x = np.zeros((2, 256), np.float32)
         with compile_notice():
-            for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes
-                _ = x @ self(QuantizedTensor(np.zeros(byte_shape((1, 256), qtype), np.uint8), qtype, (1, 256))).T
+            for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes,
+                for rows in (1, 8):  # in both forms where a type is repacked (8 rows)
+                    w = QuantizedTensor(np.zeros(byte_shape((rows, 256), qtype), np.uint8), qtype, (rows, 256))
+                    _ = x @ self(w).T
             warm_up_steps(OPS, cfg.head_dim)
             cos_sin(x)
         release_loader_pages()
@@ -260,7 +264,9 @@ class GgmlNumbaPlacement(GgmlPlacement):
         if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
             return NumbaGgmlMatrix([a.raw], a.qtype, a.shape[1])
         if isinstance(a, QuantizedTensor) and a.qtype in K_QUANTS:
-            return NumbaKQuantMatrix([a.raw], a.qtype, a.shape[1])
+            m = NumbaKQuantMatrix([a.raw], a.qtype, a.shape[1])
+            m.repacked = self.repack and repacked(a.qtype, a.shape)
+            return m
         return super().__call__(a)
 
     def layer(self, lw):
@@ -272,13 +278,14 @@ K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 def _kblock_sums(builder, blk, qtype, vnni, tokens):
     """IR of one K-quant block of 256 weights at blk against some tokens' Q8_K blocks, `tokens` a list of (x, bs)
-    addresses: the int8 codes and their int32 sums of 16. -> (d, dmin, [(isum, msum) per token]), the sums exact
-    int64: isum = sum over sub-blocks of sc * (codes . x) (Q6_K's codes unpacked as 0..63, the 32 * sc * x sums
-    taken back), msum = sum of the mins times x's sums of 32 (Q4_K/Q5_K; 0 for Q6_K). The block is unpacked once
-    for all the tokens; integer sums are exact, so lanes add in any order."""
-    v8, v16 = V8I32, ir.VectorType(I32, 16)
+    addresses: the int8 codes and their int32 sums of 16. -> (d, dmin, [(lanes, pairs, mins) per token]), exact
+    int32 sums of the codes' products times their sub-block scales: `lanes` <8 x i32>, element e of the block in
+    lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's codes 0..63, each lane l taking back 32 * scale * x's sums of
+    the sub-blocks 2l and 2l + 1), `pairs` <4 x i32> the same by 64 elements (the repacked gemm's steps), and `mins`
+    <4 x i32> the mins times x's sums of 32, sub-blocks 2k and 2k + 1 in lane k (Q4_K/Q5_K; zero for Q6_K). The
+    block is unpacked once for all the tokens."""
+    v4, v8, v16 = ir.VectorType(I32, 4), V8I32, ir.VectorType(I32, 16)
     reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [v8]))
-    reduce16 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v16i32", fnty=ir.FunctionType(I32, [v16]))
     prefetch_block(builder, blk, qtype)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
     if qtype == QT.Q6_K:  # 16 sub-blocks of 16: a chunk of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
@@ -292,28 +299,40 @@ def _kblock_sums(builder, blk, qtype, vnni, tokens):
         scales = [broadcast_lane(builder, both, j, 8) for j in range(8)]
         mins = builder.shuffle_vector(both, both, ir.Constant(v8, list(range(8, 16))))
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+    evens, odds = (ir.Constant(v8, list(range(o, 16, 2))) for o in (0, 1))
     out = []
     for x, bs in tokens:
-        acc = ir.Constant(v8, None)
-        for c in range(8):
-            lanes = _lanes(builder, codes[c], load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8), vnni)
-            acc = builder.add(acc, builder.mul(lanes, scales[c]))
-        isum, sums = builder.sext(builder.call(reduce8, [acc]), I64), load(builder, bs, v16)  # x's 16 sums of 16
-        msum = ir.Constant(I64, 0)
+        by_pair = []
+        for p in range(4):  # chunks of 32: 2p and 2p + 1
+            a, b = (_lanes(builder, codes[c], load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8), vnni)
+                    for c in (2 * p, 2 * p + 1))
+            by_pair.append(builder.add(builder.mul(a, scales[2 * p]), builder.mul(b, scales[2 * p + 1])))
+        lanes = builder.add(builder.add(by_pair[0], by_pair[1]), builder.add(by_pair[2], by_pair[3]))
+        pairs = ir.Constant(v4, None)
+        for p in range(4):
+            pairs = builder.insert_element(pairs, builder.call(reduce8, [by_pair[p]]), ir.Constant(I32, p))
+        sums = load(builder, bs, v16)  # x's 16 sums of 16
         if qtype == QT.Q6_K:
-            taken = builder.sext(builder.call(reduce16, [builder.mul(sums, sc16)]), I64)
-            isum = builder.sub(isum, builder.mul(taken, ir.Constant(I64, 32)))
+            taken = builder.mul(sums, sc16)  # [16]: 32 times these are taken back, by lane pairs and by 64 elements
+            taken = builder.add(builder.shuffle_vector(taken, taken, evens), builder.shuffle_vector(taken, taken, odds))
+            lanes = builder.sub(lanes, builder.mul(taken, ir.Constant(v8, [32] * 8)))
+            by_64 = builder.add(builder.shuffle_vector(taken, taken, ir.Constant(v4, [0, 2, 4, 6])),
+                                builder.shuffle_vector(taken, taken, ir.Constant(v4, [1, 3, 5, 7])))
+            pairs = builder.sub(pairs, builder.mul(by_64, ir.Constant(v4, [32] * 4)))
+            m4 = ir.Constant(v4, None)
         else:
-            pairs = builder.add(*(builder.shuffle_vector(sums, sums, ir.Constant(v8, list(range(o, 16, 2))))
-                                  for o in (0, 1)))  # x's sums of 32
-            msum = builder.sext(builder.call(reduce8, [builder.mul(pairs, mins)]), I64)
-        out.append((isum, msum))
+            by_32 = builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(sums, sums, odds))
+            prod = builder.mul(by_32, mins)  # [8]: each sub-block's min times x's sum over it
+            m4 = builder.add(builder.shuffle_vector(prod, prod, ir.Constant(v4, [0, 2, 4, 6])),
+                             builder.shuffle_vector(prod, prod, ir.Constant(v4, [1, 3, 5, 7])))
+        out.append((lanes, pairs, m4))
     return d, dmin, out
 
 
 def _make_ktile(qtype, vnni):
     """An intrinsic (blk, x, x_step, bs, bs_step, isum_out, msum_out) -> (d, dmin): one block against TILE tokens,
-    token k's codes x + k * x_step, its sums bs + k * bs_step; each token's isum and msum written as int64."""
+    token k's codes x + k * x_step, its sums bs + k * bs_step; each token's `pairs` and `mins` (_kblock_sums) written
+    as four int32 each at isum_out + 16 k and msum_out + 16 k."""
     @intrinsic
     def ktile(typingctx, blk, x, x_step, bs, bs_step, isum_out, msum_out):
         sig = types.UniTuple(types.float32, 2)(*[types.int64] * 7)
@@ -323,9 +342,11 @@ def _make_ktile(qtype, vnni):
             tokens = [(builder.add(x, builder.mul(ir.Constant(I64, k), x_step)),
                        builder.add(bs, builder.mul(ir.Constant(I64, k), bs_step))) for k in range(TILE)]
             d, dmin, sums = _kblock_sums(builder, blk, qtype, vnni, tokens)
-            for k, pair in enumerate(sums):
-                for out, value in zip((isum_out, msum_out), pair):
-                    builder.store(value, builder.inttoptr(builder.add(out, ir.Constant(I64, 8 * k)), I64.as_pointer()))
+            v4 = ir.VectorType(I32, 4)
+            for k, (_, pairs, m4) in enumerate(sums):
+                for out, value in zip((isum_out, msum_out), (pairs, m4)):
+                    at = builder.inttoptr(builder.add(out, ir.Constant(I64, 16 * k)), v4.as_pointer())
+                    builder.store(value, at, align=1)
             return context.make_tuple(builder, signature.return_type, (d, dmin))
 
         return sig, codegen
@@ -333,31 +354,67 @@ def _make_ktile(qtype, vnni):
     return ktile
 
 
-def _make_krow(qtype, vnni, n_rows):
+def _make_krow(qtype, vnni, n_rows, repacked):
     """An intrinsic (w_1 .. w_n_rows, x, bs, dx, nb) -> n_rows floats: one token's product with n_rows rows of nb
-    blocks each, side by side (two streams of weights per thread keep more reads in flight than one), in
-    _kquant_matmul's float steps; dx: the token's Q8_K scales (float32, one per block)."""
+    blocks each, side by side (two streams of weights per thread keep more reads in flight than one); dx: the
+    token's Q8_K scales (float32, one per block). The float steps of GgmlMatrix's one-token paths: `repacked`
+    x86's gemv (per block fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm), then acc - accm), else
+    ggml_vec_dot (8 lanes fma(d_x * d_w, lane, acc), Q4_K's mins in 4 lanes, Q5_K's as one sum; hsum_float_8)."""
     size = BLOCK_SIZES[qtype][1]
+    v4, v4f = ir.VectorType(I32, 4), ir.VectorType(F32, 4)
+    reduce4 = ("llvm.vector.reduce.add.v4i32", ir.FunctionType(I32, [v4]))
 
     def codegen(context, builder, signature, args):
         *rows, x, bs, dx, nb = args
+        fma = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+        fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
+        fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
+        msum_of = builder.module.declare_intrinsic(reduce4[0], fnty=reduce4[1])
 
         def block(i, accs):
             tokens = [(builder.add(x, builder.mul(i, ir.Constant(I64, 256))),
                        builder.add(bs, builder.mul(i, ir.Constant(I64, 64))))]
             dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
             out = []
-            for w, acc in zip(rows, accs):
+            for r, w in enumerate(rows):
+                acc, accm = accs[2 * r], accs[2 * r + 1]
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                d, dmin, ((isum, msum),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
-                acc = builder.fadd(acc, builder.fmul(builder.fmul(dxi, d), builder.sitofp(isum, F32)))
-                if qtype != QT.Q6_K:
-                    acc = builder.fsub(acc, builder.fmul(builder.fmul(dxi, dmin), builder.sitofp(msum, F32)))
-                out.append(acc)
+                d, dmin, ((lanes, _, m4),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
+                if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
+                    isum = builder.sitofp(builder.call(builder.module.declare_intrinsic(
+                        "llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32])), [lanes]), F32)
+                    acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
+                    accm = builder.call(fma, [builder.sitofp(builder.call(msum_of, [m4]), F32), builder.fmul(dmin, dxi),
+                                              accm])
+                else:
+                    acc = builder.call(fma8, [splat(builder, builder.fmul(dxi, d), V8F32),
+                                              builder.sitofp(lanes, V8F32), acc])
+                    neg = builder.fmul(builder.fneg(dxi), dmin)  # -d_x * dmin_w
+                    if qtype == QT.Q4_K:
+                        accm = builder.call(fma4, [splat(builder, neg, v4f), builder.sitofp(m4, v4f), accm])
+                    elif qtype == QT.Q5_K:
+                        accm = builder.call(fma, [neg, builder.sitofp(builder.call(msum_of, [m4]), F32), accm])
+                out += [acc, accm]
             return out
 
-        accs = counted_loop(builder, nb, [ir.Constant(F32, 0.0)] * n_rows, block)
-        return context.make_tuple(builder, signature.return_type, accs)
+        if repacked:
+            first = [ir.Constant(F32, 0.0)] * (2 * n_rows)
+        else:
+            first = [ir.Constant(V8F32, None), ir.Constant(v4f if qtype == QT.Q4_K else F32, None)] * n_rows
+        accs = counted_loop(builder, nb, first, block)
+        results = []
+        for r in range(n_rows):
+            acc, accm = accs[2 * r], accs[2 * r + 1]
+            if repacked:
+                results.append(builder.fsub(acc, accm))
+                continue
+            total = hsum(builder, acc)  # hsum_float_8: high half + low half, then (0 + 2) + (1 + 3)
+            if qtype == QT.Q4_K:
+                total = builder.fadd(total, hsum(builder, accm))
+            elif qtype == QT.Q5_K:
+                total = builder.fadd(total, accm)
+            results.append(total)
+        return context.make_tuple(builder, signature.return_type, results)
 
     sig = types.UniTuple(types.float32, n_rows)(*[types.int64] * (n_rows + 4))
     if n_rows == 1:
@@ -373,13 +430,16 @@ def _make_krow(qtype, vnni, n_rows):
 
 
 KTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (a block against TILE tokens; one token's row, two)
-HAS_MIN = SIZE = None
+REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
 
 
-def _kquant_matmul(xq, dx, bsums, bases, starts):  # Q8_K x [T, K], the parts' addresses and first rows -> [T, N]
-    """Per row, TILE tokens at a time, then one at a time: per block, out + (d_x * d_w) * isum, then for Q4_K/Q5_K
-    out - (d_x * dmin) * msum, each product and sum rounded to float32 in that order (GgmlMatrix's)."""
-    T, K = xq.shape
+def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the parts' addresses, first rows -> [T, N]
+    """llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROW (the gemv, or
+    vec_dot); a repacked matrix's rows in fours through the gemm (float steps every two sub-blocks), the rest
+    through the gemv; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per block);
+    fewer, vec_dot each. Tiles of TILE tokens unpack each block once; `xq`, `dx`, `bsums` have rows up to a
+    multiple of TILE (zeros past the T tokens, their results dropped)."""
+    K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
     if T == 1:  # one token: a chunk's two halves side by side (an odd last row with itself)
@@ -393,41 +453,56 @@ def _kquant_matmul(xq, dx, bsums, bases, starts):  # Q8_K x [T, K], the parts' a
                 out[0, r], out[0, s] = KROW2(row_address(bases, starts, r, nb * SIZE),
                                              row_address(bases, starts, s, nb * SIZE), x0, b0, d0, nb)
         return out
+    tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     for n in prange(N):
-        isum, msum, acc = np.empty(TILE, np.int64), np.empty(TILE, np.int64), np.empty(TILE, np.float32)
+        isum, msum = np.empty((TILE, 4), np.int32), np.empty((TILE, 4), np.int32)
+        acc, accm = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
         x0, b0, d0, i0, m0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, isum.ctypes.data, msum.ctypes.data
         w = row_address(bases, starts, n, nb * SIZE)
-        for t in range(0, T - T % TILE, TILE):
+        for t in range(0, tiled, TILE):
             acc[:] = 0
+            accm[:] = 0
             for B in range(nb):
                 at_x, at_b = x0 + t * K + B * 256, b0 + (t * (K // 16) + 16 * B) * 4
                 d, dmin = KTILE(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
                 for k in range(TILE):
-                    acc[k] = acc[k] + (dx[t + k, B] * d) * np.float32(isum[k])
-                    if HAS_MIN:
-                        acc[k] = acc[k] - (dx[t + k, B] * dmin) * np.float32(msum[k])
-            out[t:t + TILE, n] = acc
-        for t in range(T - T % TILE, T):
+                    dxk = dx[t + k, B]
+                    if REPACKED:  # the gemm: steps of two sub-blocks
+                        for p in range(4):
+                            acc[k] = fma32(np.float32(isum[k, p]), d * dxk, acc[k])
+                            accm[k] = fma32(np.float32(msum[k, p]), dmin * dxk, accm[k])
+                    else:  # the tiled kernel: steps of a block
+                        r = np.float32(np.float32(isum[k].sum()) * d)
+                        r = fma32(-dmin, np.float32(msum[k].sum()), r)
+                        acc[k] = fma32(r, dxk, acc[k])
+            for k in range(min(TILE, tiled - t)):
+                out[t + k, n] = acc[k] - accm[k]
+        for t in range(tiled, T):
             out[t, n] = KROW(w, x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
     return out
 
 
-def kquant_kernel(qtype, vnni=VNNI):
-    if (qtype, vnni) not in KERNELS:
-        consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni, 1),
-                      KROW2=_make_krow(qtype, vnni, 2),
-                      HAS_MIN=qtype != QT.Q6_K, SIZE=BLOCK_SIZES[qtype][1])
-        KERNELS[qtype, vnni] = specialize(_kquant_matmul, f"kquant_matmul_{qtype.name}_{'vnni' if vnni else 'generic'}",
-                                          **consts)
-    return KERNELS[qtype, vnni]
+def kquant_kernel(qtype, repacked, vnni=VNNI):
+    key = (qtype, repacked, vnni)
+    if key not in KERNELS:
+        consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni, 1, repacked),
+                      KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+        name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
+        KERNELS[key] = specialize(_kquant_matmul, name, **consts)
+    return KERNELS[key]
 
 
 class NumbaKQuantMatrix(GgmlBlocks):
-    """A Q4_K/Q5_K/Q6_K matrix: `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit."""
+    """A Q4_K/Q5_K/Q6_K matrix: `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit; `repacked` as
+    ggml_numerics.repacked (llama.cpp's CPU repack on, and a type and shape it repacks)."""
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32))
-        return kquant_kernel(self.qtype, self.vnni)(xq, dx, bsums, self.bases, self.starts)
+        T, K = x.shape
+        xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), in_fours=self.repacked and T > 1)
+        if T > 1:  # rows up to a multiple of TILE, zeros: the tiles read them, their results are dropped
+            pad = -T % TILE
+            xq, dx, bsums = (np.concatenate([a, np.zeros((pad, a.shape[1]), a.dtype)]) for a in (xq, dx, bsums))
+        return kquant_kernel(self.qtype, self.repacked, self.vnni)(xq, dx, bsums, T, self.bases, self.starts)
 
 
 @njit(parallel=True, cache=True)
@@ -662,4 +737,4 @@ def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> 
 # numerics "ggml" on numba: ggml's RMSNorm and RoPE are numba_ops' own; GELU is a table lookup (NumPy is fast)
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
-          kv_f16=True)
+          softcap=softcap, kv_f16=True, q_first=True)

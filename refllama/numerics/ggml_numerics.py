@@ -17,7 +17,7 @@ from functools import partial
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, vectorize
 
 from ..errors import RefllamaError
 from ..formats.ggml_types import GGMLType as QT
@@ -32,8 +32,15 @@ Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
                 QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
 EMULATED = frozenset(VEC_DOT_TYPE)
+REPACK = {QT.Q4_K: "q4_K_8x8_q8_K"}  # x86 (AVX2) repacks these at load, if their rows are a multiple of 8
 GROUP = {QT.Q6_K: 16}  # values per integer sum: 32, but Q6_K's sub-blocks of 16
 SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 32, but the K-quants' 256
+
+
+def repacked(qtype, shape):
+    """Whether llama.cpp's x86 CPU backend (AVX2 and up, its CPU_REPACK buffers on) multiplies this matrix in an
+    interleaved form: ggml_repack_get_optimal_repack_type."""
+    return qtype in REPACK and shape[0] % 8 == 0
 
 
 def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
@@ -71,7 +78,8 @@ def _gelu_table(x):  # [65536] f32 (every float16 value) -> ggml_gelu_f32 of eac
     c, a = np.float32(0.79788456080286535587989211986876), np.float32(0.044715)
     for i in range(len(x)):
         v = x[i]
-        out[i] = np.float32(0.5) * v * (np.float32(1.0) + math.tanh(c * v * (np.float32(1.0) + a * v * v)))
+        inner = np.float32(np.float64(a * v) * np.float64(v) + 1.0)  # GCC contracts 1 + (a x) x into one fma
+        out[i] = np.float32(0.5) * v * (np.float32(1.0) + math.tanh(c * v * inner))
     return out
 
 
@@ -80,7 +88,8 @@ GELU_TABLE = None  # ggml_table_gelu_f16, built on first use
 
 def gelu_table():
     """llama.cpp's GELU: a table of float16 results for every float16 input (GGML_GELU_FP16 in ggml-cpu/vec.h),
-    each 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in float32 with the C library's tanhf, rounded."""
+    each 0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))) in float32 with the C library's tanhf, rounded (every
+    finite entry equal to the built library's ggml_table_gelu_f16)."""
     global GELU_TABLE
     if GELU_TABLE is None:
         with np.errstate(all="ignore"):
@@ -93,6 +102,17 @@ def gelu(x):  # [...] f32 -> [...]: ggml_vec_gelu_f32: 0 below -10, x above 10, 
     with np.errstate(over="ignore"):
         looked = table[x.astype(np.float16).view(np.uint16)]
     return np.where(x <= -10, np.float32(0), np.where(x >= 10, x, looked)).astype(np.float32)
+
+
+@vectorize(["float32(float32)"], cache=True)
+def tanhf(x):  # the C library's tanhf (Numba calls it for a float32): llama.cpp's ggml_vec_tanh_f32
+    return math.tanh(x)
+
+
+def softcap(x, cap):  # [...] f32 -> [...]: llama.cpp's gemma3 graph: scale by float32(1 / cap), tanhf, scale by cap
+    xp = array_module(x)
+    y = x * np.float32(1.0 / cap)
+    return (tanhf(y) if xp is np else xp.tanh(y)) * np.float32(cap)  # cupy: CUDA's tanhf, not the C library's
 
 
 def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_geglu_f32, gelu(gate) * up
@@ -228,15 +248,20 @@ def quantize_q8_1(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/32], s [T, K/32] f
     return q, d, round_f16(s)
 
 
-def quantize_q8_K(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/256] f32, bsums [T, K/16] int32
+def quantize_q8_K(x, in_fours=False):  # [T, K] f32 -> q [T, K] int8, d [T, K/256] f32, bsums [T, K/16] int32
     """Blocks of 256: `max` is the signed value of the first largest |x|; q = min(127, round-half-even(x * -127 /
     max)), d = 1 / (-127 / max) in float32; bsums are the sums of each 16 codes. A zero block: d = 0, q = 0.
-    ggml's quantize_row_q8_K_ref, which its x86 build uses too."""
+    ggml's quantize_row_q8_K_ref, which its x86 build uses too. `in_fours`: the rows that a repacked matrix's
+    gemm takes, four at a time (the first T - T % 4), as x86's ggml_quantize_mat_q8_K_4x8 does: `max` is +|x|max
+    when any value equals it, else -|x|max (a tie of +a and -a goes to +a whatever their order)."""
     xp = array_module(x)
     T, K = x.shape
     b = x.reshape(T, K // 256, 256)
     first = xp.abs(b).argmax(axis=-1)[..., None]  # argmax: the first index of the largest
     mx = xp.take_along_axis(b, first, axis=-1)[..., 0]  # [T, K/256]
+    if in_fours:
+        four = T - T % 4
+        mx[:four] = xp.where((b[:four] == xp.abs(mx[:four])[..., None]).any(axis=-1), xp.abs(mx[:four]), mx[:four])
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = xp.where(mx != 0, np.float32(-127) / mx, np.float32(0))
         d = xp.where(mx != 0, np.float32(1) / iscale, np.float32(0))
@@ -306,12 +331,14 @@ def block_sums(xq, codes_t, group):  # [T, K] int8, [K/group, group, N] f32 -> [
 
 class GgmlMatrix(WeightMatrix):
     """A quantized [N, K] matrix that multiplies as llama.cpp's CPU backend does. `x @ w.T` quantizes x to the
-    type's vec-dot type and sums as ggml_vec_dot_*; `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
+    type's vec-dot type and sums as ggml_vec_dot_* (or, `repack` and a type x86 repacks, as the repacked form's
+    gemv/gemm); `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
 
-    ROWS_PER_PASS = 1 << 22  # tokens per pass: the [K/group, T, N] sums of one pass stay under 16 MB
+    ROWS_PER_PASS = 1 << 22  # lane sums per pass: the [K/4, T, N] sums of one pass stay under 16 MB
 
-    def __init__(self, raw, qtype, shape, xp=np):
+    def __init__(self, raw, qtype, shape, xp=np, repack=True):
         self.qtype, self.shape, self.xp = qtype, tuple(shape), xp
+        self.repacked = repack and repacked(qtype, shape)
         w = int_weights(raw, qtype, shape)
         group = GROUP.get(qtype, 32)
         N, K = shape
@@ -320,34 +347,97 @@ class GgmlMatrix(WeightMatrix):
         self.w = IntWeights(qtype, None, *(None if a is None else xp.asarray(a) for a in w[2:]))
 
     def matmul(self, x):  # [T, K] f32 -> [T, N] f32
+        """llama.cpp's path for this product: a repacked matrix's gemm on each four rows and gemv on the rest; a
+        K-quant's tiled kernel for a batch of 8 or more rows (ggml-cpu/tiled); else one vec_dot per row and column."""
         N, K = self.shape
-        step = max(1, self.ROWS_PER_PASS // (N * K // self.group))
-        return self.xp.concatenate([self._matmul(x[t:t + step]) for t in range(0, len(x), step)])
+        T, xp = len(x), self.xp
+        if self.repacked:  # the gemm's rows go in fours, the rest one by one (their activations differ in ties)
+            four = T - T % 4
+            parts = [(x[t:t + 4], "gemm") for t in range(0, four, 4)] + [(x[t:t + 1], "gemv") for t in range(four, T)]
+            return xp.concatenate([self._matmul(p, path) for p, path in parts])
+        path = "tiled" if VEC_DOT_TYPE[self.qtype] == Q8_K and T >= 8 else "vec_dot"
+        step = max(1, self.ROWS_PER_PASS // (N * K // 4))
+        return xp.concatenate([self._matmul(x[t:t + step], path) for t in range(0, T, step)])
 
-    def _matmul(self, x):
-        xp, w, vdt = self.xp, self.w, VEC_DOT_TYPE[self.qtype]
-        T = len(x)
+    def _matmul(self, x, path):
+        xp, vdt = self.xp, VEC_DOT_TYPE[self.qtype]
+        x = xp.ascontiguousarray(x, dtype=np.float32)
         if vdt == Q8_K:
-            xq, dx, bsums = quantize_q8_K(xp.ascontiguousarray(x, dtype=np.float32))
-        elif vdt == Q8_1:
-            xq, dx, sx = quantize_q8_1(xp.ascontiguousarray(x, dtype=np.float32))
-        else:
-            xq, _, dx = quantize_q8_0(xp.ascontiguousarray(x, dtype=np.float32))
-        if vdt != Q8_K:
-            return self._dot_lanes(xq, dx, sx if vdt == Q8_1 else None)
+            xq, dx, bsums = quantize_q8_K(x, in_fours=path == "gemm")
+            if path == "vec_dot":
+                return self._k_lanes(xq, dx, bsums)
+            return self._k_steps(xq, dx, bsums, path)
+        if vdt == Q8_1:
+            xq, dx, sx = quantize_q8_1(x)
+            return self._dot_lanes(xq, dx, sx)
+        xq, _, dx = quantize_q8_0(x)
+        return self._dot_lanes(xq, dx, None)
+
+    def _k_steps(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]
+        """The K-quant kernels that sum exact integers over a step of sub-blocks, then take float steps: isum (the
+        sub-blocks' scales times their code products) and msum (their mins times x's sums of 32), each rounded to
+        float32 once.
+          gemm, gemv (x86's repacked ggml_gemm/gemv_q4_K_8x8_q8_K; steps of two sub-blocks and of a block):
+            acc = fma(isum, d_w * d_x, acc), accm = fma(msum, dmin_w * d_x, accm); the product acc - accm.
+          tiled (ggml-cpu/tiled, its AVX-512 VNNI kernel; steps of a block):
+            r = fma(-dmin_w, msum, isum * d_w), acc = fma(r, d_x, acc) (GCC contracts its multiply and add)."""
+        xp, w = self.xp, self.w
+        T, N = len(xq), self.shape[0]
+        span = 2 if path == "gemm" else 8  # sub-blocks of 32 (Q6_K: pairs of 16) per float step
         sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
-        # K-quants, per 256: d_x * d_w * (sum of sc * sum over each group) - d_x * dmin * (sum of m * x codes' sum)
-        per = 256 // self.group
-        out = xp.zeros((T, self.shape[0]), np.float32)
-        for B in range(len(sums) // per):
-            g = slice(B * per, (B + 1) * per)
-            isum = (sums[g].astype(np.float64) * w.sc.T[g, None, :]).sum(axis=0)  # [T, N] exact integers
-            out += (dx[:, B, None] * w.d[None, :, B]) * isum.astype(np.float32)
+        per = 32 // self.group  # sub-blocks per 32
+        xsums = bsums.reshape(T, -1, 2).sum(axis=-1).astype(np.float64)  # [T, K/32]: x's sums of 32
+        acc, accm = xp.zeros((T, N), np.float32), xp.zeros((T, N), np.float32)
+        for j in range(0, len(sums) // per, span):
+            g, B = slice(j, j + span), j // 8
+            isum = (sums[j * per:(j + span) * per].astype(np.float64)
+                    * w.sc.T[j * per:(j + span) * per, None, :]).sum(axis=0).astype(np.float32)  # [T, N]
+            msum = None if w.dmin is None else (xsums[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
+            if path == "tiled":
+                r = isum * w.d[None, :, B]
+                if msum is not None:
+                    r = fma(-w.dmin[None, :, B], msum, r)
+                acc = fma(r, dx[:, B, None], acc)
+            else:
+                acc = fma(isum, w.d[None, :, B] * dx[:, B, None], acc)
+                accm = fma(msum, w.dmin[None, :, B] * dx[:, B, None], accm)
+        return acc - accm
+
+    def _k_lanes(self, xq, dx, bsums):  # Q8_K x [T, K] -> [T, N]
+        """x86's ggml_vec_dot_q4_K_q8_K (q5_K, q6_K), step by step: element e of each block of 256 adds into int32
+        lane (e % 32) // 4, times its sub-block's scale (Q6_K: its codes 0..63, and each lane l takes back 32 *
+        scale * x's sums of the sub-blocks 2l and 2l + 1); per block acc = fma(d_x * d_w, lane, acc) in 8 lanes.
+        The mins: Q4_K fma(-d_x * dmin_w, pair sums, accm) in 4 lanes, pairs k = sub-blocks 2k and 2k + 1; Q5_K
+        one fma of the whole sum. Then the 8 lanes added as hsum_float_8, plus the mins' (0 + 2) + (1 + 3)."""
+        xp, w, qtype = self.xp, self.w, self.qtype
+        T, N = len(xq), self.shape[0]
+        chunks = block_sums(xq, self.codes_t.reshape(-1, 4, N), 4)  # [K/4, T, N]: chunk c of block B is 64B + c
+        per_scale = self.group // 4  # chunks per sub-block scale
+        acc = xp.zeros((8, T, N), np.float32)
+        accm = xp.zeros((4, T, N) if qtype == QT.Q4_K else (T, N), np.float32)
+        for B in range(len(chunks) // 64):
+            c = np.arange(64)
+            sc = w.sc.T[B * 256 // self.group + c // per_scale].astype(np.float64)  # [64, N]: each chunk's scale
+            lane = (chunks[64 * B:64 * B + 64].astype(np.float64) * sc[:, None, :]).reshape(8, 8, T, N).sum(axis=0)
+            if qtype == QT.Q6_K:  # codes as stored, 0..63: + 32 * sc * x per chunk, - 32 * sc * x per lane's pair
+                x4 = xq[:, 256 * B:256 * B + 256].reshape(T, 64, 4).sum(axis=-1, dtype=np.int64).astype(np.float64)
+                lane += 32 * (x4.T[:, :, None] * sc[:, None, :]).reshape(8, 8, T, N).sum(axis=0)
+                bs = bsums[:, 16 * B:16 * B + 16].astype(np.float64)  # [T, 16]
+                lane -= 32 * (bs[:, None, :] * sc[::4].T[None]).reshape(T, N, 8, 2).sum(axis=-1).transpose(2, 0, 1)
+            acc = fma(dx[None, :, B, None] * w.d[None, None, :, B], lane.astype(np.float32), acc)
             if w.dmin is not None:
-                xsum = bsums[:, 16 * B:16 * B + 16].reshape(T, 8, 2).sum(axis=-1).astype(np.float32)  # [T, 8]
-                msum = xsum @ w.m[:, 8 * B:8 * B + 8].T  # [T, N] exact integers
-                out -= (dx[:, B, None] * w.dmin[None, :, B]) * msum
-        return out
+                xsum = bsums[:, 16 * B:16 * B + 16].reshape(T, 8, 2).sum(axis=-1).astype(np.float64)  # [T, 8]
+                prod = xsum[:, None, :] * w.m[None, :, 8 * B:8 * B + 8].astype(np.float64)  # [T, N, 8]
+                dmin = -dx[:, B, None] * w.dmin[None, :, B]
+                if qtype == QT.Q4_K:
+                    accm = fma(dmin, prod.reshape(T, N, 4, 2).sum(axis=-1).transpose(2, 0, 1).astype(np.float32), accm)
+                else:
+                    accm = fma(dmin, prod.sum(axis=-1).astype(np.float32), accm)
+        r4 = acc[4:] + acc[:4]  # hsum_float_8
+        out = (r4[0] + r4[2]) + (r4[1] + r4[3])
+        if qtype == QT.Q4_K:
+            return out + ((accm[0] + accm[2]) + (accm[1] + accm[3]))
+        return out + accm if qtype == QT.Q5_K else out
 
     def _dot_lanes(self, xq, dx, sx):  # blocks of 32 x Q8_0 or Q8_1 (sx), in ggml's x86 order: [T, K] -> [T, N]
         """ggml_vec_dot_q4_1_q8_1 (and q4_0, q5_0, q5_1, q8_0 x q8_0) on x86, step by step, so that the result is
@@ -394,6 +484,10 @@ class GgmlPlacement(Placement):
 
     keep = EMULATED | {QT.F16}
 
+    def __init__(self, xp=np, repack=True):
+        super().__init__(xp)
+        self.repack = repack
+
     def prepare(self, qtypes, cfg):
         unsupported = {t for t in qtypes if t not in self.keep and t not in (QT.F32,)}
         if unsupported:
@@ -407,11 +501,11 @@ class GgmlPlacement(Placement):
                 from gguf.quants import dequantize as deq
 
                 return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
-            return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp)
+            return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp, self.repack)
         return super().__call__(a)
 
 
 # numerics "ggml" on numpy (and cupy): RMSNorm is refllama.layers' own, which sums as ggml does
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
-          kv_f16=True)
+          softcap=softcap, kv_f16=True, q_first=True)

@@ -248,6 +248,7 @@ def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD]
 # SwiGLU and GELU stay NumPy's (its tanh is vectorized); so do the RoPE tables, computed once
 OPS = layers.Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=layers.rope_cos_sin, attention_scores=attention_scores,
                  attention_weights=attention_weights, attention_mix=attention_mix, swiglu=layers.swiglu,
-                 gelu=layers.gelu_tanh, geglu=layers.geglu, kv_f16=False)
+                 gelu=layers.gelu_tanh, geglu=layers.geglu, softcap=layers.softcap, kv_f16=False,
+                 q_first=False)
 
 

@@ -187,7 +187,9 @@ KERNELS = {}  # qtype -> (matvec, matmul, rows), made on first use
 class Blocks(WeightMatrix):
     """A [N, K] weight held as its GGUF blocks, in place: `parts` are [rows, row bytes] arrays (memory maps of the
     file; a fused matrix's several), kept here so that the addresses the kernels take (`bases`, and `starts`, each
-    part's first row) stay valid."""
+    part's first row) stay valid. `repacked` (numerics ggml): multiplied as llama.cpp's repacked x86 form."""
+
+    repacked = False
 
     def __init__(self, parts, qtype, K):
         self.parts = [np.ascontiguousarray(p) for p in parts]
@@ -208,12 +210,15 @@ class Blocks(WeightMatrix):
 
 
 def concat_blocks(ms):
-    """One matrix of the rows of several of one class, type and width, their blocks joined by reference; or None."""
+    """One matrix of the rows of several of one class, type, width and form, their blocks joined by reference; or
+    None."""
     first = ms[0]
     if not all(isinstance(m, Blocks) and type(m) is type(first) and m.qtype == first.qtype
-               and m.shape[1] == first.shape[1] for m in ms):
+               and m.shape[1] == first.shape[1] and m.repacked == first.repacked for m in ms):
         return None
-    return type(first)([p for m in ms for p in m.parts], first.qtype, first.shape[1])
+    whole = type(first)([p for m in ms for p in m.parts], first.qtype, first.shape[1])
+    whole.repacked = first.repacked
+    return whole
 
 
 class QuantMatrix(Blocks):
