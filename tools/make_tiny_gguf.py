@@ -147,7 +147,7 @@ def main():
         common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids, "arch": name}
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
-                        "F32 weights and KV cache)", "qk_layout": arch.ROPE_LAYOUT,
+                        "F32 weights and KV cache)", "repack": True, "qk_layout": arch.ROPE_LAYOUT,
             "greedy": dump_llamacpp.greedy(str(f32), ids, GREEDY, 2, kv_f32=True, n_ctx=N_CTX), **common})
         theirs = dump_hf.capture(model, ids)[0]
         write_dump(out / "hf", {n: theirs[n] for n in names},
@@ -156,7 +156,8 @@ def main():
             "text": TEXT, "tool": "tools/make_tiny_gguf.py", "llamacpp_eog": make_tokenizer_table.eog_ids(f32),
             "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",
             "transformers": f"transformers {transformers.__version__}, torch {torch.__version__}, float32, eager",
-            "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, F32 KV cache, flash attention off"},
+            "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, F32 KV cache, flash attention off, CPU repack on "
+                         "(its default; none of these matrices is one it repacks)"},
             indent=1) + "\n")
         print(f"wrote {out}")
 
