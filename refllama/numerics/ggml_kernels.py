@@ -62,14 +62,16 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked):
-    """IR of one row's dot products with n_tok tokens: (w, x, xd, xs, nb, x_step, d_row) -> n_tok floats. w: the
-    row's GGUF blocks; x: the first token's Q8 codes, the next token's x_step bytes further; xd, xs: the first
-    token's d and s (float32) of block 0, the next token's right after, the next block's d_row bytes further. Each
-    block's weights are unpacked once for all the tokens, and its n_tok products d_w * d_x (and Q4_1's m_w * s_x
-    sums) are one vector; the tokens' sums are independent chains: each result is the same as a one-token call's.
-    `repacked` (Q4_0): x86's repacked gemv/gemm, one fma(isum, d_w * d_x, acc) per block instead of 8 lanes."""
-    w, x, xd, xs, nb, x_step, d_row = args
+def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked, n_rows=1):
+    """IR of n_rows rows' dot products with n_tok tokens: (w_1 .. w_n_rows, x, xd, xs, nb, x_step, d_row) -> the
+    n_rows * n_tok floats, row by row. w: a row's GGUF blocks (two rows are read side by side: two streams of
+    weights keep more reads in flight than one); x: the first token's Q8 codes, the next token's x_step bytes
+    further; xd, xs: the first token's d and s (float32) of block 0, the next token's right after, the next block's
+    d_row bytes further. Each block's weights are unpacked once for all the tokens, and its n_tok products d_w * d_x
+    (and Q4_1's m_w * s_x sums) are one vector; the tokens' sums are independent chains: each result is the same as
+    a one-token call's. `repacked` (Q4_0): x86's repacked gemv/gemm, one fma(isum, d_w * d_x, acc) per block
+    instead of 8 lanes."""
+    *ws, x, xd, xs, nb, x_step, d_row = args
     vtok = ir.VectorType(F32, n_tok)
     fman = builder.module.declare_intrinsic(f"llvm.fma.v{n_tok}f32", fnty=ir.FunctionType(vtok, [vtok] * 3))
     fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
@@ -77,8 +79,7 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked):
     reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
     zero = ir.Constant(V32I8, None)
 
-    def block(i, sums):  # -> the n_tok tokens' 8-lane sums and the vector of Q4_1's offset sums, block i added
-        *accs, summs = sums
+    def row_block(w, i, accs, summs):  # one row's block i added to its n_tok tokens' sums and its Q4_1 offset sums
         blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
         prefetch_block(builder, blk, qtype)
         dw = load_f16(builder, field_at(builder, blk, qtype, "d"))
@@ -116,34 +117,47 @@ def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked):
             new.append(builder.call(fma8, [dk, builder.sitofp(lanes, V8F32), accs[k]]))
         return [*new, summs]
 
+    def block(i, sums):  # every row's block i: sums holds each row's n_tok sums and then its offset sums
+        per = n_tok + 1
+        return [v for r, w in enumerate(ws)
+                for v in row_block(w, i, sums[r * per:r * per + n_tok], sums[r * per + n_tok])]
+
     acc0 = ir.Constant(F32 if repacked else V8F32, None)
-    *new_accs, new_summs = counted_loop(builder, nb, [acc0] * n_tok + [ir.Constant(vtok, None)], block)
-    if repacked:
-        return new_accs
+    sums = counted_loop(builder, nb, ([acc0] * n_tok + [ir.Constant(vtok, None)]) * n_rows, block)
     undef = ir.Constant(V8F32, ir.Undefined)
     results = []
-    for k, acc in enumerate(new_accs):
-        r4 = builder.fadd(builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
-                          builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
-        lane = [builder.extract_element(r4, ir.Constant(I32, j)) for j in range(4)]  # hsum_float_8's order
-        total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
-        results.append(builder.fadd(total, builder.extract_element(new_summs, ir.Constant(I32, k))))
+    for r in range(n_rows):
+        *accs, summs = sums[r * (n_tok + 1):(r + 1) * (n_tok + 1)]
+        for k, acc in enumerate(accs):
+            if repacked:
+                results.append(acc)
+                continue
+            r4 = builder.fadd(builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
+                              builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
+            lane = [builder.extract_element(r4, ir.Constant(I32, j)) for j in range(4)]  # hsum_float_8's order
+            total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
+            results.append(builder.fadd(total, builder.extract_element(summs, ir.Constant(I32, k))))
     return results
 
 
 TILE = 8  # tokens per call in a batch: each block of weights unpacked once for 8 tokens
 
 
-def _make_dot(qtype, vnni, n_tok, repacked):
-    @intrinsic
-    def row_dot(typingctx, w, x, xd, xs, nb, x_step, d_step):
-        sig = types.UniTuple(types.float32, n_tok)(*[types.int64] * 7)
+def _make_dot(qtype, vnni, n_tok, repacked, n_rows=1):
+    sig = types.UniTuple(types.float32, n_tok * n_rows)(*[types.int64] * (6 + n_rows))
 
-        def codegen(context, builder, signature, args):
-            return context.make_tuple(builder, signature.return_type,
-                                      _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked))
+    def codegen(context, builder, signature, args):
+        return context.make_tuple(builder, signature.return_type,
+                                  _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked, n_rows))
 
-        return sig, codegen
+    if n_rows == 1:
+        @intrinsic
+        def row_dot(typingctx, w, x, xd, xs, nb, x_step, d_step):
+            return sig, codegen
+    else:
+        @intrinsic
+        def row_dot(typingctx, wa, wb, x, xd, xs, nb, x_step, d_step):
+            return sig, codegen
 
     return row_dot
 
@@ -192,7 +206,7 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] 
             xs[b, t] = _round_f16(d * np.float32(total))
 
 
-DOT1 = DOTN = ROW_BYTES = None  # one type's dot products and block size, in each copy's globals (_make_matmul)
+DOT1 = DOT2 = DOTN = ROW_BYTES = None  # one type's dot products (a token; a token, two rows; TILE tokens), block size
 
 
 def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32, one type's DOT1, DOTN
@@ -208,7 +222,15 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
         # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
         # (taken before it, Numba may free xq once its last named use has passed)
         x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-        for r in range(c * N // n_chunks, (c + 1) * N // n_chunks):
+        lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
+        if T == 1:  # one token: the chunk's two halves side by side (an odd last row with itself)
+            half = (hi - lo + 1) // 2
+            for r in range(lo, lo + half):
+                s = min(r + half, hi - 1)
+                out[0, r], out[0, s] = DOT2(row_address(bases, starts, r, nb * ROW_BYTES),
+                                            row_address(bases, starts, s, nb * ROW_BYTES), x0, d0, s0, nb, K, 4)
+            continue
+        for r in range(lo, hi):
             w = row_address(bases, starts, r, nb * ROW_BYTES)
             for t in range(0, T - T % TILE, TILE):
                 sums = DOTN(w, x0 + t * K, d0 + t * 4, s0 + t * 4, nb, K, T * 4)
@@ -223,7 +245,8 @@ def _make_matmul(qtype, vnni, repacked):
     """_matmul with one type's and form's dot products as its globals DOT1 and DOTN."""
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
     return specialize(_matmul, name, DOT1=_make_dot(qtype, vnni, 1, repacked),
-                      DOTN=_make_dot(qtype, vnni, TILE, repacked), ROW_BYTES=BLOCK_BYTES[qtype])
+                      DOT2=_make_dot(qtype, vnni, 1, repacked, n_rows=2), DOTN=_make_dot(qtype, vnni, TILE, repacked),
+                      ROW_BYTES=BLOCK_BYTES[qtype])
 
 
 KERNELS = {}  # (qtype, vnni, repacked) or (qtype, repacked, vnni) for K-quants -> compiled matmul, made on first use
