@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,10 +35,13 @@ DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 KQUANT = DATA / "gguf-qwen2-kquant"
 GREEDY = 32
 TOP = 4
-PROMPTS = {
+LONG = ("The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
+        "letter by letter, often in a monastery, and a single Bible could take a scribe more than a year. ") * 15
+PROMPTS = {  # "long": past Gemma 3's sliding window of 512 (its local layers' keys cut), numba only (test_llamacpp_exact)
     "gemma3": {"plain": ("The history of the printing press begins", False),
                "chat": ("<start_of_turn>user\nWhat are three good habits for writing clean code?<end_of_turn>\n"
-                        "<start_of_turn>model\n", True)},
+                        "<start_of_turn>model\n", True),
+               "long": (LONG, False)},
     "tiny": {"plain": ("The quick brown fox said: Paris is the capital, 2024! It's small.", False)},
 }
 FTYPES = {"q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
@@ -73,7 +77,7 @@ def make_kquant_qwen2(llama_cpp_dir):
 def logits_rows(model_path, ids, repack):
     """llama.cpp's float32 logits at every position of one batch of `ids` [T, V]."""
     model = dump_llamacpp.load_model(str(model_path), repack)
-    ctx = dump_llamacpp.new_context(model, max(256, len(ids) + 8), len(ids), 2)
+    ctx = dump_llamacpp.new_context(model, max(256, len(ids) + GREEDY + 8), len(ids), 2)
     dump_llamacpp.decode(ctx, ids, 0)
     n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model))
     rows = np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).copy()
@@ -109,13 +113,15 @@ def main():
     flags = llama_cpp.llama_print_system_info().decode()
     models = {"gemma3-270m": reference(Path(gemma3_path()), PROMPTS["gemma3"])}
     models.update({f.stem: reference(f, PROMPTS["tiny"]) for f in tiny})
-    (DATA / "llamacpp_exact.json").write_text(json.dumps({
+    text = json.dumps({
         "tool": "tools/make_llamacpp_exact.py",
         "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, CPU, flash attention off, float16 KV cache",
         "machine": f"{platform.machine()}: {flags}",
         "paths": {"repack": "CPU_REPACK on (llama.cpp's default)",
                   "no_repack": "use_extra_bufts off (llama-cli --no-repack)"},
-        "models": models}, indent=1) + "\n")
+        "models": models}, indent=1)
+    text = re.sub(r"\[\s+([^][{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)  # a row a line
+    (DATA / "llamacpp_exact.json").write_text(text + "\n")
     print(f"wrote {DATA / 'llamacpp_exact.json'}")
 
 
