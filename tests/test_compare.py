@@ -63,6 +63,7 @@ def test_batch_axis_heads_flattened_and_float16_are_read(tiny, ids, tmp_path):
     (lambda m: m["tensors"][0].update(positions=[0, 0]), "position 0 stored twice"),
     (lambda m: m["tensors"][0].update(positions=[0, 999]), "position 999 is past"),
     (lambda m: m.update(numerics="int4"), "'numerics' must be one of"),
+    (lambda m: m.update(repack="yes"), "'repack' must be true or false"),
     (lambda m: m["tensors"][0].update(file="missing.npy"), "cannot read"),
 ])
 def test_what_cannot_be_read_is_one_line_and_exit_code_2(tiny, ids, tmp_path, breakage, message):
@@ -210,3 +211,20 @@ def test_the_first_divergence_line_names_the_wrong_positions(tiny, ids, tmp_path
     assert r.returncode == 1 and f"; positions {last} of 0-{last})" in r.stdout.splitlines()[0], r.stdout
     rows = json.loads(run_compare(mine, ref, "--no-rerun", "--json").stdout)["rows"]
     assert next(row for row in rows if row["name"] == "result_norm")["wrong_positions"] == [last]
+
+
+@pytest.mark.parametrize("repack", [True, False])
+def test_stages_are_re_run_on_the_llamacpp_path_that_ref_took(ids, tmp_path, monkeypatch, repack):
+    """Two ggml dumps: the model re-runs in numerics "ggml" with llama.cpp's CPU repack on or off as REF's manifest
+    says (tools/dump_llamacpp.py --no-repack writes false); a dump without the field took llama.cpp's default."""
+    from refllama.check import compare as check
+    from refllama.check.dump import Dump
+
+    manifest = {"token_ids": ids[:2], "qk_layout": "interleaved", "numerics": "ggml"}
+    mine = hand_written(tmp_path / "mine", {"attn_norm-0": np.zeros((2, 64), np.float32)}, **manifest)
+    ref = hand_written(tmp_path / "ref", {"attn_norm-0": np.zeros((2, 64), np.float32)}, repack=repack, **manifest)
+    loads = []
+    monkeypatch.setattr(refllama.api, "load", lambda path, **kw: loads.append(kw) or "model")
+    assert check.find_model(str(DATA / "llama-q8_0.gguf"), Dump(mine), Dump(ref)) == ("model", None)
+    assert loads[0]["numerics"] == "ggml" and loads[0]["repack"] is repack
+    assert Dump(mine).repack is True

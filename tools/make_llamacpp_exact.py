@@ -37,7 +37,7 @@ GREEDY = 32
 TOP = 4
 LONG = ("The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
         "letter by letter, often in a monastery, and a single Bible could take a scribe more than a year. ") * 15
-PROMPTS = {  # "long": past Gemma 3's sliding window of 512 (its local layers' keys cut), numba only (test_llamacpp_exact)
+PROMPTS = {  # "long": past Gemma 3's sliding window of 512 (local layers cut their oldest keys), numba only
     "gemma3": {"plain": ("The history of the printing press begins", False),
                "chat": ("<start_of_turn>user\nWhat are three good habits for writing clean code?<end_of_turn>\n"
                         "<start_of_turn>model\n", True),
