@@ -70,6 +70,8 @@ def parse_args(argv):
         p.error(f"--dump-positions must be at least 9 (the first 8 and the last ones), got {args.dump_positions}")
     if args.system is not None and not args.chat:
         p.error("--system goes with --chat (a plain prompt has no system message)")
+    if args.no_repack and args.numerics != "ggml":
+        p.error("--no-repack goes with --numerics ggml (it picks which of llama.cpp's x86 paths to reproduce)")
     if args.n_predict < -1:
         p.error(f"-n/--n-predict must be -1 (until the end), 0 (with --dump-dir) or more, got {args.n_predict}")
     gpu_layers(args, p)
@@ -153,7 +155,8 @@ def run(args, prompt):
     n_gen = tokens.n
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
-    print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}, threads={threads}) | "
+    path = " --no-repack" if m.numerics == "ggml" and not m.repack else ""  # which of llama.cpp's x86 paths
+    print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}{path}, threads={threads}) | "
           f"prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
           f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)
 

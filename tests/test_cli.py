@@ -67,6 +67,7 @@ def test_a_prompt_too_long_is_refused_before_it_is_echoed():
 
 @pytest.mark.parametrize("args, fragment", [
     (("--system", "be brief", "-p", "hi"), "--system goes with --chat"),
+    (("--no-repack", "-p", "hi"), "--no-repack goes with --numerics ggml"),
     (("-n", "-2",), "-n/--n-predict must be -1"),
     (("--backend", "cupy", "-ngl", "0"), "-ngl 0 with --backend cupy"),
 ])
