@@ -17,7 +17,7 @@ import numpy as np
 
 from .check.compare import COLUMNS, compare, find_model
 from .check.dump import PRODUCER_NUMERICS, Dump
-from .check.logits import close_enough, logits_verdict, print_logits, verdict
+from .check.logits import exit_code, logits_verdict, print_logits
 from .check.metrics import spans
 from .cli import parser
 from .errors import RefllamaError
@@ -130,10 +130,10 @@ def main(argv=None):
     np.seterr(all="ignore")
     try:
         if args.logits:
-            v = logits_verdict(args.mine, args.ref)
+            v = logits_verdict(args.mine, args.ref, args.numerics)
             if args.json:
-                print(json.dumps({**v, "verdict": verdict(v)}, indent=1))
-                return 0 if close_enough(v) else 1
+                print(json.dumps(v, indent=1))
+                return exit_code(v)
             return print_logits(v)
         mine, ref = Dump(args.mine), Dump(args.ref)
         model, why = (None, "--no-rerun") if args.no_rerun else \

@@ -13,6 +13,7 @@ import pytest
 import refllama
 from refllama.arch import permute_qk
 from refllama.check.compare import compare
+from refllama.check.logits import logits_verdict
 from refllama.compare import plot
 
 DATA = Path(__file__).parent / "data" / "gguf-llama"
@@ -85,16 +86,36 @@ def test_logits_verdict_kl_top1_and_perplexity(tiny, ids, tmp_path):
     logits = tiny.logits(ids)
     np.save(tmp_path / "same.npy", logits)
     r = run_compare("--logits", tmp_path / "same.npy", ref)
-    assert r.returncode == 0 and "top-1 agreement: 100.00%" in r.stdout and "the same distribution" in r.stdout
+    assert r.returncode == 0 and "top-1 agreement: 100.00%" in r.stdout
+    assert r.stdout.startswith("verdict: rounding"), r.stdout
     rng = np.random.default_rng(0)
     np.save(tmp_path / "noisy.npy", logits + rng.normal(0, 0.05, logits.shape).astype(np.float32))
     r = run_compare("--logits", tmp_path / "noisy.npy", ref, "--json")
     v = json.loads(r.stdout)
-    assert r.returncode == 0 and 0 < v["kl_mean"] < 0.05 and v["kl_max"] >= v["kl_p99"] >= 0
+    assert 1e-4 < v["kl_mean"] < 2e-2 and v["kl_max"] >= v["kl_p99"] >= 0 and v["numerics"] == ["float32", "float32"]
+    assert r.returncode == 1 and v["verdict"] == "a bug"  # two float32 engines: past rounding is a bug
     assert abs(np.log(v["ppl_mine"]) - np.log(v["ppl_ref"])) < 0.05 and v["scored"] == len(ids) - 1
-    np.save(tmp_path / "other.npy", logits[::-1].copy())  # another text's distributions
-    r = run_compare("--logits", tmp_path / "other.npy", ref)
-    assert r.returncode == 1 and "different" in r.stdout
+    r = run_compare("--logits", tmp_path / "noisy.npy", ref, "--numerics", "ggml", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "quantized-like"  # llama.cpp's arithmetic
+    np.save(tmp_path / "other.npy", 5 * np.roll(logits, 7, axis=-1))  # other distributions
+    r = run_compare("--logits", tmp_path / "other.npy", ref, "--numerics", "ggml")
+    assert r.returncode == 1 and r.stdout.startswith("verdict: a bug"), r.stdout
+
+
+def test_logits_bands_hold_on_the_stored_references(tmp_path):
+    """The bands' measurements: refllama float32 against transformers (rounding) and against llama.cpp's quantized
+    arithmetic (quantized-like), numerics ggml against llama.cpp (rounding), on SmolLM2's stored references."""
+    ref_dir = Path(__file__).parent.parent / "checkpoints" / "ref"
+    m32, mg = refllama.load(), refllama.load(numerics="ggml")
+    for prompt in ("short", "chat"):
+        ids = json.loads((ref_dir / "llamacpp" / prompt / "manifest.json").read_text())["token_ids"]
+        np.save(tmp_path / "f32.npy", m32.logits(ids))
+        np.save(tmp_path / "ggml.npy", mg.logits(ids))
+        for mine, numerics, ref, want in [("f32", "float32", "hf", "rounding"), ("f32", "float32", "llamacpp",
+                                                                               "quantized-like"),
+                                          ("ggml", "ggml", "llamacpp", "rounding")]:
+            v = logits_verdict(tmp_path / f"{mine}.npy", ref_dir / ref / prompt, numerics)
+            assert v["verdict"] == want, (prompt, mine, ref, v)
 
 
 def test_trace_in_the_other_pair_layout(tiny, ids):
