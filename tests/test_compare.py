@@ -249,3 +249,52 @@ def test_stages_are_re_run_on_the_llamacpp_path_that_ref_took(ids, tmp_path, mon
     assert check.find_model(str(DATA / "llama-q8_0.gguf"), Dump(mine), Dump(ref)) == ("model", None)
     assert loads[0]["numerics"] == "ggml" and loads[0]["repack"] is repack
     assert Dump(mine).repack is True
+
+
+QWEN2 = Path(__file__).parent / "data" / "gguf-qwen2" / "qwen2-f32.gguf"
+
+
+@pytest.mark.parametrize("heads, hint", [(None, "attn_k's bias dropped"), ([1], "in head 1 only")])
+def test_a_dropped_bias_is_named_with_its_heads(tmp_path, heads, hint):
+    """Qwen2's k bias dropped (whole, or one head's slice): the first divergence is Kcur-0, the by-head line shows
+    the heads, and the checked hint names the bias (expected + one vector at every position)."""
+    m = refllama.load(QWEN2, n_ctx=64)
+    ids = list(range(3, 12))
+    ref = m.dump(ids, tmp_path / "ref")
+    lw = m.weights["layers"][0]
+    bias = lw["attn_k_bias"]
+    lw["attn_k_bias"] = np.zeros_like(bias) if heads is None else bias.copy()
+    if heads is not None:
+        hd = m.config.head_dim
+        for h in heads:
+            lw["attn_k_bias"][h * hd:(h + 1) * hd] = 0
+    try:
+        mine = m.dump(ids, tmp_path / "mine")
+    finally:
+        lw["attn_k_bias"] = bias
+    rep = compare(mine, ref, m)
+    assert rep.first is not None and rep.first["name"] == "Kcur-0", rep.first
+    assert any(hint in h for h in rep.hints), rep.hints
+    assert all("bias" not in h or hint in h for h in rep.hints)
+    if heads is not None:
+        assert any("by head: exact at 0; wrong at 1" in line for line in rep.where), rep.where
+
+
+def test_a_negative_eps_is_never_offered(monkeypatch):
+    """An RMS norm whose output fits eps = -0.1 exactly (x / sqrt(ms - 0.1)) gets no eps hint: no norm has a
+    negative eps, and the hint once offered one (issue 30); the model's own eps fitted the other way is offered."""
+    from refllama.check import diagnose
+
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32) + 1  # mean squares near 2
+    m = refllama.load(QWEN2, n_ctx=64)
+    ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+    want = refllama.layers.rms_norm(x, np.ones(64, np.float32), m.config.rms_eps)
+    monkeypatch.setattr(diagnose, "_inputs_of", lambda *a, **k: (x,))
+
+    class Dumped:  # what the detectors read of the side that adds error: its prompt and its numerics
+        prompt_ids, numerics = list(range(4)), "float32"
+
+    for eps, offered in ((-0.1, False), (0.1, True)):
+        bad = (x / np.sqrt(ms + eps)).astype(np.float32)
+        found = diagnose.hints("attn_norm", 0, list(range(4)), bad, want, (1e-6, 1e-6), Dumped, None, m)
+        assert any("RMS norm with eps" in h for h in found) == offered, (eps, found)

@@ -66,16 +66,17 @@ def breakdown(stage, positions, bad, want, tol, cfg):
             if ok == [h for h in range(n) if h // group == h % kvh]:
                 lines.append(f"hint: exactly the heads h with h // {group} == h % {kvh} are right: query head h "
                              f"must read kv head h // {group} (grouped-query attention), not h % {kvh}")
-    if diff.ndim == 2:
-        per = np.nansum(diff ** 2, axis=0)
+    if diff.ndim == 2 or (diff.ndim == 3 and stage not in ATTENTION):  # [T, X], or [T, n, HD] by dim of a head
+        per = np.nansum(diff ** 2, axis=tuple(range(diff.ndim - 1)))
         total = float(per.sum()) or 1.0
         top = np.argsort(per)[::-1][:8]
         share = float(per[top].sum()) / total
+        label = "channel" if diff.ndim == 2 else "dim of a head"
         if share > 0.5 and len(per) > 16:
-            lines.append(f"  by channel: {share:.0%} of the error in channels {', '.join(map(str, sorted(top)))} "
+            lines.append(f"  by {label}: {share:.0%} of the error in {label}s {', '.join(map(str, sorted(top)))} "
                          f"of {len(per)}")
         else:
-            lines.append(f"  by channel: spread over the {len(per)} channels")
+            lines.append(f"  by {label}: spread over the {len(per)} {label}s")
     return lines
 
 
@@ -188,7 +189,8 @@ def another_norm_eps(e, found):
         ms = np.mean(x.astype(np.float64) ** 2, axis=-1)
         ratio = np.median(np.abs(e.want) / np.maximum(np.abs(e.bad), 1e-30), axis=-1) ** 2  # (ms + eps') / (ms + eps)
         eps = ratio * (ms + e.cfg.rms_eps) - ms
-        if np.all(np.abs(ratio - 1) > 1e-7) and np.ptp(eps) <= 0.1 * abs(np.median(eps)) + 1e-12:
+        if np.all(np.abs(ratio - 1) > 1e-7) and np.ptp(eps) <= 0.1 * abs(np.median(eps)) + 1e-12 \
+                and np.median(eps) > 0:  # a negative eps is no norm: the values are wrong another way
             yield f"hint: matches an RMS norm with eps {np.median(eps):.3g}; the model's is {e.cfg.rms_eps:g}"
 
 
@@ -202,6 +204,27 @@ def rope_on_the_wrong_pairs(e, found):
         if e.close(swapped, e.bad):
             yield ("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs (i, i + R/2), "
                     "or the reverse; the engine's RoPE and its q/k layout disagree")
+
+
+BIASES = {"Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "attn_out": "attn_output", "ffn_gate": "ffn_gate",
+          "ffn_up": "ffn_up", "ffn_out": "ffn_down"}  # the stages right after a projection that may have a bias
+
+
+def one_vector_added(e, found):
+    """MINE = expected + one vector at every position: a bias dropped or added (in some heads only: their slice)."""
+    if e.stage not in BIASES or len(e.positions) < 2 or found:
+        return
+    d = e.bad.astype(np.float64) - e.want
+    offset = d.mean(axis=0)  # [X] or [n, HD]
+    if not np.any(offset) or not e.close(e.want + offset, e.bad):
+        return
+    where = ""
+    if d.ndim == 3:
+        heads = [h for h in range(d.shape[1]) if np.sqrt(np.mean(offset[h] ** 2)) > 1e-3 * np.sqrt(np.mean(e.w ** 2))]
+        if len(heads) < d.shape[1]:
+            where = f", in head{'s' if len(heads) > 1 else ''} {spans(heads)} only (their slice of it)"
+    yield (f"hint: the expected values plus one vector at every position{where}: {BIASES[e.stage]}'s bias dropped, "
+           "or added where the model has none")
 
 
 def missing_mask(e, found):
@@ -236,7 +259,8 @@ def by_position(e, found):
 
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
 DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
-             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, missing_mask, rounded, by_position)
+             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added, missing_mask, rounded,
+             by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
