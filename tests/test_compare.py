@@ -298,3 +298,25 @@ def test_a_negative_eps_is_never_offered(monkeypatch):
         bad = (x / np.sqrt(ms + eps)).astype(np.float32)
         found = diagnose.hints("attn_norm", 0, list(range(4)), bad, want, (1e-6, 1e-6), Dumped, None, m)
         assert any("RMS norm with eps" in h for h in found) == offered, (eps, found)
+
+
+@pytest.mark.parametrize("named", ["1/HD", None])
+def test_a_wrong_softmax_scale_is_fitted_and_named_and_nothing_blames_the_positions(tmp_path, monkeypatch, named):
+    """The softmax scale times `factor` (1/sqrt(HD) again: 1/HD; or any factor): the hint gives the fitted scale,
+    re-run and checked, named where it is a usual one; no position hint (the first row of a causal softmax is right
+    whatever the scale)."""
+    m = refllama.load(QWEN2, n_ctx=64)
+    ids = list(range(3, 12))
+    ref = m.dump(ids, tmp_path / "ref")
+    hd = m.config.head_dim
+    factor = hd ** -0.5 if named else 1.37  # 1/sqrt(HD) * 1/sqrt(HD) = 1/HD
+    weights = m.ops.attention_weights
+    with monkeypatch.context() as mp:  # the engine's bug; refllama re-runs stages with its own scale
+        mp.setattr(m, "ops", m.ops._replace(attention_weights=lambda kq, mask, s: weights(kq, mask, s * factor)))
+        mine = m.dump(ids, tmp_path / "mine")
+    rep = compare(mine, ref, m)
+    assert rep.first is not None and rep.first["name"] == "kq_soft_max-0", rep.first
+    scale = [h for h in rep.hints if "matches softmax(kq *" in h]
+    assert len(scale) == 1 and (named is None or f"= {named}" in scale[0]), rep.hints
+    assert f"{m.config.kq_scale * factor:.4g}" in scale[0]
+    assert not any("position" in h for h in rep.hints), rep.hints

@@ -171,15 +171,29 @@ def another_activation(e, found):
 
 
 def another_softmax_scale(e, found):
+    """The scale that fits the weights (each row's log-weights against its scores), checked by re-running the softmax
+    with it, and named where it is a usual one."""
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
-    if inputs:
-        (kq,) = inputs
-        mask = np.where(visible(e.stage, e.positions, kq.shape), 0.0, -np.inf)
-        hd, scale = e.cfg.head_dim, e.cfg.kq_scale
-        for label, s in (("1/HD", 1 / hd), ("1 (no scale)", 1.0), ("1/sqrt(HD)", hd ** -0.5)):
-            p = _softmax(np.nan_to_num(kq) * s + mask)
-            if e.close(p[e.valid], e.b) and s != scale:
-                yield f"hint: matches softmax(kq * {label}); the model's scale is {scale:.4g}"
+    if not inputs:
+        return
+    (kq,) = inputs
+    vis = visible(e.stage, e.positions, kq.shape)
+    mask = np.where(vis, 0.0, -np.inf)
+    use = vis & (e.bad > 0) & np.isfinite(kq)
+    x, y = np.where(use, kq, np.nan), np.where(use, np.log(np.where(use, e.bad, 1.0)), np.nan)
+    dx, dy = x - np.nanmean(x, axis=-1, keepdims=True), y - np.nanmean(y, axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slopes = np.nansum(dx * dy, axis=-1) / np.nansum(dx * dx, axis=-1)  # per row: log p = s kq - log Z
+    slopes = slopes[np.isfinite(slopes)]
+    if not slopes.size:
+        return
+    s, scale = float(np.median(slopes)), e.cfg.kq_scale
+    if abs(s / scale - 1) < 1e-3 or not e.close(_softmax(np.nan_to_num(kq) * s + mask)[e.valid], e.b):
+        return
+    hd, d_h = e.cfg.head_dim, e.cfg.n_embd / e.cfg.n_head
+    usual = {"1/sqrt(HD)": hd ** -0.5, "1/sqrt(D/H)": d_h ** -0.5, "1/HD": 1 / hd, "1 (no scale)": 1.0}
+    name = next((f" = {k}" for k, v in usual.items() if abs(s / v - 1) < 1e-3), "")
+    yield f"hint: matches softmax(kq * {s:.4g}{name}); the model's scale is {scale:.4g}"
 
 
 def another_norm_eps(e, found):
@@ -252,7 +266,8 @@ def by_position(e, found):
         steps = spans([p for p in e.positions if p >= n_prompt])
         yield (f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode path "
                 "(its position, its KV cache slot, its mask)")
-    elif not found and len(e.positions) > 1 and not wrong[0] and wrong[1:].all():
+    elif not found and len(e.positions) > 1 and not wrong[0] and wrong[1:].all() \
+            and not (e.stage == "kq_soft_max" and e.positions[0] == 0):  # a causal softmax's first row is always 1
         yield ("hint: the first position is right and the later ones are not: something that depends on the "
                 "position (RoPE's theta or positions, the mask, the KV cache)")
 
