@@ -20,7 +20,7 @@ BUGS = {  # bug: (the stage it must be named at, words of the hint that must exp
     "pair_layout": ("Qcur_rope-0", "rotating the wrong pairs"),
     "eps": ("attn_norm-0", "eps 1e-06"),
     "gqa": ("kq-0", "kv head h // 3"),
-    "softmax_scale": ("kq_soft_max-0", "softmax(kq * 1/HD)"),
+    "softmax_scale": ("kq_soft_max-0", "= 1/HD); the model's scale"),
     "theta": ("Qcur_rope-0", "first position is right"),
     "gelu": ("ffn_swiglu-0", "gelu_tanh(ffn_gate)"),
     "bf16_residual": ("ffn_inp-0", "rounded to bfloat16"),
