@@ -320,3 +320,20 @@ def test_a_wrong_softmax_scale_is_fitted_and_named_and_nothing_blames_the_positi
     assert len(scale) == 1 and (named is None or f"= {named}" in scale[0]), rep.hints
     assert f"{m.config.kq_scale * factor:.4g}" in scale[0]
     assert not any("position" in h for h in rep.hints), rep.hints
+
+
+def test_the_embedding_table_used_as_the_output_head_is_named(tmp_path):
+    """An untied model's logits taken with token_embd (the tied head) instead of its output.weight: named at
+    result_output, with the hint re-run on MINE's result_norm."""
+    m = refllama.load(QWEN2, n_ctx=64)
+    ids = list(range(3, 12))
+    ref = m.dump(ids, tmp_path / "ref")
+    output = m.weights["output"]
+    m.weights["output"] = m.weights["token_embd"]
+    try:
+        mine = m.dump(ids, tmp_path / "mine")
+    finally:
+        m.weights["output"] = output
+    rep = compare(mine, ref, m)
+    assert rep.first is not None and rep.first["name"] == "result_output", rep.first
+    assert any("token_embd: the embedding table used as the output head" in h for h in rep.hints), rep.hints

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, silu
+from ..layers import ROPE, linear, silu
 from ..numerics.ggml_tables import round_f16
 from ..xp import to_numpy
 from .dump import Dump, split_name
@@ -241,6 +241,20 @@ def one_vector_added(e, found):
            "or added where the model has none")
 
 
+def tied_output_head(e, found):
+    """MINE's logits are result_norm times token_embd: the embedding table used where the model has its own head."""
+    w = e.model.weights if e.model is not None and e.stage == "result_output" else {}
+    inputs = e.inputs() if "output" in w and w["output"] is not w.get("token_embd") else None
+    if inputs:
+        x = e.model.xp.asarray(inputs[0].astype(np.float32))
+        logits = linear(x, w["token_embd"])
+        if e.cfg.logit_softcap:
+            logits = e.model.ops.softcap(logits, e.cfg.logit_softcap)
+        if e.close(to_numpy(logits), e.bad):
+            yield ("hint: matches result_norm times token_embd: the embedding table used as the output head, where "
+                   "this model has its own (output.weight, untied)")
+
+
 def missing_mask(e, found):
     if e.stage == "kq_soft_max":
         future = ~visible(e.stage, e.positions, e.bad.shape)
@@ -274,8 +288,8 @@ def by_position(e, found):
 
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
 DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
-             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added, missing_mask, rounded,
-             by_position)
+             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added, tied_output_head,
+             missing_mask, rounded, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
@@ -304,7 +318,8 @@ def _inputs_of(stage, layer, dump, positions, cfg=None):
     names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "kq_soft_max": [f"kq-{layer}"],
              "attn_norm": [arch.INPUTS[-1] if layer == 0 else f"l_out-{(layer or 0) - 1}"],
              "ffn_norm": [f"{residual}-{layer}"],
-             "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"]}.get(stage)
+             "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"],
+             "result_output": ["result_norm"]}.get(stage)
     if not names or not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
         return None
     return [take(dump, n, positions).astype(np.float64) for n in names]
