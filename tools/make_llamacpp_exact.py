@@ -10,8 +10,8 @@ llama.cpp's float32 logits (all positions asked for) and its top 4; then its 32 
 them (only the last position's logits asked for).
 
     python tools/make_llamacpp_exact.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
-Needs llama-cpp-python 0.3.36 (../shared/wheels); for the tiny Qwen2 also torch==2.13.0, transformers and the same
-version's sdist (README: "Regenerating the references").
+Needs llama-cpp-python 0.3.36 (../shared/wheels); for the tiny Qwen2 also torch==2.13.0, transformers, sentencepiece
+(llama.cpp's converter imports it) and the same version's sdist (README: "Regenerating the references").
 """
 
 import argparse
