@@ -337,3 +337,43 @@ def test_the_embedding_table_used_as_the_output_head_is_named(tmp_path):
     rep = compare(mine, ref, m)
     assert rep.first is not None and rep.first["name"] == "result_output", rep.first
     assert any("token_embd: the embedding table used as the output head" in h for h in rep.hints), rep.hints
+
+
+GEMMA3 = Path(__file__).parent / "data" / "gguf-gemma3" / "gemma3-f32.gguf"
+
+
+def gemma3_bug(tmp_path, monkeypatch, bug):
+    """refllama's own Gemma 3 forward with one family difference flipped, dumped as MINE; REF the same ids right."""
+    import refllama.arch.gemma3 as gemma3
+
+    m = refllama.load(GEMMA3, n_ctx=64)
+    ids = list(range(3, 12))
+    ref = m.dump(ids, tmp_path / "ref")
+    lw = m.weights["layers"][0]
+    with monkeypatch.context() as mp:
+        if bug == "post_norm":  # layer 0's attention output added without its norm
+            norm, target = m.ops.rms_norm, lw["attn_post_norm"]
+            mp.setattr(m, "ops", m.ops._replace(rms_norm=lambda x, w, eps: x if w is target else norm(x, w, eps)))
+        elif bug == "one_plus_w":  # the HF checkpoint's w taken as the weight of layer 0's first norm
+            mp.setitem(lw, "attn_norm", lw["attn_norm"] - np.float32(1))
+        elif bug == "embedding_scale":
+            mp.setattr(gemma3, "math", type("NoScale", (), {"sqrt": staticmethod(lambda v: 1.0)}))
+        mine = m.dump(ids, tmp_path / "mine")
+    # an engine without the stage it lacks: no post-norm node, no scaled embeddings dumped
+    drop = {"post_norm": "attn_post_norm-0", "embedding_scale": "inp_scaled"}.get(bug)
+    manifest = json.loads((mine / "manifest.json").read_text())
+    manifest["tensors"] = [t for t in manifest["tensors"] if t["name"] != drop]
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    return compare(mine, ref, m)
+
+
+@pytest.mark.parametrize("bug, stage, hint", [
+    ("post_norm", "sa_out-0", "sa_out = inp_scaled + attn_out with no attn_post_norm"),
+    ("one_plus_w", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
+    ("embedding_scale", "attn_norm-0", "the embeddings' scale (sqrt(D)) is missing"),
+])
+def test_gemma3_family_differences_are_named_by_a_checked_hint(tmp_path, monkeypatch, bug, stage, hint):
+    rep = gemma3_bug(tmp_path, monkeypatch, bug)
+    assert rep.first is not None and rep.first["name"] == stage, rep.first
+    assert sum(hint in h for h in rep.hints) == 1, rep.hints
+    assert not any("eps" in h or "position" in h for h in rep.hints), rep.hints  # no wrong hint beside it

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, linear, silu
+from ..layers import ROPE, linear, rms_norm, silu
 from ..numerics.ggml_tables import round_f16
 from ..xp import to_numpy
 from .dump import Dump, split_name
@@ -255,6 +255,56 @@ def tied_output_head(e, found):
                    "this model has its own (output.weight, untied)")
 
 
+def _block_input(arch, layer):  # the residual stream entering block `layer`
+    return arch.INPUTS[-1] if layer == 0 else f"l_out-{layer - 1}"
+
+
+def skipped_post_norm(e, found):
+    """A residual add that skipped the norm after attention or the feed-forward (Gemma 3's post-norms)."""
+    arch = archs.get(e.cfg.arch) if e.cfg is not None else None
+    if arch is None or "attn_post_norm" not in arch.STAGES or e.stage not in ("sa_out", "l_out"):
+        return
+    parts = ([_block_input(arch, e.layer), f"attn_out-{e.layer}"] if e.stage == "sa_out"
+             else [f"sa_out-{e.layer}", f"ffn_out-{e.layer}"])
+    inputs = _stages(e.bad_dump, parts, e.positions)
+    if inputs and e.close(inputs[0] + inputs[1], e.bad):
+        norm = "attn_post_norm" if e.stage == "sa_out" else "ffn_post_norm"
+        yield (f"hint: {e.stage} = {parts[0].rsplit('-', 1)[0]} + {parts[1].rsplit('-', 1)[0]} with no {norm}: the "
+               "norm of the block's output before the residual add is skipped")
+
+
+NORM_INPUT = {"attn_norm": None, "ffn_norm": "sa_out", "attn_post_norm": "attn_out", "ffn_post_norm": "ffn_out"}
+
+
+def norm_weight_without_one(e, found):
+    """A (1 + w) norm computed with w: the HF checkpoint's w used as the weight (Gemma's norms)."""
+    arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
+    rows = {w.key: w for w in arch.LAYER_WEIGHTS} if arch is not None else {}
+    if e.stage not in NORM_INPUT or not rows.get(e.stage) or not rows[e.stage].hf_add:
+        return
+    name = NORM_INPUT[e.stage]
+    inputs = _stages(e.bad_dump, [_block_input(arch, e.layer) if name is None else f"{name}-{e.layer}"], e.positions)
+    if inputs:
+        w = to_numpy(e.model.weights["layers"][e.layer][e.stage]).astype(np.float32)
+        x = inputs[0].astype(np.float32)
+        if e.close(rms_norm(x, w - np.float32(rows[e.stage].hf_add), e.cfg.rms_eps), e.bad):
+            yield (f"hint: matches the RMS norm times (weight - {rows[e.stage].hf_add:g}): the norm multiplies by "
+                   f"(1 + w) and the HF checkpoint stores w; the 1 was not added to {e.stage}")
+
+
+def missing_embedding_scale(e, found):
+    """The first norm of an embedding-scaled model (Gemma: sqrt(D)) computed on the unscaled embeddings; RMSNorm
+    hides most of the scale, so the error is small."""
+    arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
+    if arch is None or "inp_scaled" not in arch.INPUTS or (e.stage, e.layer) != ("attn_norm", 0):
+        return
+    inputs = _stages(e.bad_dump, ["inp_embd"], e.positions)
+    if inputs:
+        w = to_numpy(e.model.weights["layers"][0]["attn_norm"]).astype(np.float32)
+        if e.close(rms_norm(inputs[0].astype(np.float32), w, e.cfg.rms_eps), e.bad):
+            yield "hint: matches attn_norm of inp_embd, not of inp_scaled: the embeddings' scale (sqrt(D)) is missing"
+
+
 def missing_mask(e, found):
     if e.stage == "kq_soft_max":
         future = ~visible(e.stage, e.positions, e.bad.shape)
@@ -289,7 +339,7 @@ def by_position(e, found):
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
 DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
              another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added, tied_output_head,
-             missing_mask, rounded, by_position)
+             skipped_post_norm, norm_weight_without_one, missing_embedding_scale, missing_mask, rounded, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
@@ -320,7 +370,12 @@ def _inputs_of(stage, layer, dump, positions, cfg=None):
              "ffn_norm": [f"{residual}-{layer}"],
              "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"],
              "result_output": ["result_norm"]}.get(stage)
-    if not names or not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
+    return _stages(dump, names, positions) if names else None
+
+
+def _stages(dump, names, positions):
+    """Those stages of a dump at `positions` (float64), or None if it lacks one."""
+    if not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
         return None
     return [take(dump, n, positions).astype(np.float64) for n in names]
 
