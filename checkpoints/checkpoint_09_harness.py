@@ -72,8 +72,11 @@ def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, mo
     with monkeypatch.context() as mp:
         mp.setitem(refllama.layers.ROPE, "half", rope_interleaved)
         broken = m.dump(ids, tmp_path / "broken")
-    first = compare(broken, ref, m).first
+    rep = compare(broken, ref, m)
+    first = rep.first
     assert first is not None and first["name"] == "Qcur_rope-0" and first["adds"] == ["MINE"], first
+    assert sum("matches RoPE rotating the wrong pairs" in h for h in rep.hints) == 1, rep.hints
+    assert not any("position" in h for h in rep.hints), rep.hints
 
 
 def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):

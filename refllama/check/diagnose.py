@@ -209,13 +209,16 @@ def another_norm_eps(e, found):
 
 
 def rope_on_the_wrong_pairs(e, found):
+    """RoPE rotating the other layout's pairs: on q/k kept in the model's order ((2i, 2i+1) where the model pairs
+    (i, i + R/2), Qwen2's usual porting bug, or the reverse), or on q/k converted to the other order and back."""
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
     if inputs and e.model is not None:
         cfg, other = e.cfg, _other_layout(e.cfg)
         cos, sin = (to_numpy(t)[e.positions] for t in (e.model.cache.cos, e.model.cache.sin))
-        held_other = archs.permute_qk(inputs[0].astype(np.float32), other, cfg.rope_dim)  # q/k in the other order
+        x = inputs[0].astype(np.float32)
+        held_other = archs.permute_qk(x, other, cfg.rope_dim)  # q/k in the other order
         swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
-        if e.close(swapped, e.bad):
+        if e.close(ROPE[other](x, cos, sin), e.bad) or e.close(swapped, e.bad):
             yield ("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs (i, i + R/2), "
                     "or the reverse; the engine's RoPE and its q/k layout disagree")
 
