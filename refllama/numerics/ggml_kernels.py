@@ -249,7 +249,7 @@ def _make_matmul(qtype, vnni, repacked):
                       ROW_BYTES=BLOCK_BYTES[qtype])
 
 
-KERNELS = {}  # (qtype, vnni, repacked) or (qtype, repacked, vnni) for K-quants -> compiled matmul, made on first use
+KERNELS = {}  # (qtype, vnni, repacked) -> compiled matmul (a K-quant's _kquant_matmul), made on first use
 
 
 def kernel(qtype, vnni=VNNI, repacked=False):
@@ -515,8 +515,8 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
     return out
 
 
-def kquant_kernel(qtype, repacked, vnni=VNNI):
-    key = (qtype, repacked, vnni)
+def kquant_kernel(qtype, vnni=VNNI, repacked=False):
+    key = (qtype, vnni, repacked)
     if key not in KERNELS:
         consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni, 1, repacked),
                       KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
@@ -535,7 +535,7 @@ class NumbaKQuantMatrix(GgmlBlocks):
         if T > 1:  # rows up to a multiple of TILE, zeros: the tiles read them, their results are dropped
             pad = -T % TILE
             xq, dx, bsums = (np.concatenate([a, np.zeros((pad, a.shape[1]), a.dtype)]) for a in (xq, dx, bsums))
-        return kquant_kernel(self.qtype, self.repacked, self.vnni)(xq, dx, bsums, T, self.bases, self.starts)
+        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts)
 
 
 @njit(parallel=True, cache=True)
