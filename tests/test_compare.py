@@ -377,3 +377,17 @@ def test_gemma3_family_differences_are_named_by_a_checked_hint(tmp_path, monkeyp
     assert rep.first is not None and rep.first["name"] == stage, rep.first
     assert sum(hint in h for h in rep.hints) == 1, rep.hints
     assert not any("eps" in h or "position" in h for h in rep.hints), rep.hints  # no wrong hint beside it
+
+
+@pytest.mark.parametrize("family, n_tokens, n_ctx, untested", [
+    ("gemma3", 3, 64, ["sliding window of 4", "soft-cap of 30"]),  # 3 positions: each sees all its keys
+    ("gemma3", 9, 64, ["soft-cap of 30"]),
+    ("phi3", 5, 64, ["LongRoPE's long factors"]),  # the long factors past its original context of 256
+    ("phi3", 5, 512, []),
+])
+def test_compare_says_which_family_features_the_positions_cannot_test(tmp_path, family, n_tokens, n_ctx, untested):
+    m = refllama.load(Path(__file__).parent / "data" / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=n_ctx)
+    ids = list(range(3, 3 + n_tokens))
+    rep = compare(m.dump(ids, tmp_path / "mine"), m.dump(ids, tmp_path / "ref"), m)
+    notes = [n for n in rep.notes if n.startswith("untested:")]
+    assert len(notes) == len(untested) and all(any(u in n for n in notes) for u in untested), notes

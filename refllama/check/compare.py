@@ -123,6 +123,27 @@ def find_model(path, mine, ref, numerics=None, backend="numba"):
     return None, "no model with the dumps' sha256 found (give -m MODEL)"
 
 
+def untested(model, ref, same):
+    """Notes on the family features the compared positions cannot test, and how to test them."""
+    cfg, n = model.config, same  # positions 0 .. n - 1 are compared
+    notes = []
+    if cfg.sliding_window and cfg.sliding_window < cfg.n_ctx_train and n <= cfg.sliding_window:
+        layers = "its local layers'" if cfg.swa_layers else "the"
+        notes.append(f"untested: {layers} sliding window of {cfg.sliding_window} (every compared position sees all "
+                     f"its keys): compare a prompt longer than {cfg.sliding_window} tokens (refllama.run "
+                     "--dump-positions keeps such a dump small)")
+    if cfg.logit_softcap and "result_output" in ref:
+        peak = float(np.max(np.abs(ref["result_output"])))
+        if peak < 0.5 * cfg.logit_softcap:
+            notes.append(f"untested: the logits' soft-cap of {cfg.logit_softcap:g} (REF's largest |logit| is "
+                         f"{peak:.3g}, where the cap bends them by under 10%): a missing or wrong cap barely shows "
+                         "in these logits")
+    if "rope_factors_long" in model.weights and model.n_ctx <= (cfg.rope_ctx_orig or cfg.n_ctx_train):
+        notes.append(f"untested: LongRoPE's long factors (this context of {model.n_ctx} tokens takes the short ones): "
+                     f"re-run both with a context above {cfg.rope_ctx_orig or cfg.n_ctx_train} (-c)")
+    return notes
+
+
 # ---- the comparison
 
 def compare(mine_path, ref_path, model=None, column=None, numerics=None):
@@ -188,6 +209,8 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
         if first is None and not row["ok"]:
             first = row
             first["wrong_positions"] = wrong_positions(a, b, stage, positions, row["tol"]) if row["tol"] else []
+    if model is not None:
+        notes.extend(untested(model, ref, same))
     report = Report(rows, first, col, notes, coverage(mine, ref), [], [])
     if first is not None:
         diagnose(report, mine, ref, forced, model)
