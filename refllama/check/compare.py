@@ -3,6 +3,7 @@ error end to end beside the error of the stage before it, and, with the model at
 (refllama re-runs the stage on that side's own inputs), so that the first stage that adds error is named."""
 
 import os
+import tempfile
 from typing import NamedTuple
 
 import numpy as np
@@ -51,30 +52,34 @@ def choose_column(mine, ref, override=None):
 
 class Forced:
     """refllama's value of every stage when each stage a dump holds is replaced by the dump's value as the
-    forward pass goes: a stage's value here is computed from the dump's own inputs (its local check)."""
+    forward pass goes: a stage's value here is computed from the dump's own inputs (its local check). The values
+    are saved to a temporary directory as they are computed and read back a stage at a time, so that a long
+    prompt's compare holds a few stages, not all of them."""
 
     def __init__(self, model, dump):
         self.model, self.dump, self.start, self.parts = model, dump, 0, {}
-        self.records = {n: dump.rows(n) for n in dump.names}
+        self.wanted = set(dump.names)
+        self.tmp = tempfile.TemporaryDirectory(prefix="refllama-rerun-")  # removed with this object
+        self.held = (None, None)  # the one stage read back last
         model.cache.reset()
         for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
                                                     for k, t in enumerate(dump.decode_ids)]:
             self.start, self.n = start, len(ids)
             with recording(self):
                 model.forward(ids, start)
-        self.arrays = {n: stack_records(parts, Dump.axis_of(split_name(n)[0])) for n, parts in self.parts.items()}
-        self.names = list(self.arrays)
+        self.names = list(self.parts)
 
     def record(self, name, layer, x):
         key = stage_name(name, layer)
-        if key not in self.records:
+        if key not in self.wanted:
             return x
         axis = Dump.axis_of(name)
         here = self.model.xp
-        ours = to_numpy(x).astype(np.float32)
-        self.parts.setdefault(key, []).append((list(range(self.start, self.start + self.n)), ours.copy()))
+        path = os.path.join(self.tmp.name, f"{sum(map(len, self.parts.values()))}.npy")
+        np.save(path, to_numpy(x).astype(np.float32))
+        self.parts.setdefault(key, []).append((list(range(self.start, self.start + self.n)), path))
         x = here.array(x, dtype=here.float32)  # a copy to write the dump's rows into
-        for positions, a in self.records[key]:
+        for positions, a in self.dump.rows(key):
             for j, p in enumerate(positions):
                 i = p - self.start
                 if 0 <= i < self.n:
@@ -85,14 +90,20 @@ class Forced:
                         x[i] = here.asarray(row)
         return x
 
+    def _stage(self, name):  # -> (array, positions)
+        if self.held[0] != name:
+            parts = [(positions, np.load(path, mmap_mode="r")) for positions, path in self.parts[name]]
+            self.held = (name, stack_records(parts, Dump.axis_of(split_name(name)[0])))
+        return self.held[1]
+
     def __contains__(self, name):
-        return name in self.arrays
+        return name in self.parts
 
     def __getitem__(self, name):
-        return self.arrays[name][0]
+        return self._stage(name)[0]
 
     def positions(self, name):
-        return self.arrays[name][1]
+        return self._stage(name)[1]
 
     def token_axis(self, name):
         return Dump.axis_of(split_name(name)[0])

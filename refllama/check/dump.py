@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -305,7 +306,9 @@ class Dump:
         self.entries = {n: {"name": n, "stage": es[0]["stage"], "layer": es[0]["layer"],
                             "token_axis": es[0]["token_axis"]} for n, es in self.records.items()}
         self.names = forward_order(self.records, layer_stages(self.arch))
-        self._cache = {}
+        self._cache = OrderedDict()  # the last CACHED stages read: memory bounded whatever the prompt's length
+
+    CACHED = 6
 
     def __contains__(self, name):
         return name in self.records
@@ -315,6 +318,9 @@ class Dump:
             if name not in self.records:
                 raise KeyError(f"{self.dir}: no stage '{name}'")
             self._cache[name] = self._merge(name)
+            while len(self._cache) > self.CACHED:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(name)
         return self._cache[name][0]
 
     def positions(self, name):

@@ -12,20 +12,38 @@ def within(m, tol):
     return tol is None or (m["max_rel"] <= tol[0] and m["nmse"] <= tol[1])
 
 
+CHUNK = 1 << 22  # entries per pass (32 MB of float64): a long prompt's logits are measured in slices
+
+
 def metrics(a, b, valid=None):
-    """Errors of a against the reference b (same shape), over the entries `valid` marks (default: all)."""
+    """Errors of a against the reference b (same shape), over the entries `valid` marks (default: all); summed a
+    slice of CHUNK entries at a time along the first axis, in float64."""
+    rows = max(1, CHUNK // max(1, a[0].size if a.ndim else 1))
+    if a.ndim == 0 or len(a) <= rows:
+        return _metrics(*_sums(a, b, valid))
+    parts = [_sums(a[i:i + rows], b[i:i + rows], None if valid is None else valid[i:i + rows])
+             for i in range(0, len(a), rows)]
+    return _metrics(*(f(p[k] for p in parts) for k, f in enumerate((sum, max, min, max, sum, sum, sum, sum, sum))))
+
+
+def _sums(a, b, valid):  # -> n, max |a - b|, min b, max b, sum (a - b)^2, sum b^2, sum a^2, sum a b, max |b|
     if valid is not None:
         a, b = a[valid], b[valid]
     a, b = a.astype(np.float64), b.astype(np.float64)
     if a.size == 0:
-        return {"max_abs": 0.0, "max_rel": 0.0, "nmse": 0.0, "cosine": 1.0}
+        return 0, 0.0, np.inf, -np.inf, 0.0, 0.0, 0.0, 0.0, 0.0
     diff = a - b
-    span = value_range(b)
-    norm_b = float(np.sum(b ** 2))
-    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return {"max_abs": float(np.abs(diff).max()), "max_rel": float(np.abs(diff).max()) / span,
-            "nmse": float(np.sum(diff ** 2)) / norm_b if norm_b else float(np.sum(diff ** 2)),
-            "cosine": float(np.sum(a * b)) / denom if denom else 1.0}
+    return (a.size, float(np.abs(diff).max()), float(b.min()), float(b.max()), float(np.sum(diff ** 2)),
+            float(np.sum(b ** 2)), float(np.sum(a ** 2)), float(np.sum(a * b)), float(np.abs(b).max()))
+
+
+def _metrics(n, max_abs, b_min, b_max, sq, norm_b, norm_a, dot, b_abs):
+    if n == 0:
+        return {"max_abs": 0.0, "max_rel": 0.0, "nmse": 0.0, "cosine": 1.0}
+    span = (b_max - b_min) or b_abs or 1.0  # value_range's
+    denom = float(np.sqrt(norm_a) * np.sqrt(norm_b))
+    return {"max_abs": max_abs, "max_rel": max_abs / span, "nmse": sq / norm_b if norm_b else sq,
+            "cosine": dot / denom if denom else 1.0}
 
 
 def value_range(b):  # the reference's range, what max_rel divides by (its largest value if constant, else 1)
@@ -55,8 +73,11 @@ def take(dump_or_trace, name, positions):
     """Rows of `name` at `positions` (each one it holds), along the stage's token axis; kq and kq_soft_max
     cut to the keys the last of them sees."""
     stored = dump_or_trace.positions(name)
-    index = {p: i for i, p in enumerate(stored)}
-    a = np.take(dump_or_trace[name], [index[p] for p in positions], axis=dump_or_trace.token_axis(name))
+    if list(stored) == list(positions):  # all of them, in order: the array itself, not a copy
+        a = dump_or_trace[name]
+    else:
+        index = {p: i for i, p in enumerate(stored)}
+        a = np.take(dump_or_trace[name], [index[p] for p in positions], axis=dump_or_trace.token_axis(name))
     if split_name(name)[0] in ATTENTION:
         a = a[..., :max(positions) + 1]
         if a.shape[-1] <= max(positions):
