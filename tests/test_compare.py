@@ -358,6 +358,13 @@ def gemma3_bug(tmp_path, monkeypatch, bug):
             mp.setitem(lw, "attn_norm", lw["attn_norm"] - np.float32(1))
         elif bug == "embedding_scale":
             mp.setattr(gemma3, "math", type("NoScale", (), {"sqrt": staticmethod(lambda v: 1.0)}))
+        elif bug == "bases_swapped":  # the local layers rotated with the global base and the reverse
+            c = m.cache
+            tables = c.cos, c.sin, c.cos_swa, c.sin_swa
+            for name, t in zip(("cos_swa", "sin_swa", "cos", "sin"), tables):
+                mp.setattr(c, name, t)
+        elif bug == "no_softcap":
+            mp.setattr(m, "ops", m.ops._replace(softcap=lambda x, cap: x))
         mine = m.dump(ids, tmp_path / "mine")
     # an engine without the stage it lacks: no post-norm node, no scaled embeddings dumped
     drop = {"post_norm": "attn_post_norm-0", "embedding_scale": "inp_scaled"}.get(bug)
@@ -371,6 +378,8 @@ def gemma3_bug(tmp_path, monkeypatch, bug):
     ("post_norm", "sa_out-0", "sa_out = inp_scaled + attn_out with no attn_post_norm"),
     ("one_plus_w", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
     ("embedding_scale", "attn_norm-0", "the embeddings' scale (sqrt(D)) is missing"),
+    ("bases_swapped", "Qcur_rope-0", "the global layers' base (1e+06) on this local layer"),
+    ("no_softcap", "result_output", "the logits before the soft-cap"),
 ])
 def test_gemma3_family_differences_are_named_by_a_checked_hint(tmp_path, monkeypatch, bug, stage, hint):
     rep = gemma3_bug(tmp_path, monkeypatch, bug)

@@ -214,13 +214,37 @@ def rope_on_the_wrong_pairs(e, found):
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
     if inputs and e.model is not None:
         cfg, other = e.cfg, _other_layout(e.cfg)
-        cos, sin = (to_numpy(t)[e.positions] for t in (e.model.cache.cos, e.model.cache.sin))
+        cos, sin = _rope_tables(e, _is_local(e.cfg, e.layer))
         x = inputs[0].astype(np.float32)
         held_other = archs.permute_qk(x, other, cfg.rope_dim)  # q/k in the other order
         swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
         if e.close(ROPE[other](x, cos, sin), e.bad) or e.close(swapped, e.bad):
             yield ("hint: matches RoPE rotating the wrong pairs: (2i, 2i+1) where the q/k order pairs (i, i + R/2), "
                     "or the reverse; the engine's RoPE and its q/k layout disagree")
+
+
+def swapped_rope_bases(e, found):
+    """A local layer rotated with the global layers' RoPE base, or the reverse (Gemma 3's two bases): the bases
+    swapped, or the pattern of local and global layers off."""
+    inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
+    if inputs and e.model is not None and e.cfg.rope_base_swa and not found:
+        local = _is_local(e.cfg, e.layer)
+        cos, sin = _rope_tables(e, not local)
+        if e.close(ROPE[e.cfg.rope_layout](inputs[0].astype(np.float32), cos, sin), e.bad):
+            yours, theirs = ("local", "global") if local else ("global", "local")
+            base = e.cfg.rope_base if local else e.cfg.rope_base_swa
+            yield (f"hint: matches RoPE with the {theirs} layers' base ({base:g}) on this {yours} layer: the two "
+                   "bases swapped, or the pattern of local and global layers off")
+
+
+def _is_local(cfg, layer):
+    return bool(cfg.swa_layers and cfg.swa_layers[layer])
+
+
+def _rope_tables(e, local):  # the cache's cos, sin at the compared positions, of the local or the global layers
+    cache = e.model.cache
+    tables = (cache.cos_swa, cache.sin_swa) if local and e.cfg.rope_base_swa else (cache.cos, cache.sin)
+    return (to_numpy(t)[e.positions] for t in tables)
 
 
 BIASES = {"Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "attn_out": "attn_output", "ffn_gate": "ffn_gate",
@@ -242,6 +266,16 @@ def one_vector_added(e, found):
             where = f", in head{'s' if len(heads) > 1 else ''} {spans(heads)} only (their slice of it)"
     yield (f"hint: the expected values plus one vector at every position{where}: {BIASES[e.stage]}'s bias dropped, "
            "or added where the model has none")
+
+
+def missing_softcap(e, found):
+    """Logits that skipped the model's soft-cap (Gemma's cap * tanh(logits / cap))."""
+    w = e.model.weights if e.model is not None and e.stage == "result_output" and e.cfg.logit_softcap else {}
+    inputs = e.inputs() if "output" in w else None
+    if inputs:
+        logits = to_numpy(linear(e.model.xp.asarray(inputs[0].astype(np.float32)), w["output"]))
+        if e.close(logits, e.bad):
+            yield f"hint: matches the logits before the soft-cap: cap * tanh(logits / cap), cap {e.cfg.logit_softcap:g}"
 
 
 def tied_output_head(e, found):
@@ -342,7 +376,8 @@ def by_position(e, found):
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
 DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
              another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added, tied_output_head,
-             skipped_post_norm, norm_weight_without_one, missing_embedding_scale, missing_mask, rounded, by_position)
+             skipped_post_norm, norm_weight_without_one, missing_embedding_scale, swapped_rope_bases, missing_softcap,
+             missing_mask, rounded, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
