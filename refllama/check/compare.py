@@ -2,6 +2,7 @@
 error end to end beside the error of the stage before it, and, with the model at hand, each side's local error
 (refllama re-runs the stage on that side's own inputs), so that the first stage that adds error is named."""
 
+import itertools
 import os
 import tempfile
 from typing import NamedTuple
@@ -61,6 +62,7 @@ class Forced:
         self.wanted = set(dump.names)
         self.tmp = tempfile.TemporaryDirectory(prefix="refllama-rerun-")  # removed with this object
         self.held = (None, None)  # the one stage read back last
+        self.saved = itertools.count()  # the files' names
         model.cache.reset()
         for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
                                                     for k, t in enumerate(dump.decode_ids)]:
@@ -75,7 +77,7 @@ class Forced:
             return x
         axis = Dump.axis_of(name)
         here = self.model.xp
-        path = os.path.join(self.tmp.name, f"{sum(map(len, self.parts.values()))}.npy")
+        path = os.path.join(self.tmp.name, f"{next(self.saved)}.npy")
         np.save(path, to_numpy(x).astype(np.float32))
         self.parts.setdefault(key, []).append((list(range(self.start, self.start + self.n)), path))
         x = here.array(x, dtype=here.float32)  # a copy to write the dump's rows into

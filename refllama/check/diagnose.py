@@ -268,28 +268,29 @@ def one_vector_added(e, found):
            "or added where the model has none")
 
 
+def _logits_with(e, head, softcap):  # MINE's result_norm through `head`, soft-capped or not; None without them
+    inputs = e.inputs() if e.model is not None and e.stage == "result_output" else None
+    if not inputs:
+        return None
+    logits = linear(e.model.xp.asarray(inputs[0].astype(np.float32)), e.model.weights[head])
+    return to_numpy(e.model.ops.softcap(logits, e.cfg.logit_softcap) if softcap else logits)
+
+
 def missing_softcap(e, found):
     """Logits that skipped the model's soft-cap (Gemma's cap * tanh(logits / cap))."""
-    w = e.model.weights if e.model is not None and e.stage == "result_output" and e.cfg.logit_softcap else {}
-    inputs = e.inputs() if "output" in w else None
-    if inputs:
-        logits = to_numpy(linear(e.model.xp.asarray(inputs[0].astype(np.float32)), w["output"]))
-        if e.close(logits, e.bad):
-            yield f"hint: matches the logits before the soft-cap: cap * tanh(logits / cap), cap {e.cfg.logit_softcap:g}"
+    logits = _logits_with(e, "output", False) if e.cfg is not None and e.cfg.logit_softcap else None
+    if logits is not None and e.close(logits, e.bad):
+        yield f"hint: matches the logits before the soft-cap: cap * tanh(logits / cap), cap {e.cfg.logit_softcap:g}"
 
 
 def tied_output_head(e, found):
     """MINE's logits are result_norm times token_embd: the embedding table used where the model has its own head."""
-    w = e.model.weights if e.model is not None and e.stage == "result_output" else {}
-    inputs = e.inputs() if "output" in w and w["output"] is not w.get("token_embd") else None
-    if inputs:
-        x = e.model.xp.asarray(inputs[0].astype(np.float32))
-        logits = linear(x, w["token_embd"])
-        if e.cfg.logit_softcap:
-            logits = e.model.ops.softcap(logits, e.cfg.logit_softcap)
-        if e.close(to_numpy(logits), e.bad):
-            yield ("hint: matches result_norm times token_embd: the embedding table used as the output head, where "
-                   "this model has its own (output.weight, untied)")
+    w = e.model.weights if e.model is not None else {}
+    untied = "output" in w and w["output"] is not w.get("token_embd")
+    logits = _logits_with(e, "token_embd", e.cfg.logit_softcap) if untied else None
+    if logits is not None and e.close(logits, e.bad):
+        yield ("hint: matches result_norm times token_embd: the embedding table used as the output head, where "
+               "this model has its own (output.weight, untied)")
 
 
 def _block_input(arch, layer):  # the residual stream entering block `layer`
@@ -404,7 +405,7 @@ def _inputs_of(stage, layer, dump, positions, cfg=None):
     residual = "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"  # the feed-forward's input (Gemma 3: sa_out)
     gate_up = [f"ffn_gate-{layer}", f"ffn_up-{layer}"]
     names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "kq_soft_max": [f"kq-{layer}"],
-             "attn_norm": [arch.INPUTS[-1] if layer == 0 else f"l_out-{(layer or 0) - 1}"],
+             "attn_norm": [_block_input(arch, layer or 0)],
              "ffn_norm": [f"{residual}-{layer}"],
              "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"],
              "result_output": ["result_norm"]}.get(stage)

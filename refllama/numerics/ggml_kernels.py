@@ -395,14 +395,14 @@ def _make_krow(qtype, vnni, n_rows, repacked):
     ggml_vec_dot (8 lanes fma(d_x * d_w, lane, acc), Q4_K's mins in 4 lanes, Q5_K's as one sum; hsum_float_8)."""
     size = BLOCK_SIZES[qtype][1]
     v4, v4f = ir.VectorType(I32, 4), ir.VectorType(F32, 4)
-    reduce4 = ("llvm.vector.reduce.add.v4i32", ir.FunctionType(I32, [v4]))
 
     def codegen(context, builder, signature, args):
         *rows, x, bs, dx, nb = args
         fma = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
         fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
         fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
-        msum_of = builder.module.declare_intrinsic(reduce4[0], fnty=reduce4[1])
+        msum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v4i32", fnty=ir.FunctionType(I32, [v4]))
+        isum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
 
         def block(i, accs):
             tokens = [(builder.add(x, builder.mul(i, ir.Constant(I64, 256))),
@@ -414,8 +414,7 @@ def _make_krow(qtype, vnni, n_rows, repacked):
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
                 d, dmin, ((lanes, _, m4),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
                 if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
-                    isum = builder.sitofp(builder.call(builder.module.declare_intrinsic(
-                        "llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32])), [lanes]), F32)
+                    isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
                     acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
                     accm = builder.call(fma, [builder.sitofp(builder.call(msum_of, [m4]), F32), builder.fmul(dmin, dxi),
                                               accm])
@@ -531,7 +530,7 @@ class NumbaKQuantMatrix(GgmlBlocks):
 
     def matmul(self, x):  # [T, K] -> [T, N]
         T, K = x.shape
-        xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), in_fours=self.repacked and T > 1)
+        xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), in_fours=self.repacked)
         if T > 1:  # rows up to a multiple of TILE, zeros: the tiles read them, their results are dropped
             pad = -T % TILE
             xq, dx, bsums = (np.concatenate([a, np.zeros((pad, a.shape[1]), a.dtype)]) for a in (xq, dx, bsums))

@@ -352,7 +352,8 @@ class GgmlMatrix(WeightMatrix):
         K-quant's tiled kernel for a batch of 8 or more rows (ggml-cpu/tiled); else one vec_dot per row and column."""
         N, K = self.shape
         T, xp = len(x), self.xp
-        if self.repacked:  # the gemm's rows go in fours, the rest one by one (their activations differ in ties)
+        if self.repacked and VEC_DOT_TYPE[self.qtype] == Q8_K:  # the gemm's rows in fours, the rest one by one
+            # (their activations differ in ties, their float steps in span; Q4_0's gemm and gemv take the same)
             four = T - T % 4
             parts = [(x[t:t + 4], "gemm") for t in range(0, four, 4)] + [(x[t:t + 1], "gemv") for t in range(four, T)]
             return xp.concatenate([self._matmul(p, path) for p, path in parts])
