@@ -21,7 +21,7 @@ BUGS = {  # bug: (the stage it must be named at, words of the hint that must exp
     "eps": ("attn_norm-0", "eps 1e-06"),
     "gqa": ("kq-0", "kv head h // 3"),
     "softmax_scale": ("kq_soft_max-0", "= 1/HD); the model's scale"),
-    "theta": ("Qcur_rope-0", "first position is right"),
+    "theta": ("Qcur_rope-0", "matches RoPE with base 500000; the model's base is 100000"),
     "gelu": ("ffn_swiglu-0", "gelu_tanh(ffn_gate)"),
     "bf16_residual": ("ffn_inp-0", "rounded to bfloat16"),
     "swap_gate_up_7": ("ffn_gate-7", "equals the expected ffn_up-7"),

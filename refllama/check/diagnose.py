@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, linear, rms_norm, silu
+from ..layers import ROPE, embedding, linear, rms_norm, silu
 from ..numerics.ggml_tables import round_f16
 from ..xp import to_numpy
 from .dump import Dump, split_name
@@ -124,10 +124,11 @@ def scale_factor(e, found):
 
 
 def sign_flip(e, found):
-    flipped = np.mean((np.sign(e.b) != np.sign(e.w)) & np.isclose(np.abs(e.b), np.abs(e.w), rtol=1e-3, atol=0)
-                      & (np.abs(e.w) > 1e-6 * np.abs(e.w).max())) if e.w.any() else 0
-    if 0.05 < flipped and not found:
-        yield f"hint: {flipped:.0%} of the values have the expected magnitude and the opposite sign"
+    """Some of the values negated: checked by negating those in the expected values."""
+    flips = ((np.sign(e.b) != np.sign(e.w)) & np.isclose(np.abs(e.b), np.abs(e.w), rtol=1e-3, atol=0)
+             & (np.abs(e.w) > 1e-6 * np.abs(e.w).max())) if e.w.any() else np.zeros(0, bool)
+    if 0.05 < np.mean(flips) and not found and e.close(np.where(flips, -e.w, e.w), e.b):
+        yield f"hint: {np.mean(flips):.0%} of the values have the expected magnitude and the opposite sign"
 
 
 def other_pair_layout(e, found):
@@ -149,7 +150,7 @@ def permuted_heads(e, found):
 
 
 def another_stage(e, found):
-    if e.layer is None or e.good is None:
+    if e.layer is None or e.good is None or found:
         return
     for name in e.good.names:
         stage, layer = split_name(name)
@@ -160,14 +161,20 @@ def another_stage(e, found):
 
 
 def another_activation(e, found):
+    """Another activation where the unit's belongs (GELU's erf form for its tanh form, SiLU for GELU, ...), or a
+    gated unit's gate and up swapped."""
     inputs = e.inputs() if e.stage in GATED else None
-    if inputs:
-        gate, up = inputs
-        err = {label: metrics(f(gate) * up, e.bad)["nmse"] for label, f in ACTIVATIONS.items()
-               if label != GATED[e.stage]}
-        best = min(err, key=err.get)
-        if err[best] <= e.exact:
-            yield f"hint: matches {best}(ffn_gate) * ffn_up; the model's is {GATED[e.stage]}"
+    if not inputs:
+        return
+    own = GATED[e.stage]
+    forms = {f"{a}(ffn_up)": (ACTIVATIONS[a], inputs[0], 1.0) for a in ACTIVATIONS if a != own} if len(inputs) == 1 \
+        else {**{f"{a}(ffn_gate) * ffn_up": (ACTIVATIONS[a], *inputs) for a in ACTIVATIONS if a != own},
+              f"{own}(ffn_up) * ffn_gate": (ACTIVATIONS[own], inputs[1], inputs[0])}
+    err = {label: metrics(f(x) * y, e.bad)["nmse"] for label, (f, x, y) in forms.items()}
+    best = min(err, key=err.get)
+    if err[best] <= e.exact:
+        why = "ffn_gate and ffn_up swapped" if best.endswith("* ffn_gate") else f"the model's is {own}"
+        yield f"hint: matches {best}; {why}"
 
 
 def another_softmax_scale(e, found):
@@ -203,9 +210,10 @@ def another_norm_eps(e, found):
         ms = np.mean(x.astype(np.float64) ** 2, axis=-1)
         ratio = np.median(np.abs(e.want) / np.maximum(np.abs(e.bad), 1e-30), axis=-1) ** 2  # (ms + eps') / (ms + eps)
         eps = ratio * (ms + e.cfg.rms_eps) - ms
-        if np.all(np.abs(ratio - 1) > 1e-7) and np.ptp(eps) <= 0.1 * abs(np.median(eps)) + 1e-12 \
-                and np.median(eps) > 0:  # a negative eps is no norm: the values are wrong another way
-            yield f"hint: matches an RMS norm with eps {np.median(eps):.3g}; the model's is {e.cfg.rms_eps:g}"
+        fit = float(np.median(eps))
+        rerun = e.want * np.sqrt((ms + e.cfg.rms_eps) / (ms + fit))[..., None]  # x w / sqrt(ms + eps')
+        if np.all(np.abs(ratio - 1) > 1e-7) and fit > 0 and e.close(rerun, e.bad):  # no norm has a negative eps
+            yield f"hint: matches an RMS norm with eps {fit:.3g}; the model's is {e.cfg.rms_eps:g}"
 
 
 def rope_on_the_wrong_pairs(e, found):
@@ -235,6 +243,126 @@ def swapped_rope_bases(e, found):
             base = e.cfg.rope_base if local else e.cfg.rope_base_swa
             yield (f"hint: matches RoPE with the {theirs} layers' base ({base:g}) on this {yours} layer: the two "
                    "bases swapped, or the pattern of local and global layers off")
+
+
+def rope_frequencies(e, found):
+    """RoPE at other angles: not applied, positions off by one, the frequency factors left out or LongRoPE's other
+    set, the linear scale left out, another base (fitted from the rotation of the first positive position)."""
+    inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
+    if not inputs or e.model is None or found:
+        return
+    cfg, x = e.cfg, inputs[0].astype(np.float32)
+    if e.close(x, e.bad):
+        yield f"hint: equals its input ({'K' if e.stage[0] == 'K' else 'Q'}{_q_input(cfg)[1:]}): RoPE is not applied"
+        return
+    local = _is_local(cfg, e.layer) and bool(cfg.rope_base_swa)
+    base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
+    w = e.model.weights
+    ff = archs.freq_factors(w, cfg, e.model.n_ctx)
+    ff = None if ff is None else to_numpy(ff).astype(np.float64)
+
+    def rope(base=base, scale=scale, ff=ff, shift=0):
+        cos, sin = e.model.ops.rope_cos_sin(max(e.positions) + 2, cfg.rope_dim, base, scale, cfg.rope_attn_factor, ff)
+        at = np.maximum(np.asarray(e.positions) + shift, 0)
+        return ROPE[cfg.rope_layout](x, to_numpy(cos)[at], to_numpy(sin)[at])
+
+    tries = {"matches RoPE at positions p + 1: the positions are off by one (counted from 1)": {"shift": 1},
+             "matches RoPE at positions p - 1: the positions are off by one": {"shift": -1}}
+    if ff is not None:
+        if "rope_factors_long" in w:
+            other = "short" if np.array_equal(ff, to_numpy(w["rope_factors_long"])) else "long"
+            tries[f"matches RoPE with LongRoPE's {other} factors: the wrong set for a context of {e.model.n_ctx} "
+                  f"(long ones above {cfg.rope_ctx_orig or cfg.n_ctx_train})"] = {
+                "ff": to_numpy(w[f"rope_factors_{other}"]).astype(np.float64)}
+        tries["matches RoPE without the model's frequency factors (rope_freqs or LongRoPE's): they divide each "
+              "pair's frequency"] = {"ff": None}
+    if scale != 1:
+        tries[f"matches RoPE without the linear scaling (positions divided by {scale:g})"] = {"scale": 1.0}
+    fit = _fitted_base(cfg, x, e.bad, e.positions, scale, ff)
+    if fit is not None and abs(fit / base - 1) > 1e-3:
+        tries[f"matches RoPE with base {fit:.6g}; the model's {'local ' if local else ''}base is {base:g}"] = {
+            "base": fit}
+    for hint, change in tries.items():
+        if e.close(rope(**change), e.bad):
+            yield f"hint: {hint}"
+            return
+
+
+USUAL_BASES = (1e4, 1e5, 5e5, 1e6, 1e7)  # RoPE bases models ship with: a fitted base this close is taken as it
+
+
+def _fitted_base(cfg, x, bad, positions, scale, ff):
+    """The RoPE base that the rotation of x into bad shows at the first positive position p: pair i turns by
+    p / scale * base^(-2i/R) / ff_i, read where that angle is under 2 (no turn past pi), as a median over pairs."""
+    p = next((p for p in positions if p > 0), None)
+    if p is None or not cfg.rope_dim:
+        return None
+    t, half = list(positions).index(p), cfg.rope_dim // 2
+    if cfg.rope_layout == "interleaved":  # pair i at (i, i + R/2)
+        x, bad = (archs.permute_qk(a, "half", cfg.rope_dim) for a in (x, bad))
+    zx, zb = x[t, :, :half] + 1j * x[t, :, half:2 * half], bad[t, :, :half] + 1j * bad[t, :, half:2 * half]
+    angle = np.angle(np.sum(zb * np.conj(zx), axis=0))  # [R/2], summed over heads
+    i = np.arange(1, half)
+    freq = angle[1:] * scale / p * (1.0 if ff is None else ff[1:])
+    use = (angle[1:] > 1e-6) & (angle[1:] < 2)
+    if not use.any():
+        return None
+    fit = float(np.exp(np.median(-np.log(freq[use]) * cfg.rope_dim / (2 * i[use]))))
+    return next((b for b in USUAL_BASES if abs(fit / b - 1) < 1e-3), fit)
+
+
+def sliding_window(e, found):
+    """A local layer that attends to every earlier key (its window not applied), a global layer given the window,
+    or the window one key off."""
+    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None and e.cfg.sliding_window else None
+    if not inputs or found:
+        return
+    (kq,) = inputs
+    W, local = e.cfg.sliding_window, _is_local(e.cfg, e.layer)
+    vis = visible(e.stage, e.positions, kq.shape)
+    gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
+
+    def weights(window):  # the model's softmax of MINE's kq, a query seeing its last `window` keys (None: all)
+        seen = vis & (True if window is None else gap < window)
+        return _softmax(np.nan_to_num(kq) * e.cfg.kq_scale + np.where(seen, 0.0, -np.inf))[e.valid]
+
+    pattern = "or the pattern of local and global layers is off"
+    tries = {f"matches attention over every earlier key: this local layer's sliding window ({W}) is not applied "
+             f"({pattern})": None,
+             f"matches a window of {W + 1} keys; the model's is {W} (a query sees keys j > p - {W})": W + 1,
+             f"matches a window of {W - 1} keys; the model's is {W} (a query sees keys j > p - {W})": W - 1} \
+        if local else {f"matches attention over the last {W} keys only: a sliding window on this global layer "
+                       f"(the window applied on every layer, {pattern})": W}
+    for hint, window in tries.items():
+        if e.close(weights(window), e.b):
+            yield f"hint: {hint}"
+            return
+
+
+def learned_positions(e, found):
+    """GPT-2's learned positions: not added, or their rows taken one position off."""
+    arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
+    if arch is None or "pos_embd" not in arch.INPUTS or e.stage not in ("pos_embd", "inpL"):
+        return
+    base = _stages(e.bad_dump, ["inp_embd"], e.positions) if e.stage == "inpL" else [0.0]
+    if not base:
+        return
+
+    def rows(shift):
+        at = np.clip(np.asarray(e.positions) + shift, 0, e.cfg.n_ctx_train - 1)
+        return base[0] + to_numpy(embedding(e.model.xp.asarray(at), e.model.weights["position_embd"]))
+
+    if e.stage == "inpL" and e.close(base[0], e.bad):
+        yield "hint: inpL equals inp_embd: the learned position embeddings (position_embd) are not added"
+        return
+    for shift, how in ((1, "p + 1 (positions counted from 1)"), (-1, "p - 1")):
+        if e.close(rows(shift), e.bad):
+            yield f"hint: matches position_embd's rows {how}: the positions are off by one"
+            return
+
+
+def _q_input(cfg):  # the stage RoPE rotates: q after its norm where the family has one
+    return "Qcur_normed" if "Qcur_normed" in archs.get(cfg.arch).STAGES else "Qcur"
 
 
 def _is_local(cfg, layer):
@@ -311,23 +439,51 @@ def skipped_post_norm(e, found):
                "norm of the block's output before the residual add is skipped")
 
 
-NORM_INPUT = {"attn_norm": None, "ffn_norm": "sa_out", "attn_post_norm": "attn_out", "ffn_post_norm": "ffn_out"}
+NORMS = {  # a norm's stage: its weight and the stage it norms (None: the block's input; "": the last block's output)
+    "attn_norm": ("attn_norm", None), "ffn_norm": ("ffn_norm", "sa_out"),
+    "attn_post_norm": ("attn_post_norm", "attn_out"), "ffn_post_norm": ("ffn_post_norm", "ffn_out"),
+    "Qcur_normed": ("attn_q_norm", "Qcur"),
+    "Kcur_normed": ("attn_k_norm", "Kcur"), "result_norm": ("output_norm", ""),
+}
+
+
+def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the compared positions) or None
+    arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
+    if arch is None or e.stage not in NORMS or e.stage not in ("result_norm", *arch.STAGES):
+        return None
+    key, source = NORMS[e.stage]
+    rows = {w.key: w for w in (arch.WEIGHTS if e.stage == "result_norm" else arch.LAYER_WEIGHTS)}
+    name = (_block_input(arch, e.layer) if source is None else f"l_out-{e.cfg.n_layer - 1}" if source == ""
+            else f"{source}-{e.layer}")
+    inputs = _stages(e.bad_dump, [name], e.positions)
+    w = e.model.weights if e.stage == "result_norm" else e.model.weights["layers"][e.layer]
+    if not inputs or key not in rows or key not in w:
+        return None
+    return rows[key], to_numpy(w[key]).astype(np.float32), inputs[0].astype(np.float32)
 
 
 def norm_weight_without_one(e, found):
     """A (1 + w) norm computed with w: the HF checkpoint's w used as the weight (Gemma's norms)."""
-    arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
-    rows = {w.key: w for w in arch.LAYER_WEIGHTS} if arch is not None else {}
-    if e.stage not in NORM_INPUT or not rows.get(e.stage) or not rows[e.stage].hf_add:
+    norm = _norm(e)
+    if norm is not None and norm[0].hf_add:
+        row, w, x = norm
+        if e.close(rms_norm(x, w - np.float32(row.hf_add), e.cfg.rms_eps), e.bad):
+            yield (f"hint: matches the RMS norm times (weight - {row.hf_add:g}): the norm multiplies by (1 + w) "
+                   f"and the HF checkpoint stores w; the 1 was not added to {row.key}")
+
+
+def qk_norm_variants(e, found):
+    """Qwen3's and Gemma 3's per-head q/k norm skipped, or taken over the whole row of heads."""
+    norm = _norm(e) if e.stage in ("Qcur_normed", "Kcur_normed") else None
+    if norm is None:
         return
-    name = NORM_INPUT[e.stage]
-    inputs = _stages(e.bad_dump, [_block_input(arch, e.layer) if name is None else f"{name}-{e.layer}"], e.positions)
-    if inputs:
-        w = to_numpy(e.model.weights["layers"][e.layer][e.stage]).astype(np.float32)
-        x = inputs[0].astype(np.float32)
-        if e.close(rms_norm(x, w - np.float32(rows[e.stage].hf_add), e.cfg.rms_eps), e.bad):
-            yield (f"hint: matches the RMS norm times (weight - {rows[e.stage].hf_add:g}): the norm multiplies by "
-                   f"(1 + w) and the HF checkpoint stores w; the 1 was not added to {e.stage}")
+    _, w, x = norm  # x: [T, n, HD]
+    whole = rms_norm(x.reshape(len(x), -1), np.tile(w, x.shape[1]), e.cfg.rms_eps).reshape(x.shape)
+    if e.close(x, e.bad):
+        yield f"hint: equals {e.stage[:4]}: the per-head norm ({NORMS[e.stage][0]}) is skipped"
+    elif e.close(whole, e.bad):
+        yield (f"hint: matches {e.stage[:4]} normed over all its heads at once; {NORMS[e.stage][0]} norms each head "
+               "over its own HD dims")
 
 
 def missing_embedding_scale(e, found):
@@ -344,16 +500,20 @@ def missing_embedding_scale(e, found):
 
 
 def missing_mask(e, found):
-    if e.stage == "kq_soft_max":
-        future = ~visible(e.stage, e.positions, e.bad.shape)
-        if np.nansum(np.abs(e.bad[future])) > 1e-3 * np.nansum(np.abs(e.bad[e.valid])):
-            yield "hint: weights on keys after each query's own position: the causal mask is missing"
+    """Weights on keys after each query's position: re-run as the model's softmax of MINE's kq over every key it
+    computed (a prompt row: the whole prompt's; a decode step's: the keys cached)."""
+    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
+    if inputs:
+        kq = inputs[0]
+        unmasked = _softmax(np.where(np.isfinite(kq), kq * e.cfg.kq_scale, -np.inf))
+        if e.close(unmasked[e.valid], e.b):
+            yield "hint: matches the softmax over every key, later ones too: the causal mask is missing"
 
 
 def rounded(e, found):
     for fmt, rounding in ROUNDINGS.items():
         if e.b.size and np.array_equal(rounding(e.b), e.b) and not np.array_equal(rounding(e.w), e.w) \
-                and e.bad_dump.numerics != fmt:
+                and e.bad_dump.numerics != fmt and e.close(rounding(e.w), e.b):
             yield (f"hint: every value is a {fmt} number: rounded to {fmt} (if the engine computes in {fmt}, say so: "
                     f"manifest 'numerics', or --numerics {fmt})")
             return
@@ -375,10 +535,10 @@ def by_position(e, found):
 
 
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
-DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, another_stage, another_activation,
-             another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added, tied_output_head,
-             skipped_post_norm, norm_weight_without_one, missing_embedding_scale, swapped_rope_bases, missing_softcap,
-             missing_mask, rounded, by_position)
+DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, another_stage,
+             another_activation, another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added,
+             tied_output_head, skipped_post_norm, norm_weight_without_one, missing_embedding_scale, swapped_rope_bases,
+             rope_frequencies, sliding_window, learned_positions, missing_softcap, missing_mask, rounded, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
@@ -401,10 +561,11 @@ def _other_layout(cfg):
 def _inputs_of(stage, layer, dump, positions, cfg=None):
     """The dump's own inputs of a stage whose hints need them, at `positions`, or None."""
     arch = archs.get(cfg.arch) if cfg is not None else archs.llama
-    q = "Qcur_normed" if "Qcur_normed" in arch.STAGES else "Qcur"
+    q = _q_input(cfg) if cfg is not None else "Qcur"
     residual = "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"  # the feed-forward's input (Gemma 3: sa_out)
     gate_up = [f"ffn_gate-{layer}", f"ffn_up-{layer}"]
-    names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "kq_soft_max": [f"kq-{layer}"],
+    names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "ffn_gelu": [f"ffn_up-{layer}"],
+             "kq_soft_max": [f"kq-{layer}"],
              "attn_norm": [_block_input(arch, layer or 0)],
              "ffn_norm": [f"{residual}-{layer}"],
              "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"],
@@ -436,7 +597,7 @@ def _bfloat16(x):
 
 
 ROUNDINGS = {"bfloat16": _bfloat16, "float16": lambda x: round_f16(np.asarray(x, np.float32))}
-GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh"}  # a gated unit's stage: the activation of its gate
+GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh", "ffn_gelu": "gelu_tanh"}  # a unit's stage: its activation
 ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
     "silu": silu,
     "gelu": _gelu,
