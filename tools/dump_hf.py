@@ -33,7 +33,7 @@ import os
 import numpy as np
 import torch
 import transformers
-from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 import refllama
@@ -94,8 +94,9 @@ def capture(hf, ids, decode_steps=0):
     else:
         hooks += llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH)
     decode, decode_ids = [], []
-    with torch.no_grad():
-        out = hf(torch.tensor([ids]), use_cache=True)
+    with torch.no_grad():  # a cache of every key on every layer (no config: no sliding-window layers that drop keys),
+        # so that a decode step's scores span every position as refllama's do; the window is the mask's
+        out = hf(torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
         keep("result_output", out.logits)
         prefill = dict(stages)
         for _ in range(decode_steps):

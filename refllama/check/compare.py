@@ -14,7 +14,7 @@ from ..errors import RefllamaError
 from ..trace import recording, stage_name
 from ..xp import to_numpy
 from .diagnose import diagnose
-from .dump import Dump, forward_order, known_stages, model_sha256, split_name, stack_records
+from .dump import OUTPUT_STAGES, Dump, forward_order, known_stages, model_sha256, output_rows, split_name, stack_records
 from .metrics import metrics, spans, take, visible, within, wrong_positions
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 
@@ -58,7 +58,7 @@ class Forced:
     prompt's compare holds a few stages, not all of them."""
 
     def __init__(self, model, dump):
-        self.model, self.dump, self.start, self.parts = model, dump, 0, {}
+        self.model, self.dump, self.parts = model, dump, {}
         self.wanted = set(dump.names)
         self.tmp = tempfile.TemporaryDirectory(prefix="refllama-rerun-")  # removed with this object
         self.held = (None, None)  # the one stage read back last
@@ -66,30 +66,40 @@ class Forced:
         model.cache.reset()
         for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
                                                     for k, t in enumerate(dump.decode_ids)]:
-            self.start, self.n = start, len(ids)
+            self.here = list(range(start, start + len(ids)))  # the positions of the rows that the stages have
             with recording(self):
                 model.forward(ids, start)
         self.names = list(self.parts)
 
     def record(self, name, layer, x):
         key = stage_name(name, layer)
-        if key not in self.wanted:
+        cut = key == "result_norm" and len(self.here) > 1  # logits only where the dump has them (llama.cpp's
+        if key not in self.wanted and not cut:  # output rows): a long prompt's logits are T x V floats
             return x
         axis = Dump.axis_of(name)
         here = self.model.xp
-        path = os.path.join(self.tmp.name, f"{next(self.saved)}.npy")
-        np.save(path, to_numpy(x).astype(np.float32))
-        self.parts.setdefault(key, []).append((list(range(self.start, self.start + self.n)), path))
-        x = here.array(x, dtype=here.float32)  # a copy to write the dump's rows into
-        for positions, a in self.dump.rows(key):
-            for j, p in enumerate(positions):
-                i = p - self.start
-                if 0 <= i < self.n:
-                    row = np.take(a, j, axis=axis)
-                    if axis == 1:  # [H, S]: only the keys position p sees (an engine may leave the rest unset)
-                        x[:, i, :p + 1] = here.asarray(row[:, :p + 1])
-                    else:
-                        x[i] = here.asarray(row)
+        index = {p: i for i, p in enumerate(self.here)}
+        if key in self.wanted:
+            held = [p for p in self.dump.positions(key) if p in index]  # only the rows compare reads
+            if held:
+                path = os.path.join(self.tmp.name, f"{next(self.saved)}.npy")
+                np.save(path, np.take(to_numpy(x), [index[p] for p in held], axis=axis).astype(np.float32))
+                self.parts.setdefault(key, []).append((held, path))
+            x = here.array(x, dtype=here.float32)  # a copy to write the dump's rows into
+            for positions, a in self.dump.rows(key):
+                for j, p in enumerate(positions):
+                    if p in index:
+                        i, row = index[p], np.take(a, j, axis=axis)
+                        if axis == 1:  # [H, S]: only the keys position p sees (an engine may leave the rest unset)
+                            x[:, i, :p + 1] = here.asarray(row[:, :p + 1])
+                        else:
+                            x[i] = here.asarray(row)
+        if cut:
+            start = self.here[0]
+            kept = [[p - start for p in self.dump.positions(k)] for k in OUTPUT_STAGES if k in self.wanted]
+            rows = output_rows(kept, len(self.here))
+            self.here = [start + i for i in rows]
+            x = x[here.asarray(rows)]
         return x
 
     def _stage(self, name):  # -> (array, positions)

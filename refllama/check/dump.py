@@ -25,6 +25,13 @@ FORMAT = "refllama-dump/1"
 INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
 TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
 KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
+OUTPUT_STAGES = ("result_norm", "result_output")  # a prefill needs these at the positions a dump keeps, no others
+
+
+def output_rows(kept, n):
+    """The rows of a prefill of n tokens that go on to the output head: those where a stage of OUTPUT_STAGES is
+    kept (`kept`: their positions), and at least the last (generation's)."""
+    return sorted({p for rows in kept for p in rows if 0 <= p < n} | {n - 1})
 
 
 def split_name(name):
@@ -90,7 +97,8 @@ class DumpWriter:
     removes it). `rows` {name: token positions kept} and `dtypes` {name: dtype} store a subset of a prefill's
     positions or a narrower float type; `names`, if given, are the stages kept. A recorder (refllama.trace.recording):
     `at(position)` says which pass the next stages are of (None: the prefill; T + k: the k-th decode step, each stage
-    its own record NAME@POSITION.npy)."""
+    its own record NAME@POSITION.npy). A prefill's logits are computed only for the positions it keeps, as
+    llama.cpp computes only its output rows: result_norm goes on to the output head with those rows alone."""
 
     def __init__(self, directory, rows=None, dtypes=None, names=None):
         self.directory = Path(directory)
@@ -100,6 +108,7 @@ class DumpWriter:
         self.directory.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=self.directory.parent))
         self.tensors, self.position = [], None  # tensors: (pass, entry), a pass None (the prefill) or a position
+        self.out = None  # the prefill positions result_norm's rows went on with, once it has been recorded
 
     def at(self, position):
         self.position = position
@@ -109,15 +118,21 @@ class DumpWriter:
         key = stage_name(name, layer)
         if self.names is None or key in self.names:
             self.save(key, to_numpy(x))
+        if key == "result_norm" and self.position is None:
+            n = len(x)
+            self.out = output_rows([self.rows.get(k, range(n)) for k in OUTPUT_STAGES], n)
+            if len(self.out) < n:
+                return x[self.out]
         return x
 
     def save(self, name, a):  # a stage of the pass `at` names
         at = self.position
         stage, layer = split_name(name)
         axis = TOKEN_AXIS.get(stage, 0)
-        n_tokens = a.shape[axis]
-        keep = list(self.rows.get(name, range(n_tokens))) if at is None else [at]
-        a = np.take(a, keep, axis=axis) if at is None and len(keep) != n_tokens else a
+        here = self.out if at is None and name == "result_output" and self.out else range(a.shape[axis])
+        keep = list(self.rows.get(name, here)) if at is None else [at]
+        if at is None and keep != list(here):
+            a = np.take(a, [list(here).index(p) for p in keep], axis=axis)
         dtype = np.dtype(self.dtypes.get(name, np.float32))
         if dtype == np.float16 and np.abs(a[np.isfinite(a)]).max(initial=0) > np.finfo(np.float16).max:
             dtype = np.dtype(np.float32)  # float16 storage only where the values fit (Gemma's residual stream)
