@@ -19,7 +19,7 @@ DECODE_STEPS = 2
 BUGS = {  # bug: (the stage it must be named at, words of the hint that must explain it)
     "pair_layout": ("Qcur_rope-0", "rotating the wrong pairs"),
     "eps": ("attn_norm-0", "eps 1e-06"),
-    "gqa": ("kq-0", "kv head h // 3"),
+    "gqa": ("kq-0", "read with kv head h % 3: grouped-query attention pairs it with kv head h // 3"),
     "softmax_scale": ("kq_soft_max-0", "= 1/HD); the model's scale"),
     "theta": ("Qcur_rope-0", "matches RoPE with base 500000; the model's base is 100000"),
     "gelu": ("ffn_swiglu-0", "gelu_tanh(ffn_gate)"),

@@ -59,13 +59,7 @@ def breakdown(stage, positions, bad, want, tol, cfg):
     if heads is not None:
         axis = 0 if stage in ATTENTION else 1
         n = heads.shape[axis]
-        ok, wrong = split("head", _error_by(heads, scale, axis), list(range(n)))
-        kvh = cfg.n_head_kv if cfg else None
-        if ok and wrong and kvh and stage not in ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur") and n != kvh:
-            group = n // kvh
-            if ok == [h for h in range(n) if h // group == h % kvh]:
-                lines.append(f"hint: exactly the heads h with h // {group} == h % {kvh} are right: query head h "
-                             f"must read kv head h // {group} (grouped-query attention), not h % {kvh}")
+        split("head", _error_by(heads, scale, axis), list(range(n)))
     if diff.ndim == 2 or (diff.ndim == 3 and stage not in ATTENTION):  # [T, X], or [T, n, HD] by dim of a head
         per = np.nansum(diff ** 2, axis=tuple(range(diff.ndim - 1)))
         total = float(per.sum()) or 1.0
@@ -158,6 +152,21 @@ def another_stage(e, found):
             o = take(e.good, name, e.positions)
             if o.shape == e.bad.shape and e.close(e.bad, o):
                 yield f"hint: equals the expected {name}: the two are swapped, or read from one another's weights"
+
+
+def another_kv_head_mapping(e, found):
+    """Query head h read kv head h % KVH where grouped-query attention pairs it with kv head h // (H / KVH): re-run
+    as MINE's q times its keys with that mapping."""
+    if e.stage != "kq" or e.cfg is None or e.cfg.n_head == e.cfg.n_head_kv or e.layer is None:
+        return
+    keys = _stages(e.bad_dump, [f"Kcur_rope-{e.layer}"], list(range(max(e.positions) + 1)))
+    queries = _stages(e.bad_dump, [f"Qcur_rope-{e.layer}"], e.positions)
+    if keys and queries:
+        H, KVH = e.cfg.n_head, e.cfg.n_head_kv
+        kq = np.einsum("thd,shd->hts", queries[0], keys[0][:, np.arange(H) % KVH])  # [H, T, S]
+        if e.close(kq[e.valid], e.b):
+            yield (f"hint: matches query head h read with kv head h % {KVH}: grouped-query attention pairs it with "
+                   f"kv head h // {H // KVH}")
 
 
 def another_activation(e, found):
@@ -536,9 +545,10 @@ def by_position(e, found):
 
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
 DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, another_stage,
-             another_activation, another_softmax_scale, another_norm_eps, rope_on_the_wrong_pairs, one_vector_added,
-             tied_output_head, skipped_post_norm, norm_weight_without_one, missing_embedding_scale, swapped_rope_bases,
-             rope_frequencies, sliding_window, learned_positions, missing_softcap, missing_mask, rounded, by_position)
+             another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
+             rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
+             missing_embedding_scale, swapped_rope_bases, rope_frequencies, sliding_window, learned_positions,
+             missing_softcap, missing_mask, rounded, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
