@@ -72,12 +72,23 @@ class _Cursor:
     def string(self):
         return str(self.take(self.scalar(UINT64)), "utf-8", "replace")
 
+    def strings(self, n):  # a string array: a vocabulary's 100k+ tokens and merges, read in one tight loop
+        buf, pos, out = self.buf, self.pos, []
+        for _ in range(n):
+            if pos + 8 > len(buf) or pos + 8 + (k := int.from_bytes(buf[pos:pos + 8], "little")) > len(buf):
+                self.pos = pos
+                self.fail(f"truncated GGUF file (header ends at byte {len(buf)})")
+            out.append(str(buf[pos + 8:pos + 8 + k], "utf-8", "replace"))
+            pos += 8 + k
+        self.pos = pos
+        return out
+
     def field(self, key):
         vtype = self.scalar(UINT32)
         if vtype == ARRAY:
             item = self.scalar(UINT32)
             if item == STRING:
-                return Field(item, True, [self.string() for _ in range(self.count(8, f"array '{key}'"))])
+                return Field(item, True, self.strings(self.count(8, f"array '{key}'")))
             if item not in SCALAR_DTYPES:
                 self.fail(f"metadata field {shown(key)} is an array of unsupported type {item}")
             dt = np.dtype(SCALAR_DTYPES[item])
