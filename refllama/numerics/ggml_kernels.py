@@ -6,7 +6,8 @@ as widened 32-bit multiplies at half the speed of its float kernel. Per block of
 ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
 AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
 end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
-Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants have kernels here; Q5_1 uses refllama.numerics.ggml_numerics' NumPy form.
+Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K have kernels here; Q5_1, Q2_K and Q3_K use
+refllama.numerics.ggml_numerics' NumPy form.
 """
 
 import llvmlite.binding as llvm
@@ -279,7 +280,7 @@ class NumbaGgmlMatrix(GgmlBlocks):
 
 class GgmlNumbaPlacement(GgmlPlacement):
     """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
-    NumbaKQuantMatrix, Q5_1 as GgmlMatrix."""
+    NumbaKQuantMatrix, Q5_1, Q2_K and Q3_K as GgmlMatrix."""
 
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's matrix types, of a step's small steps and of the cache's RoPE angles

@@ -25,17 +25,19 @@ from ..formats.ggml_types import QuantizedTensor
 from ..layers import Ops, rms_norm
 from ..xp import Placement, array_module
 from . import ggml_tables
-from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, round_f16
+from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, q3_k_scales, round_f16
 from .matrices import WeightMatrix
 
 Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
-                QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
+                QT.Q2_K: Q8_K, QT.Q3_K: Q8_K, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
 EMULATED = frozenset(VEC_DOT_TYPE)
-# x86 (AVX2 and up) repacks these at load into interleaved forms, if their rows are a multiple of 8
-REPACK = {QT.Q4_0: "q4_0_8x8_q8_0", QT.Q4_K: "q4_K_8x8_q8_K"}
-GROUP = {QT.Q6_K: 16}  # values per integer sum: 32, but Q6_K's sub-blocks of 16
-SUPER = {QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per float scale d: 32, but the K-quants' 256
+# x86 repacks these at load into interleaved forms, if their rows are a multiple of 8 (Q4_0 and Q4_K with AVX2 and
+# up, Q2_K with AVX-512: the machine llama.cpp's references here come from)
+REPACK = {QT.Q4_0: "q4_0_8x8_q8_0", QT.Q4_K: "q4_K_8x8_q8_K", QT.Q2_K: "q2_K_8x8_q8_K"}
+GEMM_STEP = {QT.Q4_K: 2, QT.Q2_K: 4}  # a repacked gemm's float step, in sub-blocks of 32 (the gemv's: a block)
+GROUP = {QT.Q2_K: 16, QT.Q3_K: 16, QT.Q6_K: 16}  # values per integer sum: 32, but sub-blocks of 16 in these
+SUPER = {QT.Q2_K: 256, QT.Q3_K: 256, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per d: 32, the K-quants' 256
 
 
 def repacked(qtype, shape):
@@ -302,6 +304,12 @@ def int_weights(raw, qtype, shape):
     if qtype == QT.Q6_K:
         sc = np.ascontiguousarray(field(b, qtype, "scales")).view(np.int8).astype(np.float32)  # [N, K/256, 16]
         return IntWeights(qtype, q, d, sc=sc.reshape(N, -1))
+    if qtype == QT.Q3_K:
+        return IntWeights(qtype, q, d, sc=q3_k_scales(field(b, qtype, "scales")).reshape(N, -1))
+    if qtype == QT.Q2_K:  # each byte a sub-block's scale (low 4 bits) and min (high 4)
+        packed = field(b, qtype, "scales")
+        return IntWeights(qtype, q, d, sc=(packed & 15).astype(np.float32).reshape(N, -1),
+                          m=(packed >> 4).astype(np.float32).reshape(N, -1), dmin=f16(field(b, qtype, "dmin")))
     sc, m = k_scales(field(b, qtype, "scales"))  # [N, K/256, 8] each
     return IntWeights(qtype, q, d, sc=sc.reshape(N, -1), m=m.reshape(N, -1), dmin=f16(field(b, qtype, "dmin")))
 
@@ -315,7 +323,7 @@ def dequantize(w):  # IntWeights -> [N, K] f32, in ggml's order of float operati
         d = d * w.sc
     x = codes.reshape(N, -1, group) * d[..., None]
     if w.dmin is not None:
-        x = x - (np.repeat(w.dmin, 8, axis=1) * w.m)[..., None]
+        x = x - (np.repeat(w.dmin, w.m.shape[1] // w.dmin.shape[1], axis=1) * w.m)[..., None]
     elif w.m is not None:
         x = x + w.m[..., None]
     return x.reshape(N, K)
@@ -389,19 +397,20 @@ class GgmlMatrix(WeightMatrix):
         """The K-quant kernels that sum exact integers over a step of sub-blocks, then take float steps: isum (the
         sub-blocks' scales times their code products) and msum (their mins times x's sums of 32), each rounded to
         float32 once.
-          gemm, gemv (x86's repacked ggml_gemm/gemv_q4_K_8x8_q8_K; steps of two sub-blocks and of a block):
+          gemm, gemv (x86's repacked ggml_gemm/gemv_q4_K_8x8_q8_K, q2_K's; gemm steps of 64 values (Q2_K: 128), gemv
+          steps of a block):
             acc = fma(isum, d_w * d_x, acc), accm = fma(msum, dmin_w * d_x, accm); the product acc - accm.
           tiled (ggml-cpu/tiled, its AVX-512 VNNI kernel; steps of a block):
             r = fma(-dmin_w, msum, isum * d_w), acc = fma(r, d_x, acc) (GCC contracts its multiply and add)."""
         xp, w = self.xp, self.w
         T, N = len(xq), self.shape[0]
-        span = 2 if path == "gemm" else 8  # sub-blocks of 32 (Q6_K: pairs of 16) per float step
+        span = GEMM_STEP[self.qtype] if path == "gemm" else 8  # sub-blocks of 32 (or pairs of 16) per float step
         sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
         per = 32 // self.group  # sub-blocks per 32
-        xsums = bsums.reshape(T, -1, 2).sum(axis=-1).astype(np.float64)  # [T, K/32]: x's sums of 32
+        xsums = bsums.reshape(T, -1, 2 // per).sum(axis=-1).astype(np.float64)  # [T, K/group]: x's sums of a sub-block
         acc, accm = xp.zeros((T, N), np.float32), xp.zeros((T, N), np.float32)
         for j in range(0, len(sums) // per, span):
-            g, B = slice(j, j + span), j // 8
+            g, B = slice(j * per, (j + span) * per), j // 8
             isum = (sums[j * per:(j + span) * per].astype(np.float64)
                     * w.sc.T[j * per:(j + span) * per, None, :]).sum(axis=0).astype(np.float32)  # [T, N]
             msum = None if w.dmin is None else (xsums[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
@@ -420,7 +429,8 @@ class GgmlMatrix(WeightMatrix):
         lane (e % 32) // 4, times its sub-block's scale (Q6_K: its codes 0..63, and each lane l takes back 32 *
         scale * x's sums of the sub-blocks 2l and 2l + 1); per block acc = fma(d_x * d_w, lane, acc) in 8 lanes.
         The mins: Q4_K fma(-d_x * dmin_w, pair sums, accm) in 4 lanes, pairs k = sub-blocks 2k and 2k + 1; Q5_K
-        one fma of the whole sum. Then the 8 lanes added as hsum_float_8, plus the mins' (0 + 2) + (1 + 3)."""
+        one fma of the whole sum; Q2_K, before the block's codes, into the same 8 lanes, lane l the sub-blocks of 16
+        2l and 2l + 1 (Q3_K: none). Then the 8 lanes added as hsum_float_8, plus the mins' (0 + 2) + (1 + 3)."""
         xp, w, qtype = self.xp, self.w, self.qtype
         T, N = len(xq), self.shape[0]
         chunks = block_sums(xq, self.codes_t.reshape(-1, 4, N), 4)  # [K/4, T, N]: chunk c of block B is 64B + c
@@ -436,8 +446,12 @@ class GgmlMatrix(WeightMatrix):
                 lane += 32 * (x4.T[:, :, None] * sc[:, None, :]).reshape(8, 8, T, N).sum(axis=0)
                 bs = bsums[:, 16 * B:16 * B + 16].astype(np.float64)  # [T, 16]
                 lane -= 32 * (bs[:, None, :] * sc[::4].T[None]).reshape(T, N, 8, 2).sum(axis=-1).transpose(2, 0, 1)
+            if qtype == QT.Q2_K:
+                prod = bsums[:, None, 16 * B:16 * B + 16].astype(np.float64) * w.m[None, :, 16 * B:16 * B + 16]
+                acc = fma(-dx[None, :, B, None] * w.dmin[None, None, :, B],
+                          prod.reshape(T, N, 8, 2).sum(axis=-1).transpose(2, 0, 1).astype(np.float32), acc)
             acc = fma(dx[None, :, B, None] * w.d[None, None, :, B], lane.astype(np.float32), acc)
-            if w.dmin is not None:
+            if w.dmin is not None and qtype != QT.Q2_K:
                 xsum = bsums[:, 16 * B:16 * B + 16].reshape(T, 8, 2).sum(axis=-1).astype(np.float64)  # [T, 8]
                 prod = xsum[:, None, :] * w.m[None, :, 8 * B:8 * B + 8].astype(np.float64)  # [T, N, 8]
                 dmin = -dx[:, B, None] * w.dmin[None, :, B]

@@ -13,6 +13,8 @@ LAYOUT = {  # type -> field -> (first byte, end) within one block
     QT.Q5_0: {"d": (0, 2), "qh": (2, 6), "qs": (6, 22)},  # qh: bit j is value j's fifth bit
     QT.Q5_1: {"d": (0, 2), "m": (2, 4), "qh": (4, 8), "qs": (8, 24)},
     QT.Q8_0: {"d": (0, 2), "qs": (2, 34)},  # int8 codes
+    QT.Q2_K: {"scales": (0, 16), "qs": (16, 80), "d": (80, 82), "dmin": (82, 84)},  # 16 x (4-bit scale, 4-bit min)
+    QT.Q3_K: {"hmask": (0, 32), "qs": (32, 96), "scales": (96, 108), "d": (108, 110)},  # 16 six-bit scales
     QT.Q4_K: {"d": (0, 2), "dmin": (2, 4), "scales": (4, 16), "qs": (16, 144)},  # 8 six-bit scales and mins
     QT.Q5_K: {"d": (0, 2), "dmin": (2, 4), "scales": (4, 16), "qh": (16, 48), "qs": (48, 176)},
     QT.Q6_K: {"ql": (0, 128), "qh": (128, 192), "scales": (192, 208), "d": (208, 210)},  # 16 int8 scales
@@ -69,8 +71,24 @@ def k_nibbles(qs):  # Q4_K/Q5_K [..., 128] bytes -> [..., 256]: each 64 values a
     return (qs.reshape(*shape, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1) & 15).reshape(*shape, 256)
 
 
+def k_crumbs(qs):  # Q2_K/Q3_K [..., 64] bytes -> [..., 256]: value 128j + 32k + b is bits 2k, 2k+1 of byte 32j + b
+    shape = qs.shape[:-1]
+    return (qs.reshape(*shape, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1) & 3).reshape(*shape, 256)
+
+
+def q3_k_scales(scales):  # Q3_K [..., 12] bytes -> [..., 16] f32: six-bit scales - 32 (low 4 bits, then high 2)
+    aux = np.ascontiguousarray(scales).view("<u4")  # [..., 3]
+    a0, a1, a2 = aux[..., 0], aux[..., 1], aux[..., 2]
+    low, high = np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
+    words = np.stack([(a0 & low) | ((a2 & high) << 4), (a1 & low) | (((a2 >> 2) & high) << 4),
+                      ((a0 >> 4) & low) | (((a2 >> 4) & high) << 4), ((a1 >> 4) & low) | (((a2 >> 6) & high) << 4)],
+                     axis=-1).astype("<u4")
+    return words.view(np.uint8).astype(np.float32) - 32
+
+
 def codes(b, qtype):  # [..., block bytes] -> [..., values per block] int8: the integers ggml's dot product multiplies
-    """Q4_0: nibble - 8, Q5_0: 5 bits - 16, Q6_K: 6 bits - 32; Q4_1, Q5_1, Q4_K, Q5_K and Q8_0 as stored."""
+    """Q4_0: nibble - 8, Q5_0: 5 bits - 16, Q6_K: 6 bits - 32, Q3_K: 3 bits - 4 (its high bit: hmask); Q4_1,
+    Q5_1, Q2_K, Q4_K, Q5_K and Q8_0 as stored."""
     qs = field(b, qtype, "qs") if "qs" in LAYOUT[qtype] else None
     if qtype == QT.Q8_0:
         return np.ascontiguousarray(qs).view(np.int8)
@@ -82,6 +100,11 @@ def codes(b, qtype):  # [..., block bytes] -> [..., values per block] int8: the 
     if qtype == QT.Q4_K:
         return k_nibbles(qs).astype(np.int8)
     shape = b.shape[:-1]
+    if qtype == QT.Q2_K:
+        return k_crumbs(qs).astype(np.int8)
+    if qtype == QT.Q3_K:  # hmask [32]: bit i of byte b is the high bit of value 32 i + b (0: minus 4)
+        high = (field(b, qtype, "hmask").reshape(*shape, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
+        return k_crumbs(qs).astype(np.int8) - np.int8(4) * (1 - high.reshape(*shape, 256)).astype(np.int8)
     if qtype == QT.Q5_K:  # qh [32]: bit i of byte l is the fifth bit of value l of the i-th group of 32
         high = (field(b, qtype, "qh").reshape(*shape, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1
         return (k_nibbles(qs) | (high.reshape(*shape, 256) << 4)).astype(np.int8)
