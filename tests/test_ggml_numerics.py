@@ -21,7 +21,7 @@ from refllama.numerics.quant import QuantMatrix, concat_blocks
 
 RNG = np.random.default_rng(20261123)
 LEGACY = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0)
-K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
 def activations(T, K):
@@ -44,10 +44,9 @@ def random_blocks(qtype, N, K):
         return gguf.quants.quantize(RNG.standard_normal((N, K)).astype(np.float32), gguf.GGMLQuantizationType(qtype))
     raw = RNG.integers(0, 256, byte_shape((N, K), qtype), dtype=np.uint8).reshape(-1, byte_shape((1, 256), qtype)[1])
     scales = (RNG.random((len(raw), 2)) * 0.01 + 1e-3).astype(np.float16).view(np.uint8)
-    if qtype == QT.Q6_K:
-        raw[:, 208:210] = scales[:, :2]
-    else:
-        raw[:, 0:4] = scales
+    for i, name in enumerate(n for n in ("d", "dmin") if n in gt.LAYOUT[qtype]):
+        start, end = gt.LAYOUT[qtype][name]
+        raw[:, start:end] = scales[:, 2 * i:2 * i + 2]
     return raw.reshape(N, -1)
 
 
@@ -140,8 +139,10 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
-@pytest.mark.parametrize("qtype, N", [(QT.Q4_K, 40), (QT.Q4_K, 37), (QT.Q5_K, 40), (QT.Q6_K, 40)],
-                         ids=["Q4_K-repacked", "Q4_K", "Q5_K", "Q6_K"])  # Q4_K repacked when its rows are 8 k
+@pytest.mark.parametrize("qtype, N", [(QT.Q4_K, 40), (QT.Q4_K, 37), (QT.Q5_K, 40), (QT.Q6_K, 40), (QT.Q2_K, 40),
+                                     (QT.Q2_K, 37), (QT.Q3_K, 40)],
+                         ids=["Q4_K-repacked", "Q4_K", "Q5_K", "Q6_K", "Q2_K-repacked", "Q2_K", "Q3_K"])
+# Q4_K and Q2_K are repacked when their rows are 8 k
 @pytest.mark.parametrize("T", [1, 3, 5, 8, 14, 19])  # every path: vec_dot, gemv and gemm, tiled, with remainders
 def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, N, vnni, T):
     """Every path of llama.cpp's that the kernels take (GgmlMatrix.matmul), on blocks of every byte value (the
@@ -151,13 +152,13 @@ def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtyp
         pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
     raw = RNG.integers(0, 256, size=gguf.quant_shape_to_byte_shape((N, 512), qtype), dtype=np.uint8)
     b = raw.reshape(N, 2, -1)
-    for name in ("d", "dmin") if qtype != QT.Q6_K else ("d",):  # finite float16 scales
+    for name in (n for n in ("d", "dmin") if n in gt.LAYOUT[qtype]):  # finite float16 scales
         start, end = gt.LAYOUT[qtype][name]
         b[..., start:end] = RNG.uniform(-1e-2, 1e-2, b.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
     x = np.where(RNG.random((T, 512)) < 0.5, -1, 1).astype(np.float32) * RNG.uniform(0.5, 1, (T, 512)).astype(
         np.float32)
     want = gn.GgmlMatrix(raw, qtype, (N, 512))
-    assert want.repacked == (qtype == QT.Q4_K and N == 40)
+    assert want.repacked == (qtype in (QT.Q4_K, QT.Q2_K) and N == 40)
     fast = gk.NumbaKQuantMatrix([raw[:16], raw[16:]], qtype, 512)
     fast.vnni, fast.repacked = vnni, want.repacked
     np.testing.assert_array_equal(x @ fast.T, x @ want.T)
@@ -276,7 +277,7 @@ def test_ggml_models_on_both_backends_agree_to_the_bit(model):
 
 
 @pytest.mark.parametrize("T", [1, 5])
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0], ids=lambda t: t.name)
 def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtype, T):
     raw = RNG.integers(0, 0x3C, size=gguf.quant_shape_to_byte_shape((40, 512), qtype), dtype=np.uint8)
     x = RNG.standard_normal((T, 512)).astype(np.float32)

@@ -82,6 +82,30 @@ def q6_k_codes(builder, blk, c):
     return builder.or_(low, builder.shl(high, const8(4)))
 
 
+def k_crumbs(builder, blk, qtype, c):  # Q2_K/Q3_K: values 32c .. 32c + 31's two low bits as <32 x i8>
+    return bits32(builder, field_at(builder, blk, qtype, "qs", 32 * (c // 4)), 2 * (c % 4), 2)
+
+
+def q3_k_scales(builder, blk):  # Q3_K: its 16 six-bit scales (12 bytes: low 4 bits, then high 2) as <16 x i8>, -32
+    def word(i):
+        return load(builder, field_at(builder, blk, QT.Q3_K, "scales", 4 * i), I32)
+
+    def c(v):
+        return ir.Constant(I32, v)
+
+    a0, a1, a2 = word(0), word(1), word(2)
+    low, high = c(0x0F0F0F0F), c(0x03030303)
+
+    def part(a, down, up):  # (a >> down) & low | ((a2 >> up) & high) << 4
+        return builder.or_(builder.and_(builder.lshr(a, c(down)), low),
+                           builder.shl(builder.and_(builder.lshr(a2, c(up)), high), c(4)))
+
+    v = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
+    for i, w in enumerate((part(a0, 0, 0), part(a1, 0, 2), part(a0, 4, 4), part(a1, 4, 6))):
+        v = builder.insert_element(v, w, c(i))
+    return builder.sub(builder.bitcast(v, V16I8), ir.Constant(V16I8, [32] * 16))
+
+
 def k_codes(builder, blk, qtype, j):  # Q4_K/Q5_K: sub-block j's 32 codes (0..15 or 0..31) as <32 x i8>
     low = nibbles32(builder, field_at(builder, blk, qtype, "qs", 32 * (j // 2)), j % 2 == 1)
     if qtype == QT.Q4_K:

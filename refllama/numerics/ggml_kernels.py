@@ -6,8 +6,8 @@ as widened 32-bit multiplies at half the speed of its float kernel. Per block of
 ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
 AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
 end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
-Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K have kernels here; Q5_1, Q2_K and Q3_K use
-refllama.numerics.ggml_numerics' NumPy form.
+Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants (Q2_K to Q6_K) have kernels here; Q5_1 uses refllama.numerics.ggml_numerics'
+NumPy form.
 """
 
 import llvmlite.binding as llvm
@@ -19,8 +19,21 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from ..layers import Ops
-from .block_ir import broadcast_lane, field_at, k_codes, k_scales_mins, prefetch_block, q5_0_codes, q6_k_codes
+from .block_ir import (
+    bits32,
+    broadcast_lane,
+    const8,
+    field_at,
+    k_codes,
+    k_crumbs,
+    k_scales_mins,
+    prefetch_block,
+    q3_k_scales,
+    q5_0_codes,
+    q6_k_codes,
+)
 from .ggml_numerics import (
+    GEMM_STEP,
     GgmlMatrix,
     GgmlPlacement,
     cos_sin,
@@ -280,7 +293,7 @@ class NumbaGgmlMatrix(GgmlBlocks):
 
 class GgmlNumbaPlacement(GgmlPlacement):
     """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
-    NumbaKQuantMatrix, Q5_1, Q2_K and Q3_K as GgmlMatrix."""
+    NumbaKQuantMatrix, Q5_1 as GgmlMatrix."""
 
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's matrix types, of a step's small steps and of the cache's RoPE angles
@@ -307,59 +320,81 @@ class GgmlNumbaPlacement(GgmlPlacement):
         fuse_layer(lw, concat_blocks)
 
 
-K_QUANTS = (QT.Q4_K, QT.Q5_K, QT.Q6_K)
+K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
 def _kblock_sums(builder, blk, qtype, vnni, tokens):
     """IR of one K-quant block of 256 weights at blk against some tokens' Q8_K blocks, `tokens` a list of (x, bs)
-    addresses: the int8 codes and their int32 sums of 16. -> (d, dmin, [(lanes, pairs, mins) per token]), exact
-    int32 sums of the codes' products times their sub-block scales: `lanes` <8 x i32>, element e of the block in
-    lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's codes 0..63, each lane l taking back 32 * scale * x's sums of
-    the sub-blocks 2l and 2l + 1), `pairs` <4 x i32> the same by 64 elements (the repacked gemm's steps), and `mins`
-    <4 x i32> the mins times x's sums of 32, sub-blocks 2k and 2k + 1 in lane k (Q4_K/Q5_K; zero for Q6_K). The
-    block is unpacked once for all the tokens."""
+    addresses: the int8 codes and their int32 sums of 16. -> (d, dmin, [(lanes, pairs, mins, mins8) per token]),
+    exact int32 sums of the codes' products times their sub-block scales: `lanes` <8 x i32>, element e of the block
+    in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's codes 0..63, each lane l taking back 32 * scale * x's sums
+    of the sub-blocks 2l and 2l + 1; Q3_K's codes the two low bits minus 4 where the high bit is clear, two products
+    a lane as ggml's), `pairs` <4 x i32> the same by 64 elements (the repacked gemm's steps), `mins` <4 x i32> the
+    mins times x's sums, by 64 elements (Q4_K/Q5_K/Q2_K; zero for Q6_K and Q3_K) and `mins8` Q2_K's by 32 (its
+    vec_dot's 8 lanes; None for the others). The block is unpacked once for all the tokens."""
     v4, v8, v16 = ir.VectorType(I32, 4), V8I32, ir.VectorType(I32, 16)
     reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [v8]))
     prefetch_block(builder, blk, qtype)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
-    if qtype == QT.Q6_K:  # 16 sub-blocks of 16: a chunk of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
+    dmin, mins = ir.Constant(F32, 0.0), None
+    by_16 = qtype in (QT.Q2_K, QT.Q3_K, QT.Q6_K)  # 16 sub-blocks of 16: a chunk of 32 has lanes 0-3 in sub-block
+    if qtype == QT.Q6_K:  # 2c, lanes 4-7 in 2c + 1
         codes = [q6_k_codes(builder, blk, c) for c in range(8)]
         sc16 = builder.sext(load(builder, field_at(builder, blk, qtype, "scales"), ir.VectorType(I8, 16)), v16)
-        scales = [builder.shuffle_vector(sc16, sc16, ir.Constant(v8, [2 * c] * 4 + [2 * c + 1] * 4)) for c in range(8)]
-        dmin = ir.Constant(F32, 0.0)
+    elif qtype == QT.Q3_K:  # low bits, and 4 where the high bit is clear: the code is low - that
+        codes = [(k_crumbs(builder, blk, qtype, c), builder.shl(builder.xor(bits32(builder, field_at(
+            builder, blk, qtype, "hmask"), c, 1), const8(1)), const8(2))) for c in range(8)]
+        sc16 = builder.sext(q3_k_scales(builder, blk), v16)
+    elif qtype == QT.Q2_K:  # each scales byte: the sub-block's scale (low 4 bits) and min (high 4)
+        codes = [k_crumbs(builder, blk, qtype, c) for c in range(8)]
+        packed = builder.zext(load(builder, field_at(builder, blk, qtype, "scales"), ir.VectorType(I8, 16)), v16)
+        sc16, mins = builder.and_(packed, ir.Constant(v16, [15] * 16)), builder.lshr(packed, ir.Constant(v16, [4] * 16))
+        dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
     else:
         codes = [k_codes(builder, blk, qtype, j) for j in range(8)]
         both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
         scales = [broadcast_lane(builder, both, j, 8) for j in range(8)]
         mins = builder.shuffle_vector(both, both, ir.Constant(v8, list(range(8, 16))))
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+    if by_16:
+        scales = [builder.shuffle_vector(sc16, sc16, ir.Constant(v8, [2 * c] * 4 + [2 * c + 1] * 4)) for c in range(8)]
     evens, odds = (ir.Constant(v8, list(range(o, 16, 2))) for o in (0, 1))
+
+    def halves(v):  # <8 x i32> -> <4 x i32>: lanes 2k + 2k + 1
+        return builder.add(builder.shuffle_vector(v, v, ir.Constant(v4, [0, 2, 4, 6])),
+                           builder.shuffle_vector(v, v, ir.Constant(v4, [1, 3, 5, 7])))
+
+    def chunk(c, x):  # chunk c's 8 lanes of code products
+        y = load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8)
+        if qtype == QT.Q3_K:
+            return builder.sub(_lanes(builder, codes[c][0], y, vnni), _lanes(builder, codes[c][1], y, vnni))
+        return _lanes(builder, codes[c], y, vnni)
+
     out = []
     for x, bs in tokens:
         by_pair = []
         for p in range(4):  # chunks of 32: 2p and 2p + 1
-            a, b = (_lanes(builder, codes[c], load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8), vnni)
-                    for c in (2 * p, 2 * p + 1))
+            a, b = chunk(2 * p, x), chunk(2 * p + 1, x)
             by_pair.append(builder.add(builder.mul(a, scales[2 * p]), builder.mul(b, scales[2 * p + 1])))
         lanes = builder.add(builder.add(by_pair[0], by_pair[1]), builder.add(by_pair[2], by_pair[3]))
         pairs = ir.Constant(v4, None)
         for p in range(4):
             pairs = builder.insert_element(pairs, builder.call(reduce8, [by_pair[p]]), ir.Constant(I32, p))
         sums = load(builder, bs, v16)  # x's 16 sums of 16
+        m4, m8 = ir.Constant(v4, None), None
         if qtype == QT.Q6_K:
             taken = builder.mul(sums, sc16)  # [16]: 32 times these are taken back, by lane pairs and by 64 elements
             taken = builder.add(builder.shuffle_vector(taken, taken, evens), builder.shuffle_vector(taken, taken, odds))
             lanes = builder.sub(lanes, builder.mul(taken, ir.Constant(v8, [32] * 8)))
-            by_64 = builder.add(builder.shuffle_vector(taken, taken, ir.Constant(v4, [0, 2, 4, 6])),
-                                builder.shuffle_vector(taken, taken, ir.Constant(v4, [1, 3, 5, 7])))
-            pairs = builder.sub(pairs, builder.mul(by_64, ir.Constant(v4, [32] * 4)))
-            m4 = ir.Constant(v4, None)
-        else:
+            pairs = builder.sub(pairs, builder.mul(halves(taken), ir.Constant(v4, [32] * 4)))
+        elif qtype == QT.Q2_K:
+            prod = builder.mul(sums, mins)  # [16]: each sub-block's min times x's sum over it
+            m8 = builder.add(builder.shuffle_vector(prod, prod, evens), builder.shuffle_vector(prod, prod, odds))
+            m4 = halves(m8)
+        elif qtype != QT.Q3_K:
             by_32 = builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(sums, sums, odds))
-            prod = builder.mul(by_32, mins)  # [8]: each sub-block's min times x's sum over it
-            m4 = builder.add(builder.shuffle_vector(prod, prod, ir.Constant(v4, [0, 2, 4, 6])),
-                             builder.shuffle_vector(prod, prod, ir.Constant(v4, [1, 3, 5, 7])))
-        out.append((lanes, pairs, m4))
+            m4 = halves(builder.mul(by_32, mins))  # [8]: each sub-block's min times x's sum over it, by 64
+        out.append((lanes, pairs, m4, m8))
     return d, dmin, out
 
 
@@ -377,7 +412,7 @@ def _make_ktile(qtype, vnni):
                        builder.add(bs, builder.mul(ir.Constant(I64, k), bs_step))) for k in range(TILE)]
             d, dmin, sums = _kblock_sums(builder, blk, qtype, vnni, tokens)
             v4 = ir.VectorType(I32, 4)
-            for k, (_, pairs, m4) in enumerate(sums):
+            for k, (_, pairs, m4, _) in enumerate(sums):
                 for out, value in zip((isum_out, msum_out), (pairs, m4)):
                     at = builder.inttoptr(builder.add(out, ir.Constant(I64, 16 * k)), v4.as_pointer())
                     builder.store(value, at, align=1)
@@ -413,16 +448,18 @@ def _make_krow(qtype, vnni, n_rows, repacked):
             for r, w in enumerate(rows):
                 acc, accm = accs[2 * r], accs[2 * r + 1]
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                d, dmin, ((lanes, _, m4),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
+                d, dmin, ((lanes, _, m4, m8),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
                 if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
                     isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
                     acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
                     accm = builder.call(fma, [builder.sitofp(builder.call(msum_of, [m4]), F32), builder.fmul(dmin, dxi),
                                               accm])
                 else:
+                    neg = builder.fmul(builder.fneg(dxi), dmin)  # -d_x * dmin_w
+                    if qtype == QT.Q2_K:  # its mins first, into the same lanes
+                        acc = builder.call(fma8, [splat(builder, neg, V8F32), builder.sitofp(m8, V8F32), acc])
                     acc = builder.call(fma8, [splat(builder, builder.fmul(dxi, d), V8F32),
                                               builder.sitofp(lanes, V8F32), acc])
-                    neg = builder.fmul(builder.fneg(dxi), dmin)  # -d_x * dmin_w
                     if qtype == QT.Q4_K:
                         accm = builder.call(fma4, [splat(builder, neg, v4f), builder.sitofp(m4, v4f), accm])
                     elif qtype == QT.Q5_K:
@@ -463,7 +500,8 @@ def _make_krow(qtype, vnni, n_rows, repacked):
 
 
 KTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (a block against TILE tokens; one token's row, two)
-REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
+REPACKED = SIZE = STEP = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
+# its repacked gemm's float step in 64s (ggml_numerics.GEMM_STEP / 2)
 
 
 def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the parts' addresses, first rows -> [T, N]
@@ -500,10 +538,13 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
                 d, dmin = KTILE(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
                 for k in range(TILE):
                     dxk = dx[t + k, B]
-                    if REPACKED:  # the gemm: steps of two sub-blocks
-                        for p in range(4):
-                            acc[k] = fma32(np.float32(isum[k, p]), d * dxk, acc[k])
-                            accm[k] = fma32(np.float32(msum[k, p]), dmin * dxk, accm[k])
+                    if REPACKED:  # the gemm: steps of STEP pairs of sub-blocks (64 values each)
+                        for p in range(0, 4, STEP):
+                            i_p, m_p = isum[k, p], msum[k, p]
+                            for q in range(p + 1, p + STEP):
+                                i_p, m_p = i_p + isum[k, q], m_p + msum[k, q]
+                            acc[k] = fma32(np.float32(i_p), d * dxk, acc[k])
+                            accm[k] = fma32(np.float32(m_p), dmin * dxk, accm[k])
                     else:  # the tiled kernel: steps of a block
                         r = np.float32(np.float32(isum[k].sum()) * d)
                         r = fma32(-dmin, np.float32(msum[k].sum()), r)
@@ -519,14 +560,15 @@ def kquant_kernel(qtype, vnni=VNNI, repacked=False):
     key = (qtype, vnni, repacked)
     if key not in KERNELS:
         consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni, 1, repacked),
-                      KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+                      KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
+                      STEP=GEMM_STEP.get(qtype, 2) // 2)
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
 
 
 class NumbaKQuantMatrix(GgmlBlocks):
-    """A Q4_K/Q5_K/Q6_K matrix: `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit; `repacked` as
+    """A K-quant matrix (Q2_K to Q6_K): `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit; `repacked` as
     ggml_numerics.repacked (llama.cpp's CPU repack on, and a type and shape it repacks)."""
 
     def matmul(self, x):  # [T, K] -> [T, N]
