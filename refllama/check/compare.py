@@ -98,8 +98,9 @@ class Forced:
             start = self.here[0]
             kept = [[p - start for p in self.dump.positions(k)] for k in OUTPUT_STAGES if k in self.wanted]
             rows = output_rows(kept, len(self.here))
-            self.here = [start + i for i in rows]
-            x = x[here.asarray(rows)]
+            if len(rows) < len(self.here):
+                self.here = [start + i for i in rows]
+                x = x[here.asarray(rows)]
         return x
 
     def _stage(self, name):  # -> (array, positions)

@@ -451,8 +451,7 @@ def skipped_post_norm(e, found):
 NORMS = {  # a norm's stage: its weight and the stage it norms (None: the block's input; "": the last block's output)
     "attn_norm": ("attn_norm", None), "ffn_norm": ("ffn_norm", "sa_out"),
     "attn_post_norm": ("attn_post_norm", "attn_out"), "ffn_post_norm": ("ffn_post_norm", "ffn_out"),
-    "Qcur_normed": ("attn_q_norm", "Qcur"),
-    "Kcur_normed": ("attn_k_norm", "Kcur"), "result_norm": ("output_norm", ""),
+    "Qcur_normed": ("attn_q_norm", "Qcur"), "Kcur_normed": ("attn_k_norm", "Kcur"), "result_norm": ("output_norm", ""),
 }
 
 
