@@ -337,8 +337,9 @@ def _kblock_sums(builder, blk, qtype, vnni, tokens):
     prefetch_block(builder, blk, qtype)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
     dmin, mins = ir.Constant(F32, 0.0), None
-    by_16 = qtype in (QT.Q2_K, QT.Q3_K, QT.Q6_K)  # 16 sub-blocks of 16: a chunk of 32 has lanes 0-3 in sub-block
-    if qtype == QT.Q6_K:  # 2c, lanes 4-7 in 2c + 1
+    # Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16, so chunk c of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
+    by_16 = qtype in (QT.Q2_K, QT.Q3_K, QT.Q6_K)
+    if qtype == QT.Q6_K:
         codes = [q6_k_codes(builder, blk, c) for c in range(8)]
         sc16 = builder.sext(load(builder, field_at(builder, blk, qtype, "scales"), ir.VectorType(I8, 16)), v16)
     elif qtype == QT.Q3_K:  # low bits, and 4 where the high bit is clear: the code is low - that
