@@ -194,7 +194,6 @@ def another_softmax_scale(e, found):
         return
     (kq,) = inputs
     vis = visible(e.stage, e.positions, kq.shape)
-    mask = np.where(vis, 0.0, -np.inf)
     use = vis & (e.bad > 0) & np.isfinite(kq)
     x, y = np.where(use, kq, np.nan), np.where(use, np.log(np.where(use, e.bad, 1.0)), np.nan)
     dx, dy = x - np.nanmean(x, axis=-1, keepdims=True), y - np.nanmean(y, axis=-1, keepdims=True)
@@ -204,7 +203,7 @@ def another_softmax_scale(e, found):
     if not slopes.size:
         return
     s, scale = float(np.median(slopes)), e.cfg.kq_scale
-    if abs(s / scale - 1) < 1e-3 or not e.close(_softmax(np.nan_to_num(kq) * s + mask)[e.valid], e.b):
+    if abs(s / scale - 1) < 1e-3 or not e.close(_attention(kq, s, vis)[e.valid], e.b):
         return
     hd, d_h = e.cfg.head_dim, e.cfg.n_embd / e.cfg.n_head
     usual = {"1/sqrt(HD)": hd ** -0.5, "1/sqrt(D/H)": d_h ** -0.5, "1/HD": 1 / hd, "1 (no scale)": 1.0}
@@ -332,8 +331,7 @@ def sliding_window(e, found):
     gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
 
     def weights(window):  # the model's softmax of MINE's kq, a query seeing its last `window` keys (None: all)
-        seen = vis & (True if window is None else gap < window)
-        return _softmax(np.nan_to_num(kq) * e.cfg.kq_scale + np.where(seen, 0.0, -np.inf))[e.valid]
+        return _attention(kq, e.cfg.kq_scale, vis & (True if window is None else gap < window))[e.valid]
 
     pattern = "or the pattern of local and global layers is off"
     tries = {f"matches attention over every earlier key: this local layer's sliding window ({W}) is not applied "
@@ -513,8 +511,7 @@ def missing_mask(e, found):
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
     if inputs:
         kq = inputs[0]
-        unmasked = _softmax(np.where(np.isfinite(kq), kq * e.cfg.kq_scale, -np.inf))
-        if e.close(unmasked[e.valid], e.b):
+        if e.close(_attention(kq, e.cfg.kq_scale, np.isfinite(kq))[e.valid], e.b):
             yield "hint: matches the softmax over every key, later ones too: the causal mask is missing"
 
 
@@ -587,6 +584,10 @@ def _stages(dump, names, positions):
     if not all(n in dump and set(positions) <= set(dump.positions(n)) for n in names):
         return None
     return [take(dump, n, positions).astype(np.float64) for n in names]
+
+
+def _attention(kq, scale, seen):  # softmax(kq * scale) over the keys `seen` marks (kq may be NaN elsewhere)
+    return _softmax(np.where(seen, np.nan_to_num(kq) * scale, -np.inf))
 
 
 def _softmax(x):

@@ -132,7 +132,8 @@ class DumpWriter:
         here = self.out if at is None and name == "result_output" and self.out else range(a.shape[axis])
         keep = list(self.rows.get(name, here)) if at is None else [at]
         if at is None and keep != list(here):
-            a = np.take(a, [list(here).index(p) for p in keep], axis=axis)
+            index = {p: i for i, p in enumerate(here)}
+            a = np.take(a, [index[p] for p in keep], axis=axis)
         dtype = np.dtype(self.dtypes.get(name, np.float32))
         if dtype == np.float16 and np.abs(a[np.isfinite(a)]).max(initial=0) > np.finfo(np.float16).max:
             dtype = np.dtype(np.float32)  # float16 storage only where the values fit (Gemma's residual stream)

@@ -70,9 +70,9 @@ class _Cursor:
         return n
 
     def string(self):
-        return str(self.take(self.scalar(UINT64)), "utf-8", "replace")
+        return self.strings(1)[0]
 
-    def strings(self, n):  # a string array: a vocabulary's 100k+ tokens and merges, read in one tight loop
+    def strings(self, n):  # n strings (a vocabulary's 100k+ tokens and merges: one tight loop, not n calls)
         buf, pos, out = self.buf, self.pos, []
         for _ in range(n):
             if pos + 8 > len(buf) or pos + 8 + (k := int.from_bytes(buf[pos:pos + 8], "little")) > len(buf):
