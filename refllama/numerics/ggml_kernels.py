@@ -44,10 +44,11 @@ from .ggml_numerics import (
     rope_cos_sin,
     softcap,
 )
+from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, load, load_f16, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
-from .numba_ops import ROPE, V64F32, _kq_dot, expf, fma32, kq_dot16, rms_norm
+from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
 from .quant import Blocks, concat_blocks, row_address
 
 
@@ -399,29 +400,149 @@ def _kblock_sums(builder, blk, qtype, vnni, tokens):
     return d, dmin, out
 
 
-def _make_ktile(qtype, vnni):
-    """An intrinsic (blk, x, x_step, bs, bs_step, isum_out, msum_out) -> (d, dmin): one block against TILE tokens,
-    token k's codes x + k * x_step, its sums bs + k * bs_step; each token's `pairs` and `mins` (_kblock_sums) written
-    as four int32 each at isum_out + 16 k and msum_out + 16 k."""
+# per K-quant: (values per sub-block, the largest |code - offset|, the largest |scale|), and the offsets
+UNIT_BOUNDS = {QT.Q2_K: (16, 3, 15), QT.Q3_K: (16, 4, 32), QT.Q4_K: (32, 15, 63), QT.Q5_K: (32, 31, 63),
+               QT.Q6_K: (16, 32, 128)}
+UNIT_SHIFT = {QT.Q3_K: 4, QT.Q6_K: 32}
+LANES, ROWS = 16, 4  # a batch's K-quant tiles: 16 tokens in the lanes of one vector, 4 rows of weights at a time
+V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
+
+
+def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
+    if vnni:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
+            V16I32, [V16I32] * 3))
+        return builder.call(fn, [acc, u, y])
+    v64, v64i8 = ir.VectorType(I32, 64), ir.VectorType(I8, 64)
+    p = builder.mul(builder.zext(builder.bitcast(u, v64i8), v64), builder.sext(builder.bitcast(y, v64i8), v64))
+    parts = [builder.shuffle_vector(p, p, ir.Constant(V16I32, list(range(k, 64, 4)))) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
+
+
+def _kunits(builder, blk, qtype):
+    """A K-quant block's sub-blocks as a lane tile multiplies them: (d, dmin, codes, scales, mins): codes(u) emits
+    sub-block u's codes as unsigned bytes (<n x i8>, n = UNIT_BOUNDS' values per sub-block; the value is the code
+    minus UNIT_SHIFT) where it is called, scales[u] and mins[u] are its integer scale and min (i32; mins None for
+    the types without)."""
+    d, dmin = load_f16(builder, field_at(builder, blk, qtype, "d")), ir.Constant(F32, 0.0)
+    if "dmin" in LAYOUT[qtype]:
+        dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+
+    def lane(v, j):
+        return builder.extract_element(v, ir.Constant(I32, j))
+
+    if qtype in (QT.Q4_K, QT.Q5_K):
+        both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
+        return d, dmin, lambda u: k_codes(builder, blk, qtype, u), [lane(both, j) for j in range(8)], \
+            [lane(both, 8 + j) for j in range(8)]
+    v16i8 = ir.VectorType(I8, 16)
+    mins = [None] * 16
+    if qtype == QT.Q6_K:
+        def chunk(c):
+            return q6_k_codes(builder, blk, c)
+
+        scales = builder.sext(load(builder, field_at(builder, blk, qtype, "scales"), v16i8), V16I32)
+    elif qtype == QT.Q3_K:  # the two low bits and the high bit: code = low + 4 high - 4
+        def chunk(c):
+            high = bits32(builder, field_at(builder, blk, qtype, "hmask"), c, 1)
+            return builder.or_(k_crumbs(builder, blk, qtype, c), builder.shl(high, const8(2)))
+
+        scales = builder.sext(q3_k_scales(builder, blk), V16I32)
+    else:  # Q2_K: each scales byte holds the sub-block's scale (low 4 bits) and min (high 4)
+        def chunk(c):
+            return k_crumbs(builder, blk, qtype, c)
+
+        packed = builder.zext(load(builder, field_at(builder, blk, qtype, "scales"), v16i8), V16I32)
+        scales = builder.and_(packed, ir.Constant(V16I32, [15] * 16))
+        mins = [lane(builder.lshr(packed, ir.Constant(V16I32, [4] * 16)), s) for s in range(16)]
+
+    def codes(u):  # the half of a chunk of 32
+        c = chunk(u // 2)
+        return builder.shuffle_vector(c, c, ir.Constant(V16I32, list(range(16 * (u % 2), 16 * (u % 2) + 16))))
+
+    return d, dmin, codes, [lane(scales, s) for s in range(16)], mins
+
+
+def _make_lane_tile(qtype, vnni, repacked):
+    """An intrinsic (ws, xt, bt, bf, dt, nb, out): the ROWS rows at addresses ws, nb blocks each, against LANES
+    tokens, the tokens in the lanes of a vector. xt: the tokens' Q8_K codes, 4 at a time ([K/4, LANES] words); bt,
+    bf: their sums of 16 ([K/16, LANES], int32 and float32); dt: their scales ([nb, LANES] float32); out: the
+    [ROWS, LANES] float32 results. Each weight's 4 codes are broadcast to every lane and one vpdpbusd adds their
+    products with all the tokens' (the codes unsigned, x signed: a code's offset is taken back from x's sums), so
+    no sum is ever reduced across lanes; each vector of x is read once for the ROWS rows. Each token's float steps
+    are its own lane's: the repacked gemm's (fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm) every
+    GEMM_STEP sub-blocks of 32, then acc - accm) or the tiled kernel's (per block r = isum * d_w, r = fma(-dmin_w,
+    msum, r), acc = fma(r, d_x, acc)). A step's integer sums times their scales are added in float32 where every
+    partial sum stays below 2^24 (exact: an FMA instead of a 32-bit multiply), else in int32; msum always is."""
+    size = BLOCK_SIZES[qtype][1]
+    step = 32 * GEMM_STEP.get(qtype, 8) if repacked else 256  # values per float step
+    n, top, scale_top = UNIT_BOUNDS[qtype]
+    in_float = step // n * n * top * 127 * scale_top < 2 ** 24  # a step's scaled sums exact in float32
+
+    def codegen(context, builder, signature, args):
+        ws, xt, bt, bf, dt, nb, out = args
+        rows = [builder.extract_value(ws, r) for r in range(ROWS)]
+        fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+        zero, fzero = ir.Constant(V16I32, None), ir.Constant(V16F32, None)
+
+        def vec(addr, at, ty=V16I32):  # the vector at addr + 64 * at
+            return load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 64))), ty)
+
+        def fsplat(v):
+            return splat(builder, v if v.type == F32 else builder.sitofp(v, F32), V16F32)
+
+        def block(i, accs):
+            dx = vec(dt, i, V16F32)
+            at = [builder.add(builder.mul(i, ir.Constant(I64, 16)), ir.Constant(I64, s)) for s in range(16)]
+            bs, bsf = [vec(bt, a) for a in at], [vec(bf, a, V16F32) for a in at]
+            blocks = []
+            for w in rows:
+                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                prefetch_block(builder, blk, qtype)
+                blocks.append(_kunits(builder, blk, qtype))
+            accs = list(accs)
+            isums, msums = [fzero if in_float else zero] * ROWS, [fzero] * ROWS
+            for u in range(256 // n):
+                first = builder.mul(bs[u], ir.Constant(V16I32, [-UNIT_SHIFT.get(qtype, 0)] * 16)) \
+                    if qtype in UNIT_SHIFT else zero  # the codes' offset times x's sum over the unit
+                words = [builder.bitcast(b[2](u), ir.VectorType(I32, n // 4)) for b in blocks]
+                lanes = [first] * ROWS
+                for g in range(n // 4):
+                    y = vec(xt, builder.add(builder.mul(i, ir.Constant(I64, 64)), ir.Constant(I64, u * n // 4 + g)))
+                    lanes = [_dpbusd16(builder, lanes[r], splat(builder, builder.extract_element(
+                        words[r], ir.Constant(I32, g)), V16I32), y, vnni) for r in range(ROWS)]
+                sums = bsf[u] if n == 16 else builder.fadd(bsf[2 * u], bsf[2 * u + 1])  # x's sums over the unit
+                for r, (d, dmin, _, scales, mins) in enumerate(blocks):
+                    if in_float:
+                        isums[r] = builder.call(fma, [builder.sitofp(lanes[r], V16F32), fsplat(scales[u]), isums[r]])
+                    else:
+                        isums[r] = builder.add(isums[r], builder.mul(lanes[r], splat(builder, scales[u], V16I32)))
+                    if mins[u] is not None:  # a min times x's sum: exact in float32
+                        msums[r] = builder.call(fma, [sums, fsplat(mins[u]), msums[r]])
+                    if (u + 1) * n % step:
+                        continue
+                    isum = isums[r] if in_float else builder.sitofp(isums[r], V16F32)
+                    if repacked:  # the gemm's float step
+                        accs[2 * r] = builder.call(fma, [isum, builder.fmul(fsplat(d), dx), accs[2 * r]])
+                        accs[2 * r + 1] = builder.call(fma, [msums[r], builder.fmul(fsplat(dmin), dx),
+                                                             accs[2 * r + 1]])
+                    else:  # the tiled kernel's, once a block
+                        rr = builder.call(fma, [fsplat(builder.fneg(dmin)), msums[r], builder.fmul(isum, fsplat(d))])
+                        accs[2 * r] = builder.call(fma, [rr, dx, accs[2 * r]])
+                    isums[r], msums[r] = (fzero if in_float else zero), fzero
+            return accs
+
+        accs = counted_loop(builder, nb, [ir.Constant(V16F32, None)] * (2 * ROWS), block)
+        for r in range(ROWS):
+            at = builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer())
+            builder.store(builder.fsub(accs[2 * r], accs[2 * r + 1]), at, align=4)
+        return context.get_dummy_value()
+
     @intrinsic
-    def ktile(typingctx, blk, x, x_step, bs, bs_step, isum_out, msum_out):
-        sig = types.UniTuple(types.float32, 2)(*[types.int64] * 7)
+    def lane_tile(typingctx, ws, xt, bt, bf, dt, nb, out):
+        return types.none(types.UniTuple(types.int64, ROWS), *[types.int64] * 6), codegen
 
-        def codegen(context, builder, signature, args):
-            blk, x, x_step, bs, bs_step, isum_out, msum_out = args
-            tokens = [(builder.add(x, builder.mul(ir.Constant(I64, k), x_step)),
-                       builder.add(bs, builder.mul(ir.Constant(I64, k), bs_step))) for k in range(TILE)]
-            d, dmin, sums = _kblock_sums(builder, blk, qtype, vnni, tokens)
-            v4 = ir.VectorType(I32, 4)
-            for k, (_, pairs, m4, _) in enumerate(sums):
-                for out, value in zip((isum_out, msum_out), (pairs, m4)):
-                    at = builder.inttoptr(builder.add(out, ir.Constant(I64, 16 * k)), v4.as_pointer())
-                    builder.store(value, at, align=1)
-            return context.make_tuple(builder, signature.return_type, (d, dmin))
-
-        return sig, codegen
-
-    return ktile
+    return lane_tile
 
 
 def _make_krow(qtype, vnni, n_rows, repacked):
@@ -500,17 +621,34 @@ def _make_krow(qtype, vnni, n_rows, repacked):
     return krow
 
 
-KTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (a block against TILE tokens; one token's row, two)
-REPACKED = SIZE = STEP = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
-# its repacked gemm's float step in 64s (ggml_numerics.GEMM_STEP / 2)
+LTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (ROWS rows against a lane tile; one token's row, two)
+REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
+
+
+@njit(cache=True)
+def _lane_tiles(xq, dx, bsums, n_tiles):  # Q8_K x [>=n_tiles*LANES, K] -> xt, bt, bf, dt: each tile's tokens in lanes
+    K = xq.shape[1]
+    words = xq.view(np.int32)
+    xt = np.empty((n_tiles, K // 4, LANES), np.int32)
+    bt = np.empty((n_tiles, K // 16, LANES), np.int32)
+    bf = np.empty((n_tiles, K // 16, LANES), np.float32)
+    dt = np.empty((n_tiles, K // 256, LANES), np.float32)
+    for j in range(n_tiles):
+        for k in range(LANES):
+            t = j * LANES + k
+            xt[j, :, k] = words[t]
+            bt[j, :, k] = bsums[t]
+            bf[j, :, k] = bsums[t]
+            dt[j, :, k] = dx[t]
+    return xt, bt, bf, dt
 
 
 def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the parts' addresses, first rows -> [T, N]
     """llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROW (the gemv, or
-    vec_dot); a repacked matrix's rows in fours through the gemm (float steps every two sub-blocks), the rest
-    through the gemv; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per block);
-    fewer, vec_dot each. Tiles of TILE tokens unpack each block once; `xq`, `dx`, `bsums` have rows up to a
-    multiple of TILE (zeros past the T tokens, their results dropped)."""
+    vec_dot); a repacked matrix's tokens in fours through the gemm (float steps every GEMM_STEP sub-blocks), the
+    rest through the gemv; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per
+    block); fewer, vec_dot each. The gemm and the tiled kernel run as lane tiles (LTILE: LANES tokens against ROWS
+    rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past the T tokens, results dropped)."""
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
@@ -526,43 +664,32 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
                                              row_address(bases, starts, s, nb * SIZE), x0, b0, d0, nb)
         return out
     tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
-    for n in prange(N):
-        isum, msum = np.empty((TILE, 4), np.int32), np.empty((TILE, 4), np.int32)
-        acc, accm = np.empty(TILE, np.float32), np.empty(TILE, np.float32)
-        x0, b0, d0, i0, m0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, isum.ctypes.data, msum.ctypes.data
-        w = row_address(bases, starts, n, nb * SIZE)
-        for t in range(0, tiled, TILE):
-            acc[:] = 0
-            accm[:] = 0
-            for B in range(nb):
-                at_x, at_b = x0 + t * K + B * 256, b0 + (t * (K // 16) + 16 * B) * 4
-                d, dmin = KTILE(w + B * SIZE, at_x, K, at_b, K // 16 * 4, i0, m0)
-                for k in range(TILE):
-                    dxk = dx[t + k, B]
-                    if REPACKED:  # the gemm: steps of STEP pairs of sub-blocks (64 values each)
-                        for p in range(0, 4, STEP):
-                            i_p, m_p = isum[k, p], msum[k, p]
-                            for q in range(p + 1, p + STEP):
-                                i_p, m_p = i_p + isum[k, q], m_p + msum[k, q]
-                            acc[k] = fma32(np.float32(i_p), d * dxk, acc[k])
-                            accm[k] = fma32(np.float32(m_p), dmin * dxk, accm[k])
-                    else:  # the tiled kernel: steps of a block
-                        r = np.float32(np.float32(isum[k].sum()) * d)
-                        r = fma32(-dmin, np.float32(msum[k].sum()), r)
-                        acc[k] = fma32(r, dxk, acc[k])
-            for k in range(min(TILE, tiled - t)):
-                out[t + k, n] = acc[k] - accm[k]
+    n_tiles = (tiled + LANES - 1) // LANES
+    xt, bt, bf, dt = _lane_tiles(xq, dx, bsums, n_tiles)
+    for g in prange((N + ROWS - 1) // ROWS):
+        res = np.empty((ROWS, LANES), np.float32)
+        x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
+        n0, rows = g * ROWS, min(ROWS, N - g * ROWS)
+        w = np.empty(ROWS, np.int64)
+        for i in range(ROWS):
+            w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
+        ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
+        for j in range(n_tiles):
+            LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
+            for i in range(rows):
+                for k in range(min(LANES, tiled - j * LANES)):
+                    out[j * LANES + k, n0 + i] = res[i, k]
         for t in range(tiled, T):
-            out[t, n] = KROW(w, x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
+            for i in range(rows):
+                out[t, n0 + i] = KROW(w[i], x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
     return out
 
 
 def kquant_kernel(qtype, vnni=VNNI, repacked=False):
     key = (qtype, vnni, repacked)
     if key not in KERNELS:
-        consts = dict(KTILE=_make_ktile(qtype, vnni), KROW=_make_krow(qtype, vnni, 1, repacked),
-                      KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
-                      STEP=GEMM_STEP.get(qtype, 2) // 2)
+        consts = dict(LTILE=_make_lane_tile(qtype, vnni, repacked), KROW=_make_krow(qtype, vnni, 1, repacked),
+                      KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
@@ -575,8 +702,8 @@ class NumbaKQuantMatrix(GgmlBlocks):
     def matmul(self, x):  # [T, K] -> [T, N]
         T, K = x.shape
         xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), in_fours=self.repacked)
-        if T > 1:  # rows up to a multiple of TILE, zeros: the tiles read them, their results are dropped
-            pad = -T % TILE
+        if T > 1:  # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
+            pad = -T % LANES
             xq, dx, bsums = (np.concatenate([a, np.zeros((pad, a.shape[1]), a.dtype)]) for a in (xq, dx, bsums))
         return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts)
 
