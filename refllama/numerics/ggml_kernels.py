@@ -39,7 +39,6 @@ from .ggml_numerics import (
     cos_sin,
     geglu,
     gelu,
-    quantize_q8_K,
     repacked,
     rope_cos_sin,
     softcap,
@@ -625,6 +624,37 @@ LTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (ROWS rows against 
 REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
 
 
+@njit(parallel=True, cache=True)
+def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/256] f32, bsums [rows, K/16] i32
+    """ggml_numerics.quantize_q8_K (which says why each step is as it is), the first `four` tokens in fours; rows
+    past T are zeros."""
+    T, K = X.shape
+    q = np.zeros((rows, K), np.int8)
+    d = np.zeros((rows, K // 256), np.float32)
+    bsums = np.zeros((rows, K // 16), np.int32)
+    for tb in prange(T * (K // 256)):
+        t, b = tb // (K // 256), tb % (K // 256)
+        x = X[t, b * 256:(b + 1) * 256]
+        mx = x[0]
+        for j in range(256):
+            if abs(x[j]) > abs(mx):
+                mx = x[j]
+        if t < four and mx < 0:
+            for j in range(256):
+                if x[j] == -mx:
+                    mx = -mx
+                    break
+        if mx == 0:
+            continue
+        iscale = np.float32(-127.0) / mx
+        d[t, b] = np.float32(1.0) / iscale
+        for j in range(256):
+            c = min(np.float32(127.0), np.rint(x[j] * iscale))
+            q[t, b * 256 + j] = np.int8(c)
+            bsums[t, b * 16 + j // 16] += np.int32(c)
+    return q, d, bsums
+
+
 @njit(cache=True)
 def _lane_tiles(xq, dx, bsums, n_tiles):  # Q8_K x [>=n_tiles*LANES, K] -> xt, bt, bf, dt: each tile's tokens in lanes
     K = xq.shape[1]
@@ -701,10 +731,9 @@ class NumbaKQuantMatrix(GgmlBlocks):
 
     def matmul(self, x):  # [T, K] -> [T, N]
         T, K = x.shape
-        xq, dx, bsums = quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), in_fours=self.repacked)
-        if T > 1:  # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
-            pad = -T % LANES
-            xq, dx, bsums = (np.concatenate([a, np.zeros((pad, a.shape[1]), a.dtype)]) for a in (xq, dx, bsums))
+        # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
+        xq, dx, bsums = _quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), T - T % 4 if self.repacked else 0,
+                                       T if T == 1 else T + -T % LANES)
         return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts)
 
 
