@@ -5,7 +5,7 @@ copied), so the weights take the file's bytes and loading reads nothing. Every b
 a group of 32 values at a time (block_ir.groups): codes, a scale and for some types an offset, value = scale * code
 + offset, as ggml's dequantize_row_* computes it. One token's product is a vector loop in LLVM IR per row: 32 float32
 lanes accumulate fma(scale, code * x, acc) over the whole row, the offsets times x's group sums apart, one horizontal
-sum at the end. A batch's product dequantizes 4 rows at a time and multiplies them by all its tokens. Every value a
+sum at the end. A batch's product dequantizes 8 rows at a time and multiplies them by 16 tokens at a time. Every value a
 product uses is the float32 one gguf-py's dequantize gives; only the order of the float32 additions is the kernel's.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
 """
@@ -19,7 +19,7 @@ from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
 from .block_ir import AHEAD, GROUPS, broadcast_lane, groups, prefetch_block
-from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize
+from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
@@ -128,43 +128,65 @@ def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -
     return out
 
 
-@njit(fastmath=True)
-def _tile_4x2(X, w, out, r):  # out[:, r:r+4] = X @ w.T for 4 dequantized rows w [4, K]
-    """Two tokens at a time against the four rows: 8 sums that stay in registers while K streams by, so each
-    load of w or X serves two or four multiply-adds. An odd last token is computed twice (same value)."""
-    T, K = X.shape
-    N = out.shape[1]
-    for t in range(0, T, 2):
-        u = min(t + 1, T - 1)
-        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-        for k in range(K):
-            x, y = X[t, k], X[u, k]
-            a0 += w[0, k] * x
-            a1 += w[1, k] * x
-            a2 += w[2, k] * x
-            a3 += w[3, k] * x
-            b0 += w[0, k] * y
-            b1 += w[1, k] * y
-            b2 += w[2, k] * y
-            b3 += w[3, k] * y
-        for i, a, b in ((0, a0, b0), (1, a1, b1), (2, a2, b2), (3, a3, b3)):
-            if r + i < N:
-                out[t, r + i], out[u, r + i] = a, b
+LANES, ROWS, UNROLL = 16, 8, 4  # a batch's tiles: 16 tokens in the lanes of a vector, 8 rows; k steps per pass
+V16F32 = ir.VectorType(F32, 16)
+
+
+@intrinsic
+def lane_tile(typingctx, w, stride, K, xt, out):
+    """(w, stride, K, xt, out): ROWS dequantized rows (float32, K values each, `stride` bytes apart from w) against
+    LANES tokens ([K, LANES] at xt, a token in each lane) -> out [ROWS, LANES]: each weight broadcast to every lane,
+    one FMA per weight and 16 tokens, a sum per row and token in its own register, added in k's order."""
+    def codegen(context, builder, signature, args):
+        w, stride, K, xt, out = args
+        fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+
+        rows = [builder.add(w, builder.mul(stride, ir.Constant(I64, r))) for r in range(ROWS)]
+
+        def step(i, accs):
+            for u in range(UNROLL):
+                k = builder.add(builder.mul(i, ir.Constant(I64, UNROLL)), ir.Constant(I64, u))
+                x = load(builder, builder.add(xt, builder.mul(k, ir.Constant(I64, 64))), V16F32)
+                accs = [builder.call(fma, [splat(builder, load(builder, builder.add(row, builder.mul(
+                    k, ir.Constant(I64, 4))), F32), V16F32), x, acc]) for row, acc in zip(rows, accs)]
+            return accs
+
+        accs = counted_loop(builder, builder.udiv(K, ir.Constant(I64, UNROLL)), [ir.Constant(V16F32, None)] * ROWS,
+                            step)
+        for r, acc in enumerate(accs):
+            builder.store(acc, builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer()),
+                          align=4)
+        return context.get_dummy_value()
+
+    return types.none(*[types.int64] * 5), codegen
 
 
 def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] = X @ W.T
+    """ROWS rows at a time dequantized into a scratch, then multiplied by the tokens LANES at a time (lane_tile),
+    the tokens' values transposed once so that each k's are one vector; past T, zeros (results dropped)."""
     T, K = X.shape
     N = starts[-1]
+    n_tiles = (T + LANES - 1) // LANES
+    xt = np.zeros((n_tiles, K, LANES), np.float32)
+    for t in range(T):
+        xt[t // LANES, :, t % LANES] = X[t]
     out = np.empty((T, N), np.float32)
-    n_quads = (N + 3) // 4
-    n_chunks = min(n_quads, CHUNKS)
+    n_groups = (N + ROWS - 1) // ROWS
+    n_chunks = min(n_groups, CHUNKS)
     for c in prange(n_chunks):
-        w = np.empty((4, K), np.float32)  # 4 rows dequantized, reused for every token
-        for g in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
-            for i in range(4):
-                r = min(4 * g + i, N - 1)
+        # the rows dequantized, reused for every tile; a line apart more than K (rows a multiple of 4 KiB apart
+        # would share the L1 cache's sets)
+        w = np.empty((ROWS, K + 16), np.float32)
+        res = np.empty((ROWS, LANES), np.float32)
+        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
+            for i in range(ROWS):
+                r = min(ROWS * g + i, N - 1)
                 ROW_VALUES(row_address(bases, starts, r, K // BLOCK * SIZE), w[i:].ctypes.data, K // BLOCK)
-            _tile_4x2(X, w, out, 4 * g)
+            for j in range(n_tiles):
+                lane_tile(w.ctypes.data, (K + 16) * 4, K, xt[j].ctypes.data, res.ctypes.data)
+                for i in range(min(ROWS, N - ROWS * g)):
+                    for k in range(min(LANES, T - j * LANES)):
+                        out[j * LANES + k, ROWS * g + i] = res[i, k]
     return out
 
 
