@@ -5,7 +5,7 @@ copied), so the weights take the file's bytes and loading reads nothing. Every b
 a group of 32 values at a time (block_ir.groups): codes, a scale and for some types an offset, value = scale * code
 + offset, as ggml's dequantize_row_* computes it. One token's product is a vector loop in LLVM IR per row: 32 float32
 lanes accumulate fma(scale, code * x, acc) over the whole row, the offsets times x's group sums apart, one horizontal
-sum at the end. A batch's product dequantizes 8 rows at a time and multiplies them by 16 tokens at a time. Every value a
+sum at the end. A batch's product dequantizes 16 rows at a time and multiplies them by 16 tokens at once. Every value a
 product uses is the float32 one gguf-py's dequantize gives; only the order of the float32 additions is the kernel's.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
 """
@@ -128,7 +128,7 @@ def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -
     return out
 
 
-LANES, ROWS, UNROLL = 16, 8, 4  # a batch's tiles: 16 tokens in the lanes of a vector, 8 rows; k steps per pass
+LANES, ROWS, UNROLL = 16, 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector, 16 rows; k steps per pass
 V16F32 = ir.VectorType(F32, 16)
 
 
@@ -168,8 +168,9 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
     N = starts[-1]
     n_tiles = (T + LANES - 1) // LANES
     xt = np.zeros((n_tiles, K, LANES), np.float32)
-    for t in range(T):
-        xt[t // LANES, :, t % LANES] = X[t]
+    for j in prange(n_tiles):
+        for t in range(j * LANES, min(T, (j + 1) * LANES)):
+            xt[j, :, t % LANES] = X[t]
     out = np.empty((T, N), np.float32)
     n_groups = (N + ROWS - 1) // ROWS
     n_chunks = min(n_groups, CHUNKS)
