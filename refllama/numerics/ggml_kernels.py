@@ -27,6 +27,7 @@ from .block_ir import (
     k_codes,
     k_crumbs,
     k_scales_mins,
+    nibbles16,
     prefetch_block,
     q3_k_scales,
     q5_0_codes,
@@ -61,6 +62,8 @@ def host_has_vnni():
 VNNI = host_has_vnni()
 BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0)}  # the types with IR kernels
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
+V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
+LANES = 16  # a batch's tiles: 16 tokens in the lanes of one vector
 
 
 def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
@@ -74,6 +77,17 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
                                                                                   list(range(k, 32, 4))))
              for k in range(4)]
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
+    if vnni:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
+            V16I32, [V16I32] * 3))
+        return builder.call(fn, [acc, u, y])
+    v64, v64i8 = ir.VectorType(I32, 64), ir.VectorType(I8, 64)
+    p = builder.mul(builder.zext(builder.bitcast(u, v64i8), v64), builder.sext(builder.bitcast(y, v64i8), v64))
+    parts = [builder.shuffle_vector(p, p, ir.Constant(V16I32, list(range(k, 64, 4)))) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
 def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked, n_rows=1):
@@ -220,47 +234,154 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] 
             xs[b, t] = _round_f16(d * np.float32(total))
 
 
-DOT1 = DOT2 = DOTN = ROW_BYTES = None  # one type's dot products (a token; a token, two rows; TILE tokens), block size
+OFFSET = {QT.Q8_0: 128, QT.Q4_0: 8, QT.Q5_0: 16}  # a block tile's codes are unsigned: the value is code - this
+TILE_ROWS = {False: 2, True: 4}  # rows a block tile multiplies at once: 8 float32 sums a row (4 if repacked: one)
 
 
-def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32, one type's DOT1, DOTN
+def _unsigned_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0 block -> <32 x i8>: its codes plus OFFSET
+    if qtype == QT.Q8_0:
+        return builder.xor(load(builder, field_at(builder, blk, qtype, "qs"), V32I8), const8(-128))
+    if qtype == QT.Q5_0:
+        return builder.add(q5_0_codes(builder, blk), const8(16))
+    return nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+
+
+def _make_block_tile(qtype, vnni, repacked):
+    """An intrinsic (ws, xt, xo, dt, st, nb, out): TILE_ROWS[repacked] rows at addresses ws, nb blocks of 32 each,
+    against LANES tokens in the lanes of a vector, as _row_dot_ir computes each token's: xt, the tokens' Q8 codes 4
+    at a time ([K/4, LANES] words); xo, each word's sum of codes times -OFFSET ([K/4, LANES] int32); dt, st: their
+    Q8 d and s ([K/32, LANES] float32); out: [rows, LANES] float32. Each word of a row's codes is broadcast to
+    every lane, and one vpdpbusd adds its 4 products with every token's: ggml's 8 int32 lanes of a block (lane j:
+    elements 4j .. 4j + 3) are 8 vectors here, each with its own float32 sums (vec_dot's 8 lanes, hsum_float_8 at
+    the end; `repacked`: one sum a block)."""
+    size, n_rows = BLOCK_BYTES[qtype], TILE_ROWS[repacked]
+    per = 1 if repacked else 8  # float32 sums per row
+
+    def codegen(context, builder, signature, args):
+        ws, xt, xo, dt, st, nb, out = args
+        rows = [builder.extract_value(ws, r) for r in range(n_rows)]
+        fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+
+        def vec(addr, at, ty=V16I32):  # the vector at addr + 64 * at
+            return load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 64))), ty)
+
+        def block(i, accs):
+            accs, dx = list(accs), vec(dt, i, V16F32)
+            words, ds, isums = [], [], [ir.Constant(V16I32, None)] * n_rows
+            for r, w in enumerate(rows):
+                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                prefetch_block(builder, blk, qtype)
+                words.append(builder.bitcast(_unsigned_codes(builder, blk, qtype), V8I32))
+                ds.append(builder.fmul(splat(builder, load_f16(builder, field_at(builder, blk, qtype, "d")), V16F32),
+                                       dx))  # d_w * d_x
+                if qtype == QT.Q4_1:  # m_w * s_x, summed apart
+                    m = splat(builder, load_f16(builder, field_at(builder, blk, qtype, "m")), V16F32)
+                    accs[r * (per + 1) + per] = builder.call(fma, [m, vec(st, i, V16F32), accs[r * (per + 1) + per]])
+            for j in range(8):
+                at = builder.add(builder.mul(i, ir.Constant(I64, 8)), ir.Constant(I64, j))
+                y, first = vec(xt, at), vec(xo, at) if qtype in OFFSET else ir.Constant(V16I32, None)
+                for r in range(n_rows):
+                    lanes = _dpbusd16(builder, first, splat(builder, builder.extract_element(
+                        words[r], ir.Constant(I32, j)), V16I32), y, vnni)
+                    if repacked:
+                        isums[r] = builder.add(isums[r], lanes)
+                    else:
+                        k = r * (per + 1) + j
+                        accs[k] = builder.call(fma, [ds[r], builder.sitofp(lanes, V16F32), accs[k]])
+            if repacked:  # one fma(isum, d_w * d_x, acc) a block
+                for r in range(n_rows):
+                    k = r * (per + 1)
+                    accs[k] = builder.call(fma, [builder.sitofp(isums[r], V16F32), ds[r], accs[k]])
+            return accs
+
+        accs = counted_loop(builder, nb, [ir.Constant(V16F32, None)] * (n_rows * (per + 1)), block)
+        for r in range(n_rows):
+            *lanes, summs = accs[r * (per + 1):(r + 1) * (per + 1)]
+            if repacked:
+                total = lanes[0]
+            else:  # hsum_float_8: (lanes 4-7 + lanes 0-3), then (0 + 2) + (1 + 3); then Q4_1's m * s sums
+                half = [builder.fadd(lanes[4 + j], lanes[j]) for j in range(4)]
+                total = builder.fadd(builder.fadd(builder.fadd(half[0], half[2]), builder.fadd(half[1], half[3])),
+                                     summs)
+            at = builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer())
+            builder.store(total, at, align=4)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def block_tile(typingctx, ws, xt, xo, dt, st, nb, out):
+        return types.none(types.UniTuple(types.int64, n_rows), *[types.int64] * 6), codegen
+
+    return block_tile
+
+
+@njit(cache=True)
+def _block_tiles(xq, xd, xs, n_tiles, offset):
+    """Q8 x [T, K], its d and s [K/32, T] -> per tile of LANES tokens: xt [K/4, LANES] words of codes, xo [K/4,
+    LANES] each word's sum times -offset, dt and st [K/32, LANES]; zeros past T."""
+    T, K = xq.shape
+    words = xq.view(np.int32)
+    xt = np.zeros((n_tiles, K // 4, LANES), np.int32)
+    xo = np.zeros((n_tiles, K // 4, LANES), np.int32)
+    dt = np.zeros((n_tiles, K // 32, LANES), np.float32)
+    st = np.zeros((n_tiles, K // 32, LANES), np.float32)
+    for t in range(T):
+        j, k = t // LANES, t % LANES
+        xt[j, :, k] = words[t]
+        dt[j, :, k] = xd[:, t]
+        st[j, :, k] = xs[:, t]
+        for g in range(K // 4):
+            xo[j, g, k] = -offset * (np.int32(xq[t, 4 * g]) + xq[t, 4 * g + 1] + xq[t, 4 * g + 2] + xq[t, 4 * g + 3])
+    return xt, xo, dt, st
+
+
+DOT2 = BTILE = ROW_BYTES = N_ROWS = OFF = None  # one type's intrinsics (a token, two rows; a block tile), sizes
+
+
+def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
     T, K = X.shape
     N, nb = starts[-1], K // 32
     xq = np.empty((T, K), np.int8)
-    xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side: a tile's scales are one vector
+    xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side
     xs = np.empty((nb, T), np.float32)
     quantize_q8(X, xq, xd, xs)
     out = np.empty((T, N), np.float32)
-    n_chunks = min(N, 64)
-    for c in prange(n_chunks):
-        # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
-        # (taken before it, Numba may free xq once its last named use has passed)
-        x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-        lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-        if T == 1:  # one token: the chunk's two halves side by side (an odd last row with itself)
-            half = (hi - lo + 1) // 2
+    if T == 1:
+        n_chunks = min(N, 64)
+        for c in prange(n_chunks):
+            # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
+            # (taken before it, Numba may free xq once its last named use has passed)
+            x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+            lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
+            half = (hi - lo + 1) // 2  # the chunk's two halves side by side (an odd last row with itself)
             for r in range(lo, lo + half):
                 s = min(r + half, hi - 1)
                 out[0, r], out[0, s] = DOT2(row_address(bases, starts, r, nb * ROW_BYTES),
                                             row_address(bases, starts, s, nb * ROW_BYTES), x0, d0, s0, nb, K, 4)
-            continue
-        for r in range(lo, hi):
-            w = row_address(bases, starts, r, nb * ROW_BYTES)
-            for t in range(0, T - T % TILE, TILE):
-                sums = DOTN(w, x0 + t * K, d0 + t * 4, s0 + t * 4, nb, K, T * 4)
-                for j in range(TILE):
-                    out[t + j, r] = sums[j]
-            for t in range(T - T % TILE, T):
-                out[t, r] = DOT1(w, x0 + t * K, d0 + t * 4, s0 + t * 4, nb, K, T * 4)[0]
+        return out
+    n_tiles = (T + LANES - 1) // LANES
+    xt, xo, dt, st = _block_tiles(xq, xd, xs, n_tiles, OFF)
+    for g in prange((N + N_ROWS - 1) // N_ROWS):
+        res = np.empty((N_ROWS, LANES), np.float32)
+        r0 = res.ctypes.data
+        n0, rows = g * N_ROWS, min(N_ROWS, N - g * N_ROWS)
+        w = np.zeros(8, np.int64)
+        for i in range(N_ROWS):
+            w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * ROW_BYTES)
+        ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:N_ROWS]
+        for j in range(n_tiles):
+            BTILE(ws, xt[j].ctypes.data, xo[j].ctypes.data, dt[j].ctypes.data, st[j].ctypes.data, nb, r0)
+            for i in range(rows):
+                for k in range(min(LANES, T - j * LANES)):
+                    out[j * LANES + k, n0 + i] = res[i, k]
     return out
 
 
 def _make_matmul(qtype, vnni, repacked):
-    """_matmul with one type's and form's dot products as its globals DOT1 and DOTN."""
+    """_matmul with one type's and form's intrinsics as its globals."""
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
-    return specialize(_matmul, name, DOT1=_make_dot(qtype, vnni, 1, repacked),
-                      DOT2=_make_dot(qtype, vnni, 1, repacked, n_rows=2), DOTN=_make_dot(qtype, vnni, TILE, repacked),
-                      ROW_BYTES=BLOCK_BYTES[qtype])
+    return specialize(_matmul, name, DOT2=_make_dot(qtype, vnni, 1, repacked, n_rows=2),
+                      BTILE=_make_block_tile(qtype, vnni, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
+                      N_ROWS=TILE_ROWS[repacked], OFF=OFFSET.get(qtype, 0))
 
 
 KERNELS = {}  # (qtype, vnni, repacked) -> compiled matmul (a K-quant's _kquant_matmul), made on first use
@@ -403,19 +524,7 @@ def _kblock_sums(builder, blk, qtype, vnni, tokens):
 UNIT_BOUNDS = {QT.Q2_K: (16, 3, 15), QT.Q3_K: (16, 4, 32), QT.Q4_K: (32, 15, 63), QT.Q5_K: (32, 31, 63),
                QT.Q6_K: (16, 32, 128)}
 UNIT_SHIFT = {QT.Q3_K: 4, QT.Q6_K: 32}
-LANES, ROWS = 16, 4  # a batch's K-quant tiles: 16 tokens in the lanes of one vector, 4 rows of weights at a time
-V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
-
-
-def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
-    if vnni:
-        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
-            V16I32, [V16I32] * 3))
-        return builder.call(fn, [acc, u, y])
-    v64, v64i8 = ir.VectorType(I32, 64), ir.VectorType(I8, 64)
-    p = builder.mul(builder.zext(builder.bitcast(u, v64i8), v64), builder.sext(builder.bitcast(y, v64i8), v64))
-    parts = [builder.shuffle_vector(p, p, ir.Constant(V16I32, list(range(k, 64, 4)))) for k in range(4)]
-    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
+ROWS = 4  # rows of weights a K-quant tile multiplies at once
 
 
 def _kunits(builder, blk, qtype):
@@ -700,7 +809,7 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
         res = np.empty((ROWS, LANES), np.float32)
         x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
         n0, rows = g * ROWS, min(ROWS, N - g * ROWS)
-        w = np.empty(ROWS, np.int64)
+        w = np.zeros(8, np.int64)
         for i in range(ROWS):
             w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
         ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
