@@ -654,8 +654,8 @@ def _make_lane_tile(qtype, vnni, repacked):
 
 
 def _make_krow(qtype, vnni, n_rows, repacked):
-    """An intrinsic (w_1 .. w_n_rows, x, bs, dx, nb) -> n_rows floats: one token's product with n_rows rows of nb
-    blocks each, side by side (two streams of weights per thread keep more reads in flight than one); dx: the
+    """An intrinsic (ws, x, bs, dx, nb) -> n_rows floats: one token's product with the n_rows rows at addresses ws,
+    nb blocks each, side by side (several streams of weights per thread keep more reads in flight than one); dx: the
     token's Q8_K scales (float32, one per block). The float steps of GgmlMatrix's one-token paths: `repacked`
     x86's gemv (per block fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm), then acc - accm), else
     ggml_vec_dot (8 lanes fma(d_x * d_w, lane, acc), Q4_K's mins in 4 lanes, Q5_K's as one sum; hsum_float_8)."""
@@ -663,7 +663,8 @@ def _make_krow(qtype, vnni, n_rows, repacked):
     v4, v4f = ir.VectorType(I32, 4), ir.VectorType(F32, 4)
 
     def codegen(context, builder, signature, args):
-        *rows, x, bs, dx, nb = args
+        ws, x, bs, dx, nb = args
+        rows = [builder.extract_value(ws, r) for r in range(n_rows)]
         fma = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
         fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
         fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
@@ -716,20 +717,14 @@ def _make_krow(qtype, vnni, n_rows, repacked):
             results.append(total)
         return context.make_tuple(builder, signature.return_type, results)
 
-    sig = types.UniTuple(types.float32, n_rows)(*[types.int64] * (n_rows + 4))
-    if n_rows == 1:
-        @intrinsic
-        def krow(typingctx, w, x, bs, dx, nb):
-            return sig, codegen
-    else:
-        @intrinsic
-        def krow(typingctx, wa, wb, x, bs, dx, nb):
-            return sig, codegen
+    @intrinsic
+    def krow(typingctx, ws, x, bs, dx, nb):
+        return types.UniTuple(types.float32, n_rows)(types.UniTuple(types.int64, n_rows), *[types.int64] * 4), codegen
 
     return krow
 
 
-LTILE = KROW = KROW2 = None  # one K-quant type's intrinsics (ROWS rows against a lane tile; one token's row, two)
+LTILE = KROW = KROWS = None  # one K-quant type's intrinsics (ROWS rows against a lane tile; one token's row, four)
 REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
 
 
@@ -791,16 +786,20 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
-    if T == 1:  # one token: a chunk's two halves side by side (an odd last row with itself)
+    if T == 1:  # one token: a chunk's four quarters side by side (the last rows again where they run out)
         n_chunks = min(N, 64)
         for c in prange(n_chunks):
             x0, b0, d0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
             lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-            half = (hi - lo + 1) // 2
-            for r in range(lo, lo + half):
-                s = min(r + half, hi - 1)
-                out[0, r], out[0, s] = KROW2(row_address(bases, starts, r, nb * SIZE),
-                                             row_address(bases, starts, s, nb * SIZE), x0, b0, d0, nb)
+            q = (hi - lo + 3) // 4
+            for r in range(lo, lo + q):
+                rs = (r, min(r + q, hi - 1), min(r + 2 * q, hi - 1), min(r + 3 * q, hi - 1))
+                row = nb * SIZE
+                sums = KROWS((row_address(bases, starts, rs[0], row), row_address(bases, starts, rs[1], row),
+                              row_address(bases, starts, rs[2], row), row_address(bases, starts, rs[3], row)),
+                             x0, b0, d0, nb)
+                for i in range(4):
+                    out[0, rs[i]] = sums[i]
         return out
     tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     n_tiles = (tiled + LANES - 1) // LANES
@@ -820,7 +819,7 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
                     out[j * LANES + k, n0 + i] = res[i, k]
         for t in range(tiled, T):
             for i in range(rows):
-                out[t, n0 + i] = KROW(w[i], x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
+                out[t, n0 + i] = KROW((w[i],), x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
     return out
 
 
@@ -828,7 +827,7 @@ def kquant_kernel(qtype, vnni=VNNI, repacked=False):
     key = (qtype, vnni, repacked)
     if key not in KERNELS:
         consts = dict(LTILE=_make_lane_tile(qtype, vnni, repacked), KROW=_make_krow(qtype, vnni, 1, repacked),
-                      KROW2=_make_krow(qtype, vnni, 2, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+                      KROWS=_make_krow(qtype, vnni, 4, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
