@@ -24,26 +24,28 @@ from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
 KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
+N_READ = 4  # rows one token's product reads side by side
 
 
 def _row_dot(qtype):
-    """An intrinsic (wa, wb, x, xsum, nb) -> (float, float): two rows' dot products with x, over their nb blocks at
-    addresses wa and wb, side by side (two streams of weights per thread keep more reads in flight than one); x and
+    """An intrinsic (ws, x, xsum, nb) -> N_READ floats: N_READ rows' dot products with x, over their nb blocks at
+    addresses ws, side by side (several streams of weights per thread keep more reads in flight than one); x and
     xsum (x summed over each group of 32, for the offsets) are float32 addresses. Per row, 32 lanes accumulate
     fma(scale, code * x, acc) over the row, a lane per group the offsets times xsum; each summed once at the end."""
     size, per = BLOCK_SIZES[qtype][1], GROUPS[qtype]
     vper = ir.VectorType(F32, per)
 
     @intrinsic
-    def row_dot(typingctx, wa, wb, x, xsum, nb):
+    def row_dot(typingctx, ws, x, xsum, nb):
         def codegen(context, builder, signature, args):
-            wa, wb, x, xsum, nb = args
+            ws, x, xsum, nb = args
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
             fma_per = builder.module.declare_intrinsic(f"llvm.fma.v{per}f32", fnty=ir.FunctionType(vper, [vper] * 3))
 
             def block(i, sums):
                 out = []
-                for w, acc, off in ((wa, *sums[:2]), (wb, *sums[2:])):
+                for r in range(N_READ):
+                    w, acc, off = builder.extract_value(ws, r), *sums[2 * r:2 * r + 2]
                     blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
                     prefetch_block(builder, blk, qtype)
                     items, offsets = groups(builder, qtype, blk)
@@ -58,12 +60,12 @@ def _row_dot(qtype):
                     out += [acc, off]
                 return out
 
-            sums = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)] * 2, block)
-            dots = [builder.fadd(hsum(builder, acc), hsum(builder, off))  # the types without offsets add 0
-                    for acc, off in (sums[:2], sums[2:])]
+            sums = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)] * N_READ, block)
+            dots = [builder.fadd(hsum(builder, sums[2 * r]), hsum(builder, sums[2 * r + 1]))  # no offsets: + 0
+                    for r in range(N_READ)]
             return context.make_tuple(builder, signature.return_type, dots)
 
-        return types.UniTuple(types.float32, 2)(*[types.int64] * 5), codegen
+        return types.UniTuple(types.float32, N_READ)(types.UniTuple(types.int64, N_READ), *[types.int64] * 3), codegen
 
     return row_dot
 
@@ -120,11 +122,15 @@ def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -
     for c in prange(n_chunks):
         x0, xs0 = x.ctypes.data, xsum.ctypes.data  # taken in the loop: the arrays stay alive
         lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-        half = (hi - lo + 1) // 2  # the chunk's two halves side by side (an odd last row with itself)
-        for r in range(lo, lo + half):
-            s = min(r + half, hi - 1)
-            out[r], out[s] = ROW_DOT(row_address(bases, starts, r, K // BLOCK * SIZE),
-                                     row_address(bases, starts, s, K // BLOCK * SIZE), x0, xs0, K // BLOCK)
+        q = (hi - lo + 3) // 4  # the chunk's four quarters side by side (the last rows again where they run out)
+        row = K // BLOCK * SIZE
+        for r in range(lo, lo + q):
+            rs = (r, min(r + q, hi - 1), min(r + 2 * q, hi - 1), min(r + 3 * q, hi - 1))
+            sums = ROW_DOT((row_address(bases, starts, rs[0], row), row_address(bases, starts, rs[1], row),
+                            row_address(bases, starts, rs[2], row), row_address(bases, starts, rs[3], row)),
+                           x0, xs0, K // BLOCK)
+            for i in range(N_READ):
+                out[rs[i]] = sums[i]
     return out
 
 
@@ -267,21 +273,22 @@ class QuantMatrix(Blocks):
 
 
 def _half_dot(bf16):
-    """An intrinsic (wa, wb, x, xsum, n) -> (float, float): the dot products of two rows of n * 32 bfloat16 (bf16) or
-    float16 weights at addresses wa and wb with float32 x, side by side, in _row_dot's form (xsum unused): per row,
-    32 float32 lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
+    """An intrinsic (ws, x, xsum, n) -> N_READ floats: the dot products of N_READ rows of n * 32 bfloat16 (bf16) or
+    float16 weights at addresses ws with float32 x, side by side, in _row_dot's form (xsum unused): per row, 32
+    float32 lanes accumulate fma(w, x, acc), one horizontal sum at the end."""
     v32i16, v32i32 = ir.VectorType(ir.IntType(16), 32), ir.VectorType(ir.IntType(32), 32)
 
     @intrinsic
-    def half_dot(typingctx, wa, wb, x, xsum, n):
+    def half_dot(typingctx, ws, x, xsum, n):
         def codegen(context, builder, signature, args):
-            wa, wb, x, _, n = args
+            ws, x, _, n = args
+            rows = [builder.extract_value(ws, r) for r in range(N_READ)]
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
 
             def chunk(i, accs):
                 xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
                 out = []
-                for w, acc in zip((wa, wb), accs):
+                for w, acc in zip(rows, accs):
                     at = builder.add(w, builder.mul(i, ir.Constant(I64, 64)))
                     prefetch(builder, builder.add(at, ir.Constant(I64, AHEAD)))
                     bits = load(builder, at, v32i16)
@@ -293,10 +300,10 @@ def _half_dot(bf16):
                     out.append(builder.call(fma, [v, xv, acc]))
                 return out
 
-            accs = counted_loop(builder, n, [ir.Constant(V32F32, None)] * 2, chunk)
+            accs = counted_loop(builder, n, [ir.Constant(V32F32, None)] * N_READ, chunk)
             return context.make_tuple(builder, signature.return_type, [hsum(builder, acc) for acc in accs])
 
-        return types.UniTuple(types.float32, 2)(*[types.int64] * 5), codegen
+        return types.UniTuple(types.float32, N_READ)(types.UniTuple(types.int64, N_READ), *[types.int64] * 3), codegen
 
     return half_dot
 
