@@ -45,7 +45,7 @@ from .ggml_numerics import (
     softcap,
 )
 from .ggml_tables import LAYOUT
-from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, load, load_f16, specialize, splat
+from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
@@ -64,6 +64,7 @@ BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
 LANES = 16  # a batch's tiles: 16 tokens in the lanes of one vector
+MAGIC = 0x4B400000  # 1.5 * 2^23 as float32 bits: adding an int n (|n| < 2^22) to them gives the bits of 1.5 * 2^23 + n
 
 
 def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
@@ -530,21 +531,17 @@ ROWS = 4  # rows of weights a K-quant tile multiplies at once
 def _kunits(builder, blk, qtype):
     """A K-quant block's sub-blocks as a lane tile multiplies them: (d, dmin, codes, scales, mins): codes(u) emits
     sub-block u's codes as unsigned bytes (<n x i8>, n = UNIT_BOUNDS' values per sub-block; the value is the code
-    minus UNIT_SHIFT) where it is called, scales[u] and mins[u] are its integer scale and min (i32; mins None for
-    the types without)."""
+    minus UNIT_SHIFT) where it is called; lane u of scales and mins (vectors of i32; mins None for the types
+    without) is its integer scale and min."""
     d, dmin = load_f16(builder, field_at(builder, blk, qtype, "d")), ir.Constant(F32, 0.0)
     if "dmin" in LAYOUT[qtype]:
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
 
-    def lane(v, j):
-        return builder.extract_element(v, ir.Constant(I32, j))
-
     if qtype in (QT.Q4_K, QT.Q5_K):
         both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
-        return d, dmin, lambda u: k_codes(builder, blk, qtype, u), [lane(both, j) for j in range(8)], \
-            [lane(both, 8 + j) for j in range(8)]
+        return d, dmin, lambda u: k_codes(builder, blk, qtype, u), *(lanes(builder, both, h, 8) for h in (0, 8))
     v16i8 = ir.VectorType(I8, 16)
-    mins = [None] * 16
+    mins = None
     if qtype == QT.Q6_K:
         def chunk(c):
             return q6_k_codes(builder, blk, c)
@@ -562,13 +559,13 @@ def _kunits(builder, blk, qtype):
 
         packed = builder.zext(load(builder, field_at(builder, blk, qtype, "scales"), v16i8), V16I32)
         scales = builder.and_(packed, ir.Constant(V16I32, [15] * 16))
-        mins = [lane(builder.lshr(packed, ir.Constant(V16I32, [4] * 16)), s) for s in range(16)]
+        mins = builder.lshr(packed, ir.Constant(V16I32, [4] * 16))
 
     def codes(u):  # the half of a chunk of 32
         c = chunk(u // 2)
         return builder.shuffle_vector(c, c, ir.Constant(V16I32, list(range(16 * (u % 2), 16 * (u % 2) + 16))))
 
-    return d, dmin, codes, [lane(scales, s) for s in range(16)], mins
+    return d, dmin, codes, scales, mins
 
 
 def _make_lane_tile(qtype, vnni, repacked):
@@ -581,7 +578,9 @@ def _make_lane_tile(qtype, vnni, repacked):
     are its own lane's: the repacked gemm's (fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm) every
     GEMM_STEP sub-blocks of 32, then acc - accm) or the tiled kernel's (per block r = isum * d_w, r = fma(-dmin_w,
     msum, r), acc = fma(r, d_x, acc)). A step's integer sums times their scales are added in float32 where every
-    partial sum stays below 2^24 (exact: an FMA instead of a 32-bit multiply), else in int32; msum always is."""
+    partial sum stays below 2^24 (exact: an FMA instead of a 32-bit multiply; each vpdpbusd sum then starts from
+    MAGIC, so that its float32 value is its bits minus 1.5 * 2^23, a subtraction either FMA unit takes instead of
+    a conversion only one does), else in int32; msum always is."""
     size = BLOCK_SIZES[qtype][1]
     step = 32 * GEMM_STEP.get(qtype, 8) if repacked else 256  # values per float step
     n, top, scale_top = UNIT_BOUNDS[qtype]
@@ -592,12 +591,16 @@ def _make_lane_tile(qtype, vnni, repacked):
         rows = [builder.extract_value(ws, r) for r in range(ROWS)]
         fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
         zero, fzero = ir.Constant(V16I32, None), ir.Constant(V16F32, None)
+        magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
 
         def vec(addr, at, ty=V16I32):  # the vector at addr + 64 * at
             return load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 64))), ty)
 
         def fsplat(v):
-            return splat(builder, v if v.type == F32 else builder.sitofp(v, F32), V16F32)
+            return splat(builder, v, V16F32)
+
+        def lane(v, u):
+            return builder.extract_element(v, ir.Constant(I32, u))
 
         def block(i, accs):
             dx = vec(dt, i, V16F32)
@@ -607,26 +610,34 @@ def _make_lane_tile(qtype, vnni, repacked):
             for w in rows:
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
                 prefetch_block(builder, blk, qtype)
-                blocks.append(_kunits(builder, blk, qtype))
+                d, dmin, codes, scales, mins = _kunits(builder, blk, qtype)
+                if in_float:  # converted once a block
+                    scales = builder.sitofp(scales, ir.VectorType(F32, scales.type.count))
+                if mins is not None:
+                    mins = builder.sitofp(mins, ir.VectorType(F32, mins.type.count))
+                blocks.append((d, dmin, codes, scales, mins))
             accs = list(accs)
             isums, msums = [fzero if in_float else zero] * ROWS, [fzero] * ROWS
             for u in range(256 // n):
                 first = builder.mul(bs[u], ir.Constant(V16I32, [-UNIT_SHIFT.get(qtype, 0)] * 16)) \
                     if qtype in UNIT_SHIFT else zero  # the codes' offset times x's sum over the unit
+                if in_float:
+                    first = builder.add(first, ir.Constant(V16I32, [MAGIC] * 16))
                 words = [builder.bitcast(b[2](u), ir.VectorType(I32, n // 4)) for b in blocks]
-                lanes = [first] * ROWS
+                dots = [first] * ROWS
                 for g in range(n // 4):
                     y = vec(xt, builder.add(builder.mul(i, ir.Constant(I64, 64)), ir.Constant(I64, u * n // 4 + g)))
-                    lanes = [_dpbusd16(builder, lanes[r], splat(builder, builder.extract_element(
+                    dots = [_dpbusd16(builder, dots[r], splat(builder, builder.extract_element(
                         words[r], ir.Constant(I32, g)), V16I32), y, vnni) for r in range(ROWS)]
                 sums = bsf[u] if n == 16 else builder.fadd(bsf[2 * u], bsf[2 * u + 1])  # x's sums over the unit
                 for r, (d, dmin, _, scales, mins) in enumerate(blocks):
-                    if in_float:
-                        isums[r] = builder.call(fma, [builder.sitofp(lanes[r], V16F32), fsplat(scales[u]), isums[r]])
+                    if in_float:  # the sum's value: its bits as a float32 minus 1.5 * 2^23
+                        value = builder.fsub(builder.bitcast(dots[r], V16F32), magic)
+                        isums[r] = builder.call(fma, [value, fsplat(lane(scales, u)), isums[r]])
                     else:
-                        isums[r] = builder.add(isums[r], builder.mul(lanes[r], splat(builder, scales[u], V16I32)))
-                    if mins[u] is not None:  # a min times x's sum: exact in float32
-                        msums[r] = builder.call(fma, [sums, fsplat(mins[u]), msums[r]])
+                        isums[r] = builder.add(isums[r], builder.mul(dots[r], splat(builder, lane(scales, u), V16I32)))
+                    if mins is not None:  # a min times x's sum: exact in float32
+                        msums[r] = builder.call(fma, [sums, fsplat(lane(mins, u)), msums[r]])
                     if (u + 1) * n % step:
                         continue
                     isum = isums[r] if in_float else builder.sitofp(isums[r], V16F32)
