@@ -91,102 +91,72 @@ def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u t
     return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
-def _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked, n_rows=1):
-    """IR of n_rows rows' dot products with n_tok tokens: (w_1 .. w_n_rows, x, xd, xs, nb, x_step, d_row) -> the
-    n_rows * n_tok floats, row by row. w: a row's GGUF blocks (two rows are read side by side: two streams of
-    weights keep more reads in flight than one); x: the first token's Q8 codes, the next token's x_step bytes
-    further; xd, xs: the first token's d and s (float32) of block 0, the next token's right after, the next block's
-    d_row bytes further. Each block's weights are unpacked once for all the tokens, and its n_tok products d_w * d_x
-    (and Q4_1's m_w * s_x sums) are one vector; the tokens' sums are independent chains: each result is the same as
-    a one-token call's. `repacked` (Q4_0): x86's repacked gemv/gemm, one fma(isum, d_w * d_x, acc) per block
-    instead of 8 lanes."""
-    *ws, x, xd, xs, nb, x_step, d_row = args
-    vtok = ir.VectorType(F32, n_tok)
-    fman = builder.module.declare_intrinsic(f"llvm.fma.v{n_tok}f32", fnty=ir.FunctionType(vtok, [vtok] * 3))
-    fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
-    fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
-    reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
-    zero = ir.Constant(V32I8, None)
+READ_ROWS = 4  # rows one token's product reads side by side: more streams of weights keep more reads in flight
 
-    def row_block(w, i, accs, summs):  # one row's block i added to its n_tok tokens' sums and its Q4_1 offset sums
-        blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
-        prefetch_block(builder, blk, qtype)
-        dw = load_f16(builder, field_at(builder, blk, qtype, "d"))
-        if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
-            q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
-                q5_0_codes(builder, blk)
-            neg = builder.icmp_signed("<", q, zero)
-            is_zero = builder.icmp_signed("==", q, zero)
-            u = builder.select(neg, builder.sub(zero, q), q)
-        else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
-            v16 = ir.VectorType(I8, 16)
-            qs = load(builder, field_at(builder, blk, qtype, "qs"), v16)
-            lo = builder.and_(qs, ir.Constant(v16, [15] * 16))
-            hi = builder.lshr(qs, ir.Constant(v16, [4] * 16))
-            u = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
-        at = builder.mul(i, d_row)
-        d = builder.fmul(splat(builder, dw, vtok), load(builder, builder.add(xd, at), vtok))  # [n_tok] d_w * d_x
-        if qtype == QT.Q4_1:
-            mw = load_f16(builder, field_at(builder, blk, qtype, "m"))
-            summs = builder.call(fman, [splat(builder, mw, vtok), load(builder, builder.add(xs, at), vtok), summs])
-        new = []
-        for k in range(n_tok):
-            xk = builder.add(x, builder.mul(ir.Constant(I64, k), x_step))
-            y = load(builder, builder.add(xk, builder.mul(i, ir.Constant(I64, 32))), V32I8)
-            if qtype in (QT.Q8_0, QT.Q5_0):
+
+def _make_dot(qtype, vnni, repacked):
+    """An intrinsic (ws, x, xd, xs, nb) -> READ_ROWS floats: one token's dot products with the rows at addresses ws,
+    nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
+    block ggml_vec_dot's 8 int32 lanes, fma(d_w * d_x, lane, acc) into 8 float32 lanes, hsum_float_8 at the end
+    (Q4_1: plus the m_w * s_x sums); `repacked` (Q4_0): x86's repacked gemv, one fma(isum, d_w * d_x, acc) a
+    block."""
+    fma8_type, fma1_type = ir.FunctionType(V8F32, [V8F32] * 3), ir.FunctionType(F32, [F32] * 3)
+
+    def codegen(context, builder, signature, args):
+        ws, x, xd, xs, nb = args
+        fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=fma8_type)
+        fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=fma1_type)
+        reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
+        zero = ir.Constant(V32I8, None)
+
+        def row_block(w, i, acc, summs):  # one row's block i added to its sums and its Q4_1 offset sums
+            blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
+            prefetch_block(builder, blk, qtype)
+            y = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+            if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+                q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
+                    q5_0_codes(builder, blk)
+                neg = builder.icmp_signed("<", q, zero)
+                u = builder.select(neg, builder.sub(zero, q), q)
+                is_zero = builder.icmp_signed("==", q, zero)
                 y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
+            else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
+                u = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+            at = builder.mul(i, ir.Constant(I64, 4))
+            d = builder.fmul(load_f16(builder, field_at(builder, blk, qtype, "d")), load(builder, builder.add(xd, at),
+                                                                                         F32))  # d_w * d_x
+            if qtype == QT.Q4_1:
+                summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
+                                            load(builder, builder.add(xs, at), F32), summs])
             lanes = _lanes(builder, u, y, vnni)
             if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
                 lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
             if repacked:
-                isum = builder.sitofp(builder.call(reduce8, [lanes]), F32)
-                new.append(builder.call(fma1, [isum, builder.extract_element(d, ir.Constant(I32, k)), accs[k]]))
-                continue
-            dk = builder.shuffle_vector(d, d, ir.Constant(ir.VectorType(I32, 8), [k] * 8))  # token k's, in 8 lanes
-            new.append(builder.call(fma8, [dk, builder.sitofp(lanes, V8F32), accs[k]]))
-        return [*new, summs]
+                return builder.call(fma1, [builder.sitofp(builder.call(reduce8, [lanes]), F32), d, acc]), summs
+            return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(lanes, V8F32), acc]), summs
 
-    def block(i, sums):  # every row's block i: sums holds each row's n_tok sums and then its offset sums
-        per = n_tok + 1
-        return [v for r, w in enumerate(ws)
-                for v in row_block(w, i, sums[r * per:r * per + n_tok], sums[r * per + n_tok])]
+        def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum
+            return [v for r in range(READ_ROWS)
+                    for v in row_block(builder.extract_value(ws, r), i, sums[2 * r], sums[2 * r + 1])]
 
-    acc0 = ir.Constant(F32 if repacked else V8F32, None)
-    sums = counted_loop(builder, nb, ([acc0] * n_tok + [ir.Constant(vtok, None)]) * n_rows, block)
-    undef = ir.Constant(V8F32, ir.Undefined)
-    results = []
-    for r in range(n_rows):
-        *accs, summs = sums[r * (n_tok + 1):(r + 1) * (n_tok + 1)]
-        for k, acc in enumerate(accs):
+        acc0 = ir.Constant(F32 if repacked else V8F32, None)
+        sums = counted_loop(builder, nb, [acc0, ir.Constant(F32, 0.0)] * READ_ROWS, block)
+        results = []
+        for r in range(READ_ROWS):
+            acc, summs = sums[2 * r], sums[2 * r + 1]
             if repacked:
                 results.append(acc)
                 continue
-            r4 = builder.fadd(builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [4, 5, 6, 7])),
-                              builder.shuffle_vector(acc, undef, ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3])))
+            r4 = builder.fadd(lanes(builder, acc, 4, 4), lanes(builder, acc, 0, 4))
             lane = [builder.extract_element(r4, ir.Constant(I32, j)) for j in range(4)]  # hsum_float_8's order
             total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
-            results.append(builder.fadd(total, builder.extract_element(summs, ir.Constant(I32, k))))
-    return results
+            results.append(builder.fadd(total, summs))
+        return context.make_tuple(builder, signature.return_type, results)
 
-
-TILE = 8  # tokens per call in a batch: each block of weights unpacked once for 8 tokens
-
-
-def _make_dot(qtype, vnni, n_tok, repacked, n_rows=1):
-    sig = types.UniTuple(types.float32, n_tok * n_rows)(*[types.int64] * (6 + n_rows))
-
-    def codegen(context, builder, signature, args):
-        return context.make_tuple(builder, signature.return_type,
-                                  _row_dot_ir(builder, args, qtype, vnni, n_tok, repacked, n_rows))
-
-    if n_rows == 1:
-        @intrinsic
-        def row_dot(typingctx, w, x, xd, xs, nb, x_step, d_step):
-            return sig, codegen
-    else:
-        @intrinsic
-        def row_dot(typingctx, wa, wb, x, xd, xs, nb, x_step, d_step):
-            return sig, codegen
+    @intrinsic
+    def row_dot(typingctx, ws, x, xd, xs, nb):
+        return types.UniTuple(types.float32, READ_ROWS)(types.UniTuple(types.int64, READ_ROWS),
+                                                        *[types.int64] * 4), codegen
 
     return row_dot
 
@@ -335,7 +305,7 @@ def _block_tiles(xq, xd, xs, n_tiles, offset):
     return xt, xo, dt, st
 
 
-DOT2 = BTILE = ROW_BYTES = N_ROWS = OFF = None  # one type's intrinsics (a token, two rows; a block tile), sizes
+DOTS = BTILE = ROW_BYTES = N_ROWS = OFF = None  # one type's intrinsics (a token's READ_ROWS rows; a block tile), sizes
 
 
 def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
@@ -353,11 +323,15 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
             # (taken before it, Numba may free xq once its last named use has passed)
             x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
             lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-            half = (hi - lo + 1) // 2  # the chunk's two halves side by side (an odd last row with itself)
-            for r in range(lo, lo + half):
-                s = min(r + half, hi - 1)
-                out[0, r], out[0, s] = DOT2(row_address(bases, starts, r, nb * ROW_BYTES),
-                                            row_address(bases, starts, s, nb * ROW_BYTES), x0, d0, s0, nb, K, 4)
+            q = (hi - lo + 3) // 4  # the chunk's four quarters side by side (the last rows again where they run out)
+            row = nb * ROW_BYTES
+            for r in range(lo, lo + q):
+                rs = (r, min(r + q, hi - 1), min(r + 2 * q, hi - 1), min(r + 3 * q, hi - 1))
+                sums = DOTS((row_address(bases, starts, rs[0], row), row_address(bases, starts, rs[1], row),
+                             row_address(bases, starts, rs[2], row), row_address(bases, starts, rs[3], row)),
+                            x0, d0, s0, nb)
+                for i in range(READ_ROWS):
+                    out[0, rs[i]] = sums[i]
         return out
     n_tiles = (T + LANES - 1) // LANES
     xt, xo, dt, st = _block_tiles(xq, xd, xs, n_tiles, OFF)
@@ -380,7 +354,7 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
 def _make_matmul(qtype, vnni, repacked):
     """_matmul with one type's and form's intrinsics as its globals."""
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
-    return specialize(_matmul, name, DOT2=_make_dot(qtype, vnni, 1, repacked, n_rows=2),
+    return specialize(_matmul, name, DOTS=_make_dot(qtype, vnni, repacked),
                       BTILE=_make_block_tile(qtype, vnni, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
                       N_ROWS=TILE_ROWS[repacked], OFF=OFFSET.get(qtype, 0))
 
@@ -445,17 +419,15 @@ class GgmlNumbaPlacement(GgmlPlacement):
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def _kblock_sums(builder, blk, qtype, vnni, tokens):
-    """IR of one K-quant block of 256 weights at blk against some tokens' Q8_K blocks, `tokens` a list of (x, bs)
-    addresses: the int8 codes and their int32 sums of 16. -> (d, dmin, [(lanes, pairs, mins, mins8) per token]),
-    exact int32 sums of the codes' products times their sub-block scales: `lanes` <8 x i32>, element e of the block
-    in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's codes 0..63, each lane l taking back 32 * scale * x's sums
-    of the sub-blocks 2l and 2l + 1; Q3_K's codes the two low bits minus 4 where the high bit is clear, two products
-    a lane as ggml's), `pairs` <4 x i32> the same by 64 elements (the repacked gemm's steps), `mins` <4 x i32> the
-    mins times x's sums, by 64 elements (Q4_K/Q5_K/Q2_K; zero for Q6_K and Q3_K) and `mins8` Q2_K's by 32 (its
-    vec_dot's 8 lanes; None for the others). The block is unpacked once for all the tokens."""
+def _kblock_sums(builder, blk, qtype, vnni, x, bs):
+    """IR of one K-quant block of 256 weights at blk against a token's Q8_K block: its int8 codes at x and their
+    int32 sums of 16 at bs. -> (d, dmin, lanes, mins, mins8), exact int32 sums of the codes' products times their
+    sub-block scales: `lanes` <8 x i32>, element e of the block in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's
+    codes 0..63, each lane l taking back 32 * scale * x's sums of the sub-blocks 2l and 2l + 1; Q3_K's codes the
+    two low bits minus 4 where the high bit is clear, two products a lane as ggml's), `mins` <4 x i32> the mins
+    times x's sums, by 64 elements (Q4_K/Q5_K/Q2_K; zero for Q6_K and Q3_K) and `mins8` Q2_K's by 32 (its
+    vec_dot's 8 lanes; None for the others)."""
     v4, v8, v16 = ir.VectorType(I32, 4), V8I32, ir.VectorType(I32, 16)
-    reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [v8]))
     prefetch_block(builder, blk, qtype)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
     dmin, mins = ir.Constant(F32, 0.0), None
@@ -487,38 +459,30 @@ def _kblock_sums(builder, blk, qtype, vnni, tokens):
         return builder.add(builder.shuffle_vector(v, v, ir.Constant(v4, [0, 2, 4, 6])),
                            builder.shuffle_vector(v, v, ir.Constant(v4, [1, 3, 5, 7])))
 
-    def chunk(c, x):  # chunk c's 8 lanes of code products
+    def chunk(c):  # chunk c's 8 lanes of code products, times their scales
         y = load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8)
         if qtype == QT.Q3_K:
-            return builder.sub(_lanes(builder, codes[c][0], y, vnni), _lanes(builder, codes[c][1], y, vnni))
-        return _lanes(builder, codes[c], y, vnni)
+            dots = builder.sub(_lanes(builder, codes[c][0], y, vnni), _lanes(builder, codes[c][1], y, vnni))
+        else:
+            dots = _lanes(builder, codes[c], y, vnni)
+        return builder.mul(dots, scales[c])
 
-    out = []
-    for x, bs in tokens:
-        by_pair = []
-        for p in range(4):  # chunks of 32: 2p and 2p + 1
-            a, b = chunk(2 * p, x), chunk(2 * p + 1, x)
-            by_pair.append(builder.add(builder.mul(a, scales[2 * p]), builder.mul(b, scales[2 * p + 1])))
-        lanes = builder.add(builder.add(by_pair[0], by_pair[1]), builder.add(by_pair[2], by_pair[3]))
-        pairs = ir.Constant(v4, None)
-        for p in range(4):
-            pairs = builder.insert_element(pairs, builder.call(reduce8, [by_pair[p]]), ir.Constant(I32, p))
-        sums = load(builder, bs, v16)  # x's 16 sums of 16
-        m4, m8 = ir.Constant(v4, None), None
-        if qtype == QT.Q6_K:
-            taken = builder.mul(sums, sc16)  # [16]: 32 times these are taken back, by lane pairs and by 64 elements
-            taken = builder.add(builder.shuffle_vector(taken, taken, evens), builder.shuffle_vector(taken, taken, odds))
-            lanes = builder.sub(lanes, builder.mul(taken, ir.Constant(v8, [32] * 8)))
-            pairs = builder.sub(pairs, builder.mul(halves(taken), ir.Constant(v4, [32] * 4)))
-        elif qtype == QT.Q2_K:
-            prod = builder.mul(sums, mins)  # [16]: each sub-block's min times x's sum over it
-            m8 = builder.add(builder.shuffle_vector(prod, prod, evens), builder.shuffle_vector(prod, prod, odds))
-            m4 = halves(m8)
-        elif qtype != QT.Q3_K:
-            by_32 = builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(sums, sums, odds))
-            m4 = halves(builder.mul(by_32, mins))  # [8]: each sub-block's min times x's sum over it, by 64
-        out.append((lanes, pairs, m4, m8))
-    return d, dmin, out
+    by_pair = [builder.add(chunk(2 * p), chunk(2 * p + 1)) for p in range(4)]  # chunks of 32: 2p and 2p + 1
+    lanes = builder.add(builder.add(by_pair[0], by_pair[1]), builder.add(by_pair[2], by_pair[3]))
+    sums = load(builder, bs, v16)  # x's 16 sums of 16
+    m4, m8 = ir.Constant(v4, None), None
+    if qtype == QT.Q6_K:
+        taken = builder.mul(sums, sc16)  # [16]: 32 times these are taken back, by lane pairs
+        taken = builder.add(builder.shuffle_vector(taken, taken, evens), builder.shuffle_vector(taken, taken, odds))
+        lanes = builder.sub(lanes, builder.mul(taken, ir.Constant(v8, [32] * 8)))
+    elif qtype == QT.Q2_K:
+        prod = builder.mul(sums, mins)  # [16]: each sub-block's min times x's sum over it
+        m8 = builder.add(builder.shuffle_vector(prod, prod, evens), builder.shuffle_vector(prod, prod, odds))
+        m4 = halves(m8)
+    elif qtype != QT.Q3_K:
+        by_32 = builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(sums, sums, odds))
+        m4 = halves(builder.mul(by_32, mins))  # [8]: each sub-block's min times x's sum over it, by 64
+    return d, dmin, lanes, m4, m8
 
 
 # per K-quant: (values per sub-block, the largest |code - offset|, the largest |scale|), and the offsets
@@ -683,14 +647,14 @@ def _make_krow(qtype, vnni, n_rows, repacked):
         isum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
 
         def block(i, accs):
-            tokens = [(builder.add(x, builder.mul(i, ir.Constant(I64, 256))),
-                       builder.add(bs, builder.mul(i, ir.Constant(I64, 64))))]
+            xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
+                I64, 64)))
             dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
             out = []
             for r, w in enumerate(rows):
                 acc, accm = accs[2 * r], accs[2 * r + 1]
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                d, dmin, ((lanes, _, m4, m8),) = _kblock_sums(builder, blk, qtype, vnni, tokens)
+                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, vnni, xi, bsi)
                 if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
                     isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
                     acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
