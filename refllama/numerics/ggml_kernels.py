@@ -205,44 +205,77 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] 
             xs[b, t] = _round_f16(d * np.float32(total))
 
 
-OFFSET = {QT.Q8_0: 128, QT.Q4_0: 8, QT.Q5_0: 16}  # a block tile's codes are unsigned: the value is code - this
 TILE_ROWS = {False: 2, True: 4}  # rows a block tile multiplies at once: 8 float32 sums a row (4 if repacked: one)
 
 
-def _unsigned_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0 block -> <32 x i8>: its codes plus OFFSET
+def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0 block -> <32 x i8>: the integers ggml multiplies
     if qtype == QT.Q8_0:
-        return builder.xor(load(builder, field_at(builder, blk, qtype, "qs"), V32I8), const8(-128))
+        return load(builder, field_at(builder, blk, qtype, "qs"), V32I8)
     if qtype == QT.Q5_0:
-        return builder.add(q5_0_codes(builder, blk), const8(16))
-    return nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+        return q5_0_codes(builder, blk)
+    codes = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+    return builder.sub(codes, const8(8)) if qtype == QT.Q4_0 else codes
+
+
+def _make_block_codes(qtype):
+    """An intrinsic (w, nb, out, bias): a row's nb blocks of 32 at address w unpacked for the block tiles: at out,
+    its signed codes (K bytes), then per word of 4 codes bias - 128 * their sum (K/4 int32): x enters the tiles'
+    vpdpbusd as x + 128 (unsigned), so each word's products start from this."""
+    def codegen(context, builder, signature, args):
+        w, nb, out, bias = args
+        K = builder.mul(nb, ir.Constant(I64, 32))
+
+        def block(i, _):
+            codes = _signed_codes(builder, builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype]))), qtype)
+            at = builder.mul(i, ir.Constant(I64, 32))
+            builder.store(codes, builder.inttoptr(builder.add(out, at), V32I8.as_pointer()), align=1)
+            sums = _lanes(builder, const8(1), codes, False)  # each word's sum
+            first = builder.sub(splat(builder, builder.trunc(bias, I32), V8I32), builder.shl(sums, ir.Constant(
+                V8I32, [7] * 8)))
+            builder.store(first, builder.inttoptr(builder.add(out, builder.add(K, at)), V8I32.as_pointer()), align=1)
+            return []
+
+        counted_loop(builder, nb, [], block)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def block_codes(typingctx, w, nb, out, bias):
+        return types.none(*[types.int64] * 4), codegen
+
+    return block_codes
 
 
 def _make_block_tile(qtype, vnni, repacked):
-    """An intrinsic (ws, xt, xo, dt, st, nb, out): TILE_ROWS[repacked] rows at addresses ws, nb blocks of 32 each,
-    against LANES tokens in the lanes of a vector, as _row_dot_ir computes each token's: xt, the tokens' Q8 codes 4
-    at a time ([K/4, LANES] words); xo, each word's sum of codes times -OFFSET ([K/4, LANES] int32); dt, st: their
-    Q8 d and s ([K/32, LANES] float32); out: [rows, LANES] float32. Each word of a row's codes is broadcast to
-    every lane, and one vpdpbusd adds its 4 products with every token's: ggml's 8 int32 lanes of a block (lane j:
-    elements 4j .. 4j + 3) are 8 vectors here, each with its own float32 sums (vec_dot's 8 lanes, hsum_float_8 at
-    the end; `repacked`: one sum a block)."""
+    """An intrinsic (ws, codes, pitch, xt, dt, st, nb, out): TILE_ROWS[repacked] rows, their blocks of 32 at
+    addresses ws (for d and m) unpacked by _make_block_codes at codes, codes + pitch, .., against LANES tokens in
+    the lanes of a vector, as _make_dot computes each token's: xt, the tokens' Q8 codes plus 128, 4 at a time
+    ([K/4, LANES] words); dt, st: their Q8 d and s ([K/32, LANES] float32); out: [rows, LANES] float32. Each word
+    of a row's codes is broadcast from memory to every lane, and one vpdpbusd adds its 4 products with every
+    token's: ggml's 8 int32 lanes of a block (lane j: elements 4j .. 4j + 3) are 8 vectors here, each with its own
+    float32 sums (vec_dot's 8 lanes, hsum_float_8 at the end; `repacked`: one sum a block). Not repacked, each sum
+    starts from MAGIC, so that its float32 value is its bits minus 1.5 * 2^23."""
     size, n_rows = BLOCK_BYTES[qtype], TILE_ROWS[repacked]
     per = 1 if repacked else 8  # float32 sums per row
 
     def codegen(context, builder, signature, args):
-        ws, xt, xo, dt, st, nb, out = args
+        ws, codes, pitch, xt, dt, st, nb, out = args
         rows = [builder.extract_value(ws, r) for r in range(n_rows)]
+        K = builder.mul(nb, ir.Constant(I64, 32))
         fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+        magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
 
         def vec(addr, at, ty=V16I32):  # the vector at addr + 64 * at
             return load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 64))), ty)
 
+        def word(r, at, plus):  # row r's word `at` of its codes (plus = 0) or of its starts (plus = K)
+            addr = builder.add(builder.add(codes, builder.mul(ir.Constant(I64, r), pitch)), plus)
+            return splat(builder, load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 4))), I32), V16I32)
+
         def block(i, accs):
             accs, dx = list(accs), vec(dt, i, V16F32)
-            words, ds, isums = [], [], [ir.Constant(V16I32, None)] * n_rows
+            ds, isums = [], [ir.Constant(V16I32, None)] * n_rows
             for r, w in enumerate(rows):
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                prefetch_block(builder, blk, qtype)
-                words.append(builder.bitcast(_unsigned_codes(builder, blk, qtype), V8I32))
                 ds.append(builder.fmul(splat(builder, load_f16(builder, field_at(builder, blk, qtype, "d")), V16F32),
                                        dx))  # d_w * d_x
                 if qtype == QT.Q4_1:  # m_w * s_x, summed apart
@@ -250,15 +283,15 @@ def _make_block_tile(qtype, vnni, repacked):
                     accs[r * (per + 1) + per] = builder.call(fma, [m, vec(st, i, V16F32), accs[r * (per + 1) + per]])
             for j in range(8):
                 at = builder.add(builder.mul(i, ir.Constant(I64, 8)), ir.Constant(I64, j))
-                y, first = vec(xt, at), vec(xo, at) if qtype in OFFSET else ir.Constant(V16I32, None)
+                y = vec(xt, at)
                 for r in range(n_rows):
-                    lanes = _dpbusd16(builder, first, splat(builder, builder.extract_element(
-                        words[r], ir.Constant(I32, j)), V16I32), y, vnni)
+                    lanes = _dpbusd16(builder, word(r, at, K), y, word(r, at, ir.Constant(I64, 0)), vnni)
                     if repacked:
                         isums[r] = builder.add(isums[r], lanes)
                     else:
                         k = r * (per + 1) + j
-                        accs[k] = builder.call(fma, [ds[r], builder.sitofp(lanes, V16F32), accs[k]])
+                        value = builder.fsub(builder.bitcast(lanes, V16F32), magic)
+                        accs[k] = builder.call(fma, [ds[r], value, accs[k]])
             if repacked:  # one fma(isum, d_w * d_x, acc) a block
                 for r in range(n_rows):
                     k = r * (per + 1)
@@ -279,33 +312,31 @@ def _make_block_tile(qtype, vnni, repacked):
         return context.get_dummy_value()
 
     @intrinsic
-    def block_tile(typingctx, ws, xt, xo, dt, st, nb, out):
-        return types.none(types.UniTuple(types.int64, n_rows), *[types.int64] * 6), codegen
+    def block_tile(typingctx, ws, codes, pitch, xt, dt, st, nb, out):
+        return types.none(types.UniTuple(types.int64, n_rows), *[types.int64] * 7), codegen
 
     return block_tile
 
 
 @njit(cache=True)
-def _block_tiles(xq, xd, xs, n_tiles, offset):
-    """Q8 x [T, K], its d and s [K/32, T] -> per tile of LANES tokens: xt [K/4, LANES] words of codes, xo [K/4,
-    LANES] each word's sum times -offset, dt and st [K/32, LANES]; zeros past T."""
+def _block_tiles(xq, xd, xs, n_tiles):
+    """Q8 x [T, K], its d and s [K/32, T] -> per tile of LANES tokens: xt [K/4, LANES] words of codes plus 128
+    (unsigned), dt and st [K/32, LANES]; zeros past T."""
     T, K = xq.shape
     words = xq.view(np.int32)
     xt = np.zeros((n_tiles, K // 4, LANES), np.int32)
-    xo = np.zeros((n_tiles, K // 4, LANES), np.int32)
     dt = np.zeros((n_tiles, K // 32, LANES), np.float32)
     st = np.zeros((n_tiles, K // 32, LANES), np.float32)
     for t in range(T):
         j, k = t // LANES, t % LANES
-        xt[j, :, k] = words[t]
+        xt[j, :, k] = words[t] ^ np.int32(-0x7F7F7F80)  # 0x80808080: each byte's sign bit flipped, x + 128
         dt[j, :, k] = xd[:, t]
         st[j, :, k] = xs[:, t]
-        for g in range(K // 4):
-            xo[j, g, k] = -offset * (np.int32(xq[t, 4 * g]) + xq[t, 4 * g + 1] + xq[t, 4 * g + 2] + xq[t, 4 * g + 3])
-    return xt, xo, dt, st
+    return xt, dt, st
 
 
-DOTS = BTILE = ROW_BYTES = N_ROWS = OFF = None  # one type's intrinsics (a token's READ_ROWS rows; a block tile), sizes
+# one type's intrinsics (a token's READ_ROWS rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC
+DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = None
 
 
 def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
@@ -316,8 +347,8 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
     xs = np.empty((nb, T), np.float32)
     quantize_q8(X, xq, xd, xs)
     out = np.empty((T, N), np.float32)
+    n_chunks = min(N, 64)
     if T == 1:
-        n_chunks = min(N, 64)
         for c in prange(n_chunks):
             # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
             # (taken before it, Numba may free xq once its last named use has passed)
@@ -334,29 +365,35 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
                     out[0, rs[i]] = sums[i]
         return out
     n_tiles = (T + LANES - 1) // LANES
-    xt, xo, dt, st = _block_tiles(xq, xd, xs, n_tiles, OFF)
-    for g in prange((N + N_ROWS - 1) // N_ROWS):
+    xt, dt, st = _block_tiles(xq, xd, xs, n_tiles)
+    n_groups = (N + N_ROWS - 1) // N_ROWS
+    n_chunks = min(n_groups, 64)
+    pitch = 2 * K + 64  # a row's codes and starts, then a line more (rows 4 KiB apart would share cache sets)
+    for c in prange(n_chunks):
         res = np.empty((N_ROWS, LANES), np.float32)
-        r0 = res.ctypes.data
-        n0, rows = g * N_ROWS, min(N_ROWS, N - g * N_ROWS)
+        scratch = np.empty(N_ROWS * pitch, np.uint8)
         w = np.zeros(8, np.int64)
-        for i in range(N_ROWS):
-            w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * ROW_BYTES)
-        ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:N_ROWS]
-        for j in range(n_tiles):
-            BTILE(ws, xt[j].ctypes.data, xo[j].ctypes.data, dt[j].ctypes.data, st[j].ctypes.data, nb, r0)
-            for i in range(rows):
-                for k in range(min(LANES, T - j * LANES)):
-                    out[j * LANES + k, n0 + i] = res[i, k]
+        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
+            n0, rows = g * N_ROWS, min(N_ROWS, N - g * N_ROWS)
+            for i in range(N_ROWS):
+                w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * ROW_BYTES)
+                CODES(w[i], nb, scratch.ctypes.data + i * pitch, BIAS)
+            ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:N_ROWS]
+            for j in range(n_tiles):
+                BTILE(ws, scratch.ctypes.data, pitch, xt[j].ctypes.data, dt[j].ctypes.data, st[j].ctypes.data, nb,
+                      res.ctypes.data)
+                for i in range(rows):
+                    for k in range(min(LANES, T - j * LANES)):
+                        out[j * LANES + k, n0 + i] = res[i, k]
     return out
 
 
 def _make_matmul(qtype, vnni, repacked):
     """_matmul with one type's and form's intrinsics as its globals."""
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
-    return specialize(_matmul, name, DOTS=_make_dot(qtype, vnni, repacked),
+    return specialize(_matmul, name, DOTS=_make_dot(qtype, vnni, repacked), CODES=_make_block_codes(qtype),
                       BTILE=_make_block_tile(qtype, vnni, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
-                      N_ROWS=TILE_ROWS[repacked], OFF=OFFSET.get(qtype, 0))
+                      N_ROWS=TILE_ROWS[repacked], BIAS=0 if repacked else MAGIC)
 
 
 KERNELS = {}  # (qtype, vnni, repacked) -> compiled matmul (a K-quant's _kquant_matmul), made on first use
