@@ -49,7 +49,7 @@ from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
-from .quant import Blocks, concat_blocks, row_address
+from .quant import N_READ, Blocks, concat_blocks, row_address, row_quad
 
 
 def host_has_vnni():
@@ -91,11 +91,8 @@ def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u t
     return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
-READ_ROWS = 4  # rows one token's product reads side by side: more streams of weights keep more reads in flight
-
-
 def _make_dot(qtype, vnni, repacked):
-    """An intrinsic (ws, x, xd, xs, nb) -> READ_ROWS floats: one token's dot products with the rows at addresses ws,
+    """An intrinsic (ws, x, xd, xs, nb) -> N_READ floats: one token's dot products with the rows at addresses ws,
     nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
     block ggml_vec_dot's 8 int32 lanes, fma(d_w * d_x, lane, acc) into 8 float32 lanes, hsum_float_8 at the end
     (Q4_1: plus the m_w * s_x sums); `repacked` (Q4_0): x86's repacked gemv, one fma(isum, d_w * d_x, acc) a
@@ -136,13 +133,13 @@ def _make_dot(qtype, vnni, repacked):
             return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(lanes, V8F32), acc]), summs
 
         def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum
-            return [v for r in range(READ_ROWS)
+            return [v for r in range(N_READ)
                     for v in row_block(builder.extract_value(ws, r), i, sums[2 * r], sums[2 * r + 1])]
 
         acc0 = ir.Constant(F32 if repacked else V8F32, None)
-        sums = counted_loop(builder, nb, [acc0, ir.Constant(F32, 0.0)] * READ_ROWS, block)
+        sums = counted_loop(builder, nb, [acc0, ir.Constant(F32, 0.0)] * N_READ, block)
         results = []
-        for r in range(READ_ROWS):
+        for r in range(N_READ):
             acc, summs = sums[2 * r], sums[2 * r + 1]
             if repacked:
                 results.append(acc)
@@ -155,7 +152,7 @@ def _make_dot(qtype, vnni, repacked):
 
     @intrinsic
     def row_dot(typingctx, ws, x, xd, xs, nb):
-        return types.UniTuple(types.float32, READ_ROWS)(types.UniTuple(types.int64, READ_ROWS),
+        return types.UniTuple(types.float32, N_READ)(types.UniTuple(types.int64, N_READ),
                                                         *[types.int64] * 4), codegen
 
     return row_dot
@@ -335,7 +332,7 @@ def _block_tiles(xq, xd, xs, n_tiles):
     return xt, dt, st
 
 
-# one type's intrinsics (a token's READ_ROWS rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC
+# one type's intrinsics (a token's N_READ rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC
 DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = None
 
 
@@ -347,22 +344,17 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
     xs = np.empty((nb, T), np.float32)
     quantize_q8(X, xq, xd, xs)
     out = np.empty((T, N), np.float32)
-    n_chunks = min(N, 64)
     if T == 1:
+        n_quads = (N + N_READ - 1) // N_READ
+        n_chunks = min(n_quads, 64)
         for c in prange(n_chunks):
             # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
             # (taken before it, Numba may free xq once its last named use has passed)
             x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-            lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-            q = (hi - lo + 3) // 4  # the chunk's four quarters side by side (the last rows again where they run out)
-            row = nb * ROW_BYTES
-            for r in range(lo, lo + q):
-                rs = (r, min(r + q, hi - 1), min(r + 2 * q, hi - 1), min(r + 3 * q, hi - 1))
-                sums = DOTS((row_address(bases, starts, rs[0], row), row_address(bases, starts, rs[1], row),
-                             row_address(bases, starts, rs[2], row), row_address(bases, starts, rs[3], row)),
-                            x0, d0, s0, nb)
-                for i in range(READ_ROWS):
-                    out[0, rs[i]] = sums[i]
+            for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+                sums = DOTS(row_quad(bases, starts, q, N, nb * ROW_BYTES), x0, d0, s0, nb)
+                for i in range(N_READ):
+                    out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
     n_tiles = (T + LANES - 1) // LANES
     xt, dt, st = _block_tiles(xq, xd, xs, n_tiles)
@@ -798,20 +790,15 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
-    if T == 1:  # one token: a chunk's four quarters side by side (the last rows again where they run out)
-        n_chunks = min(N, 64)
+    if T == 1:  # one token: N_READ rows at a time (row_quad)
+        n_quads = (N + N_READ - 1) // N_READ
+        n_chunks = min(n_quads, 64)
         for c in prange(n_chunks):
             x0, b0, d0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
-            lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-            q = (hi - lo + 3) // 4
-            for r in range(lo, lo + q):
-                rs = (r, min(r + q, hi - 1), min(r + 2 * q, hi - 1), min(r + 3 * q, hi - 1))
-                row = nb * SIZE
-                sums = KROWS((row_address(bases, starts, rs[0], row), row_address(bases, starts, rs[1], row),
-                              row_address(bases, starts, rs[2], row), row_address(bases, starts, rs[3], row)),
-                             x0, b0, d0, nb)
-                for i in range(4):
-                    out[0, rs[i]] = sums[i]
+            for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+                sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0, b0, d0, nb)
+                for i in range(N_READ):
+                    out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
     tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     n_tiles = (tiled + LANES - 1) // LANES
@@ -839,7 +826,7 @@ def kquant_kernel(qtype, vnni=VNNI, repacked=False):
     key = (qtype, vnni, repacked)
     if key not in KERNELS:
         consts = dict(LTILE=_make_lane_tile(qtype, vnni, repacked), KROW=_make_krow(qtype, vnni, 1, repacked),
-                      KROWS=_make_krow(qtype, vnni, 4, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+                      KROWS=_make_krow(qtype, vnni, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]

@@ -24,7 +24,7 @@ from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
 KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
-N_READ = 4  # rows one token's product reads side by side
+N_READ = 4  # rows one token's product reads side by side (row_quad)
 
 
 def _row_dot(qtype):
@@ -107,6 +107,15 @@ def row_address(bases, starts, r, row_bytes):  # row r of a matrix held in parts
     return bases[p] + (r - starts[p]) * row_bytes
 
 
+@njit(inline="always")
+def row_quad(bases, starts, q, N, row_bytes):  # the addresses of rows 4q .. 4q + 3 (the last row again past N)
+    """The N_READ rows one token's product reads side by side: several streams of weights per thread keep more
+    reads in flight than one."""
+    return (row_address(bases, starts, 4 * q, row_bytes), row_address(bases, starts, min(4 * q + 1, N - 1), row_bytes),
+            row_address(bases, starts, min(4 * q + 2, N - 1), row_bytes),
+            row_address(bases, starts, min(4 * q + 3, N - 1), row_bytes))
+
+
 CHUNKS = 64  # rows are split into this many chunks across threads
 ROW_DOT = ROW_VALUES = BLOCK = SIZE = None  # one type's intrinsics and block sizes, in each copy's globals (KERNELS)
 
@@ -118,19 +127,14 @@ def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -
         for j in range(32):
             xsum[g] += x[g * 32 + j]
     out = np.empty(N, np.float32)
-    n_chunks = min(N, CHUNKS)
+    n_quads = (N + N_READ - 1) // N_READ
+    n_chunks = min(n_quads, CHUNKS)
     for c in prange(n_chunks):
         x0, xs0 = x.ctypes.data, xsum.ctypes.data  # taken in the loop: the arrays stay alive
-        lo, hi = c * N // n_chunks, (c + 1) * N // n_chunks
-        q = (hi - lo + 3) // 4  # the chunk's four quarters side by side (the last rows again where they run out)
-        row = K // BLOCK * SIZE
-        for r in range(lo, lo + q):
-            rs = (r, min(r + q, hi - 1), min(r + 2 * q, hi - 1), min(r + 3 * q, hi - 1))
-            sums = ROW_DOT((row_address(bases, starts, rs[0], row), row_address(bases, starts, rs[1], row),
-                            row_address(bases, starts, rs[2], row), row_address(bases, starts, rs[3], row)),
-                           x0, xs0, K // BLOCK)
+        for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+            sums = ROW_DOT(row_quad(bases, starts, q, N, K // BLOCK * SIZE), x0, xs0, K // BLOCK)
             for i in range(N_READ):
-                out[rs[i]] = sums[i]
+                out[min(N_READ * q + i, N - 1)] = sums[i]
     return out
 
 
