@@ -1,11 +1,13 @@
 """numerics "ggml" on `--backend numba`: llama.cpp's integer dot products as Numba kernels.
 
 The same arithmetic as numerics.ggml_numerics (which says what each step is and why), fast: activations quantized
-to Q8_0/Q8_1 in Numba, and each row's dot product written in LLVM IR, because Numba's loops over int8 come out
-as widened 32-bit multiplies at half the speed of its float kernel. Per block of 32 weights the IR does what
-ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
+to Q8_0/Q8_1/Q8_K in Numba, and the products written in LLVM IR, because Numba's loops over int8 come out as
+widened 32-bit multiplies at half the speed of its float kernel. One token: per block of 32 weights the IR does
+what ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
 AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
-end ggml's horizontal sum. The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
+end ggml's horizontal sum. A batch: lane tiles, 16 tokens in the 16 lanes of a vector, each word of 4 weight codes
+broadcast to every lane, so that one vpdpbusd serves 16 tokens and each token's float steps are its own lane's.
+The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
 Q4_0, Q4_1, Q5_0, Q8_0 and the K-quants (Q2_K to Q6_K) have kernels here; Q5_1 uses refllama.numerics.ggml_numerics'
 NumPy form.
 """
