@@ -127,12 +127,12 @@ def _make_dot(qtype, vnni, repacked):
             if qtype == QT.Q4_1:
                 summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
                                             load(builder, builder.add(xs, at), F32), summs])
-            lanes = _lanes(builder, u, y, vnni)
+            dots = _lanes(builder, u, y, vnni)
             if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
-                lanes = builder.sub(lanes, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
+                dots = builder.sub(dots, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
             if repacked:
-                return builder.call(fma1, [builder.sitofp(builder.call(reduce8, [lanes]), F32), d, acc]), summs
-            return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(lanes, V8F32), acc]), summs
+                return builder.call(fma1, [builder.sitofp(builder.call(reduce8, [dots]), F32), d, acc]), summs
+            return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(dots, V8F32), acc]), summs
 
         def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum
             return [v for r in range(N_READ)
