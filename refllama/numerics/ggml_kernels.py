@@ -614,7 +614,7 @@ def _make_lane_tile(qtype, vnni, repacked):
             accs = list(accs)
             isums, msums = [fzero if in_float else zero] * ROWS, [fzero] * ROWS
             for u in range(256 // n):
-                first = builder.mul(bs[u], ir.Constant(V16I32, [-UNIT_SHIFT.get(qtype, 0)] * 16)) \
+                first = builder.mul(bs[u], ir.Constant(V16I32, [-UNIT_SHIFT[qtype]] * 16)) \
                     if qtype in UNIT_SHIFT else zero  # the codes' offset times x's sum over the unit
                 if in_float:
                     first = builder.add(first, ir.Constant(V16I32, [MAGIC] * 16))
