@@ -113,6 +113,21 @@ def test_numba_activation_quantizer_equals_numpy():
     np.testing.assert_array_equal(xs, s.T)
 
 
+@pytest.mark.parametrize("T", [1, 5, 19])
+def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
+    """Q8_K for the K-quant kernels: quantize_row_q8_K's rule, and the repacked gemm's first T - T % 4 rows in
+    fours (a tie of +2 and -2 goes to +2 there); rows up to a multiple of 16 are zeros."""
+    x = RNG.uniform(-1, 1, (T, 512)).astype(np.float32)
+    x[:, 10], x[:, 20] = -2.0, 2.0
+    x[0, 300] = -9.0
+    for four in (0, T - T % 4):
+        q, d, bsums = gk._quantize_q8_K(x, four, T + -T % 16)
+        want = gn.quantize_q8_K(x, in_fours=four > 0)
+        for got, ref in zip((q, d, bsums), want):
+            np.testing.assert_array_equal(got[:T], ref)
+            assert not got[T:].any()
+
+
 def test_numba_float16_rounding_equals_f16c_on_every_tie():
     halves = np.arange(0, 0x7bff, dtype=np.uint16).view(np.float16).astype(np.float64)
     mid = ((halves[:-1] + halves[1:]) / 2).astype(np.float32)  # ties: to even

@@ -51,7 +51,7 @@ from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
-from .quant import N_READ, Blocks, concat_blocks, row_address, row_quad
+from .quant import LANES, N_READ, Blocks, concat_blocks, put_tile, row_address, row_quad, to_lanes
 
 
 def host_has_vnni():
@@ -65,7 +65,6 @@ VNNI = host_has_vnni()
 BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0)}  # the types with IR kernels
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
-LANES = 16  # a batch's tiles: 16 tokens in the lanes of one vector
 MAGIC = 0x4B400000  # 1.5 * 2^23 as float32 bits: adding an int n (|n| < 2^22) to them gives the bits of 1.5 * 2^23 + n
 
 
@@ -317,23 +316,6 @@ def _make_block_tile(qtype, vnni, repacked):
     return block_tile
 
 
-@njit(cache=True)
-def _block_tiles(xq, xd, xs, n_tiles):
-    """Q8 x [T, K], its d and s [K/32, T] -> per tile of LANES tokens: xt [K/4, LANES] words of codes plus 128
-    (unsigned), dt and st [K/32, LANES]; zeros past T."""
-    T, K = xq.shape
-    words = xq.view(np.int32)
-    xt = np.zeros((n_tiles, K // 4, LANES), np.int32)
-    dt = np.zeros((n_tiles, K // 32, LANES), np.float32)
-    st = np.zeros((n_tiles, K // 32, LANES), np.float32)
-    for t in range(T):
-        j, k = t // LANES, t % LANES
-        xt[j, :, k] = words[t] ^ np.int32(-0x7F7F7F80)  # 0x80808080: each byte's sign bit flipped, x + 128
-        dt[j, :, k] = xd[:, t]
-        st[j, :, k] = xs[:, t]
-    return xt, dt, st
-
-
 # one type's intrinsics (a token's N_READ rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC
 DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = None
 
@@ -359,7 +341,9 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
                     out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
     n_tiles = (T + LANES - 1) // LANES
-    xt, dt, st = _block_tiles(xq, xd, xs, n_tiles)
+    # the tokens in lanes: x's codes plus 128 (each byte's sign bit flipped: 0x80808080), their d and s
+    xt, dt, st = to_lanes(xq.view(np.int32) ^ np.int32(-0x7F7F7F80), n_tiles), to_lanes(xd.T, n_tiles), \
+        to_lanes(xs.T, n_tiles)
     n_groups = (N + N_ROWS - 1) // N_ROWS
     n_chunks = min(n_groups, 64)
     pitch = 2 * K + 64  # a row's codes and starts, then a line more (rows 4 KiB apart would share cache sets)
@@ -376,9 +360,7 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
             for j in range(n_tiles):
                 BTILE(ws, scratch.ctypes.data, pitch, xt[j].ctypes.data, dt[j].ctypes.data, st[j].ctypes.data, nb,
                       res.ctypes.data)
-                for i in range(rows):
-                    for k in range(min(LANES, T - j * LANES)):
-                        out[j * LANES + k, n0 + i] = res[i, k]
+                put_tile(out, res, j * LANES, n0, rows, min(LANES, T - j * LANES))
     return out
 
 
@@ -765,24 +747,6 @@ def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/2
     return q, d, bsums
 
 
-@njit(cache=True)
-def _lane_tiles(xq, dx, bsums, n_tiles):  # Q8_K x [>=n_tiles*LANES, K] -> xt, bt, bf, dt: each tile's tokens in lanes
-    K = xq.shape[1]
-    words = xq.view(np.int32)
-    xt = np.empty((n_tiles, K // 4, LANES), np.int32)
-    bt = np.empty((n_tiles, K // 16, LANES), np.int32)
-    bf = np.empty((n_tiles, K // 16, LANES), np.float32)
-    dt = np.empty((n_tiles, K // 256, LANES), np.float32)
-    for j in range(n_tiles):
-        for k in range(LANES):
-            t = j * LANES + k
-            xt[j, :, k] = words[t]
-            bt[j, :, k] = bsums[t]
-            bf[j, :, k] = bsums[t]
-            dt[j, :, k] = dx[t]
-    return xt, bt, bf, dt
-
-
 def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the parts' addresses, first rows -> [T, N]
     """llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROW (the gemv, or
     vec_dot); a repacked matrix's tokens in fours through the gemm (float steps every GEMM_STEP sub-blocks), the
@@ -804,23 +768,25 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
         return out
     tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     n_tiles = (tiled + LANES - 1) // LANES
-    xt, bt, bf, dt = _lane_tiles(xq, dx, bsums, n_tiles)
-    for g in prange((N + ROWS - 1) // ROWS):
+    xt, bt, dt = to_lanes(xq.view(np.int32), n_tiles), to_lanes(bsums, n_tiles), to_lanes(dx, n_tiles)
+    bf = bt.astype(np.float32)
+    n_groups = (N + ROWS - 1) // ROWS
+    n_chunks = min(n_groups, 64)
+    for c in prange(n_chunks):
         res = np.empty((ROWS, LANES), np.float32)
-        x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
-        n0, rows = g * ROWS, min(ROWS, N - g * ROWS)
         w = np.zeros(8, np.int64)
-        for i in range(ROWS):
-            w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
-        ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
-        for j in range(n_tiles):
-            LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
-            for i in range(rows):
-                for k in range(min(LANES, tiled - j * LANES)):
-                    out[j * LANES + k, n0 + i] = res[i, k]
-        for t in range(tiled, T):
-            for i in range(rows):
-                out[t, n0 + i] = KROW((w[i],), x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
+        x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
+        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
+            n0, rows = g * ROWS, min(ROWS, N - g * ROWS)
+            for i in range(ROWS):
+                w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
+            ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
+            for j in range(n_tiles):
+                LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
+                put_tile(out, res, j * LANES, n0, rows, min(LANES, tiled - j * LANES))
+            for t in range(tiled, T):
+                for i in range(rows):
+                    out[t, n0 + i] = KROW((w[i],), x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
     return out
 
 

@@ -25,6 +25,7 @@ from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_
 
 KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
 N_READ = 4  # rows one token's product reads side by side (row_quad)
+LANES, ROWS, UNROLL = 16, 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector, 16 rows; k steps per pass
 
 
 def _row_dot(qtype):
@@ -116,6 +117,22 @@ def row_quad(bases, starts, q, N, row_bytes):  # the addresses of rows 4q .. 4q 
             row_address(bases, starts, min(4 * q + 3, N - 1), row_bytes))
 
 
+@njit(cache=True)
+def to_lanes(a, n_tiles):  # [T, m] -> [n_tiles, m, LANES]: each tile's LANES tokens in the lanes, zeros past T
+    T, m = a.shape
+    out = np.zeros((n_tiles, m, LANES), a.dtype)
+    for t in range(min(T, n_tiles * LANES)):
+        out[t // LANES, :, t % LANES] = a[t]
+    return out
+
+
+@njit(inline="always")
+def put_tile(out, res, t0, n0, rows, tokens):  # a tile's [rows, LANES] results into out [T, N] at (t0, n0)
+    for i in range(rows):
+        for k in range(tokens):
+            out[t0 + k, n0 + i] = res[i, k]
+
+
 CHUNKS = 64  # rows are split into this many chunks across threads
 ROW_DOT = ROW_VALUES = BLOCK = SIZE = None  # one type's intrinsics and block sizes, in each copy's globals (KERNELS)
 
@@ -138,7 +155,6 @@ def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -
     return out
 
 
-LANES, ROWS, UNROLL = 16, 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector, 16 rows; k steps per pass
 V16F32 = ir.VectorType(F32, 16)
 
 
@@ -177,10 +193,7 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
     T, K = X.shape
     N = starts[-1]
     n_tiles = (T + LANES - 1) // LANES
-    xt = np.zeros((n_tiles, K, LANES), np.float32)
-    for j in prange(n_tiles):
-        for t in range(j * LANES, min(T, (j + 1) * LANES)):
-            xt[j, :, t % LANES] = X[t]
+    xt = to_lanes(X, n_tiles)
     out = np.empty((T, N), np.float32)
     n_groups = (N + ROWS - 1) // ROWS
     n_chunks = min(n_groups, CHUNKS)
@@ -195,9 +208,7 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
                 ROW_VALUES(row_address(bases, starts, r, K // BLOCK * SIZE), w[i:].ctypes.data, K // BLOCK)
             for j in range(n_tiles):
                 lane_tile(w.ctypes.data, (K + 16) * 4, K, xt[j].ctypes.data, res.ctypes.data)
-                for i in range(min(ROWS, N - ROWS * g)):
-                    for k in range(min(LANES, T - j * LANES)):
-                        out[j * LANES + k, ROWS * g + i] = res[i, k]
+                put_tile(out, res, j * LANES, ROWS * g, min(ROWS, N - ROWS * g), min(LANES, T - j * LANES))
     return out
 
 
