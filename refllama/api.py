@@ -241,8 +241,8 @@ class Model:
         engine's tokens) and writes each step's stages as its own record; `greedy` records that many greedy
         tokens in the manifest; `tokens_from` names the dump the ids came from, if they did; `plan` takes
         storage_plan's options."""
-        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), stages=self.arch.STAGES,
-                                           inputs=self.arch.INPUTS, **plan)
+        names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), inputs=self.arch.INPUTS,
+                                           stages=archs.layer_stages(self.arch, self.config), **plan)
         writer = DumpWriter(directory, rows, dtypes, names)  # each stage saved as it is computed, never held
         try:
             with recording(writer.at(None)):

@@ -12,7 +12,8 @@ class ModelConfig:
     """Everything a forward pass needs to know about a model; `arch` names its module in refllama.arch.
 
     Shape letters used across refllama: T tokens in a step, D = n_embd, H = n_head,
-    KVH = n_head_kv, HD = head_dim, F = n_ff, V = vocab_size, S = cached length, R = rope_dim.
+    KVH = n_head_kv, HD = head_dim, F = n_ff, V = vocab_size, S = cached length, R = rope_dim; in a mixture of
+    experts E = n_expert, K = n_expert_used, FE = n_ff_exp, FS = n_ff_shexp.
     """
 
     arch: str
@@ -37,6 +38,17 @@ class ModelConfig:
     rope_base_swa: float | None = None  # RoPE base of the sliding-window layers (Gemma 3's local layers)
     attn_scale: float | None = None  # softmax scale of q.k; None: 1/sqrt(head_dim)
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
+    n_expert: int = 0  # E: experts of a mixture-of-experts layer (0: every layer dense)
+    n_expert_used: int = 0  # K: experts each token is routed to
+    n_ff_exp: int | None = None  # FE: an expert's feed-forward width
+    n_ff_shexp: int | None = None  # FS: the shared expert's width (Qwen2-MoE), None: no shared expert
+    expert_norm: bool = False  # the K routing weights divided by their sum (Mixtral, Qwen3-MoE)
+    expert_scale: float = 1.0  # the routing weights times this (llama.cpp's expert_weights_scale)
+    moe_layers: tuple | None = None  # per layer, whether its feed-forward is a mixture of experts
+
+    def is_moe(self, i):
+        """Whether layer i's feed-forward is a mixture of experts."""
+        return bool(self.moe_layers and self.moe_layers[i])
 
     @property
     def kq_scale(self):
@@ -46,7 +58,7 @@ class ModelConfig:
         """This config, or an error naming the first value no forward pass can run with (from file `path`)."""
         rules = {
             "count": ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size", "n_ctx_train"),
-            "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor"),
+            "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor", "expert_scale"),
             "optional": ("rope_base_swa", "attn_scale", "logit_softcap"),
         }
         for f in fields(self):
@@ -58,7 +70,8 @@ class ModelConfig:
             if f.name in rules["optional"] and v is not None and not (
                     isinstance(v, float) and math.isfinite(v) and v > 0):
                 raise RefllamaError(f"{path}: {f.name} must be a finite positive number, got {v!r}")
-            if f.name in ("rope_ctx_orig", "sliding_window") and v is not None and not (isinstance(v, int) and v >= 1):
+            if f.name in ("rope_ctx_orig", "sliding_window", "n_ff_shexp") and v is not None and not (
+                    isinstance(v, int) and v >= 1):
                 raise RefllamaError(f"{path}: {f.name} must be a positive integer, got {v!r}")
         if self.n_head % self.n_head_kv:
             raise RefllamaError(f"{path}: {self.n_head} query heads do not divide into {self.n_head_kv} key/value "
@@ -69,6 +82,12 @@ class ModelConfig:
         if self.swa_layers is not None and (len(self.swa_layers) != self.n_layer or not self.sliding_window):
             raise RefllamaError(f"{path}: a sliding-window pattern needs a window and one entry per layer "
                                 f"({len(self.swa_layers)} entries for {self.n_layer} layers)")
+        if self.moe_layers is not None and len(self.moe_layers) != self.n_layer:
+            raise RefllamaError(f"{path}: {len(self.moe_layers)} mixture-of-experts flags for {self.n_layer} layers")
+        if any(self.moe_layers or ()) and not (
+                isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
+            raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "
+                                f"experts ({self.n_expert}) and an expert width (got {self.n_ff_exp!r})")
         if self.rope_layout not in ("interleaved", "half"):
             raise RefllamaError(f"{path}: unknown rope layout {self.rope_layout!r}")
         return self

@@ -1,5 +1,6 @@
 """GGUF families made by llama.cpp's own converter (tools/make_tiny_gguf.py): tiny random Llama, Qwen2, Qwen3,
-Phi-3, Gemma 3 and GPT-2 models, F32 and Q8_0, checked against transformers (the HF weights they were converted
+Phi-3, Gemma 3 and GPT-2 models, and the mixtures of experts Mixtral (a `llama` file), Qwen3-MoE, Qwen2-MoE and OLMoE,
+F32 and Q8_0, checked against transformers (the HF weights they were converted
 from) and llama.cpp (its logits on both files, every stage of every layer on the F32 file, F32 KV cache)."""
 
 import json
@@ -19,7 +20,9 @@ from refllama.formats.gguf_loader import Field, GGUFFile
 
 DATA = Path(__file__).parent / "data"
 FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half",
-            "gemma3": "half", "gpt2": "half"}  # llama.cpp's pair layouts (GPT-2: no RoPE, recorded as half)
+            "gemma3": "half", "gpt2": "half",  # llama.cpp's pair layouts (GPT-2: no RoPE, recorded as half)
+            "mixtral": "interleaved", "qwen3moe": "half", "qwen2moe": "half", "olmoe": "half"}
+ARCH = {"mixtral": "llama"}  # a family's GGUF architecture, where it is not the family's own name
 N_CTX = 256  # Phi-3's original context: its short factors, which llama.cpp and transformers both take here
 F32_TOL = 1e-5  # of the reference's range: llama.cpp on F32 weights and an F32 cache computes in float32
 
@@ -39,7 +42,7 @@ def rel_err(got, want):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_runs_as_its_architecture_with_llamacpps_pair_layout(family):
     cfg = load(family).config
-    assert (cfg.arch, cfg.rope_layout) == (family, FAMILIES[family])
+    assert (cfg.arch, cfg.rope_layout) == (ARCH.get(family, family), FAMILIES[family])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -72,9 +75,9 @@ def test_f32_every_stage_of_every_layer_matches_llamacpp(family, tmp_path):
     theirs = Dump(DATA / f"gguf-{family}" / "llamacpp-f32")
     assert theirs.layout == m.config.rope_layout
     ours = m.dump(r["token_ids"].tolist(), tmp_path / "ours")
-    a = arch.get(family)
+    a = arch.get(m.config.arch)
     assert set(theirs.names) <= set(Dump(ours).names)
-    assert len(theirs.names) == len(a.INPUTS) + 2 + len(a.STAGES) * m.config.n_layer
+    assert len(theirs.names) == len(a.INPUTS) + 2 + sum(map(len, arch.layer_stages(a, m.config)))
     e2e_tol = 5e-3 if family in ("gemma3", "gpt2") else F32_TOL  # Gemma 3: 4.6e-3 at kq_soft_max, GPT-2: 2.7e-5
     rows = compare(ours, DATA / f"gguf-{family}" / "llamacpp-f32", m).rows
     assert len(rows) == len(theirs.names)
@@ -155,9 +158,10 @@ def test_a_window_longer_than_any_context_hides_nothing():
 def test_a_block_count_past_the_files_tensors_is_refused_before_any_table_is_sized(family):
     """Found by tools/fuzz.py (gguf seed 700873): Gemma 3's block_count 2^32 - 1 sized its per-layer window table."""
     g = GGUFFile(DATA / f"gguf-{family}" / f"{family}-f32.gguf")
-    g.fields[f"{family}.block_count"] = Field(4, False, 2 ** 32 - 1)
+    name = ARCH.get(family, family)
+    g.fields[f"{name}.block_count"] = Field(4, False, 2 ** 32 - 1)
     with pytest.raises(refllama.RefllamaError, match="block_count' is 4294967295, more blocks than the file's"):
-        arch.get(family).config_from_gguf(g)
+        arch.get(name).config_from_gguf(g)
 
 
 def test_gpt2_heads_that_do_not_split_the_width_are_named():
@@ -217,4 +221,4 @@ def test_the_llamacpp_dump_tool_reads_each_files_architecture(monkeypatch):
     import dump_llamacpp
 
     for family in FAMILIES:
-        assert dump_llamacpp.arch_of(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf").NAME == family
+        assert dump_llamacpp.arch_of(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf").NAME == ARCH.get(family, family)

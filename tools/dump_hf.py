@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 import refllama
 from refllama.api import default_model_path
+from refllama.arch import layer_stages
 from refllama.check.dump import add_tool_args, model_sha256, plan_from_args, write_dump
 
 # transformers keeps HF's q/k pair layout (its GGUF loader undoes llama.cpp's permutation): "half" for every family
@@ -154,9 +155,11 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
                       a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
                       a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH))]
         if hasattr(a, "q_norm"):  # Qwen3, Gemma 3: per-head norms of q and k
-            hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}", heads_first=gemma)),
-                      a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}", heads_first=gemma))]
-        if hasattr(f, "gate_up_proj"):  # Phi-3: gate and up fused, gate first
+            hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}", None if gemma else H, gemma)),
+                      a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}", None if gemma else KVH, gemma))]
+        if hasattr(f, "experts"):  # a mixture of experts
+            hooks += moe_hooks(f, i, keep, out_hook)
+        elif hasattr(f, "gate_up_proj"):  # Phi-3: gate and up fused, gate first
             F = hf.config.intermediate_size
             hooks.append(f.gate_up_proj.register_forward_hook(split_hook([(f"ffn_gate-{i}", None),
                                                                           (f"ffn_up-{i}", None)], [F, F])))
@@ -166,8 +169,9 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
         hooks += [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}")),
                   a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
                   a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
-                  f.down_proj.register_forward_hook(out_hook(f"ffn_out-{i}")),
                   layer.register_forward_hook(out_hook(f"l_out-{i}"))]
+        if not hasattr(f, "experts"):
+            hooks.append(f.down_proj.register_forward_hook(out_hook(f"ffn_out-{i}")))
         if gemma:
             hooks += [layer.post_attention_layernorm.register_forward_hook(out_hook(f"attn_post_norm-{i}")),
                       layer.pre_feedforward_layernorm.register_forward_pre_hook(in_hook(f"sa_out-{i}")),
@@ -177,8 +181,49 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
         else:
             hooks += [layer.post_attention_layernorm.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
                       layer.post_attention_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
-                      f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}"))]
+                      *([] if hasattr(f, "experts") else [f.down_proj.register_forward_pre_hook(
+                          in_hook(f"ffn_swiglu-{i}"))])]
     hooks.append(m.norm.register_forward_hook(out_hook("result_norm")))
+    return hooks
+
+
+def moe_hooks(f, i, keep, out_hook):
+    """A mixture of experts' stages that transformers exposes: the router's logits, its softmax, the chosen ids and
+    weights (renormalised where the family says so), the block's output; Qwen2-MoE's shared expert and its gate.
+    The per-slot expert products stay inside transformers' fused experts module: not dumped. The block flattens its
+    tokens ([T, ...], no batch axis) before the router and the shared expert."""
+    def keep_rows(name, t):
+        keep(name, t[None] if t.dim() == 2 else t)
+
+    def rows_hook(name, before=False):
+        if before:
+            return lambda mod, inp: keep_rows(name, inp[0])
+        return lambda mod, inp, out: keep_rows(name, out)
+
+    def router(mod, inp, out):
+        logits, weights, ids = out  # [T, E], [T, K], [T, K]
+        probs = torch.softmax(logits.float(), dim=-1)
+        keep_rows(f"ffn_moe_logits-{i}", logits)
+        keep_rows(f"ffn_moe_probs-{i}", probs)
+        keep_rows(f"ffn_moe_topk-{i}", ids.float())
+        keep_rows(f"ffn_moe_weights-{i}", probs.gather(1, ids))
+        keep_rows(f"ffn_moe_weights_norm-{i}", weights)  # equal to ffn_moe_weights where not renormalised
+
+    def shexp_gate(mod, inp, out):
+        keep_rows(f"ffn_shexp_gate_inp-{i}", out)
+        keep_rows(f"ffn_shexp_gate-{i}", torch.sigmoid(out))
+
+    hooks = [f.gate.register_forward_hook(router)]
+    if hasattr(f, "shared_expert"):
+        s = f.shared_expert
+        hooks += [f.shared_expert_gate.register_forward_hook(shexp_gate),
+                  s.gate_proj.register_forward_hook(rows_hook(f"ffn_gate-{i}")),
+                  s.up_proj.register_forward_hook(rows_hook(f"ffn_up-{i}")),
+                  s.down_proj.register_forward_pre_hook(rows_hook(f"ffn_swiglu-{i}", before=True)),
+                  s.down_proj.register_forward_hook(rows_hook(f"ffn_shexp-{i}")),
+                  f.register_forward_hook(out_hook(f"ffn_out-{i}"))]
+    else:
+        hooks.append(f.register_forward_hook(out_hook(f"ffn_moe_out-{i}")))
     return hooks
 
 
@@ -203,7 +248,8 @@ def main(argv=None):
     hf = (AutoModelForCausalLM.from_pretrained(model_path, **load_args) if os.path.isdir(model_path)
           else AutoModelForCausalLM.from_pretrained(d, gguf_file=f, **load_args)).eval()
     stages, decode, decode_ids = capture(hf, ids, args.decode_steps)
-    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), m.arch.STAGES, m.arch.INPUTS)
+    names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), layer_stages(m.arch, m.config),
+                                         m.arch.INPUTS)
     provenance = {**PRODUCER, "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
                   "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids, "arch": m.config.arch,
                   "greedy": greedy(hf, ids, args.greedy)}

@@ -25,7 +25,7 @@ import numpy as np
 
 from refllama import arch as archs
 from refllama.api import default_model_path
-from refllama.check.dump import add_tool_args, file_sha256, plan_from_args, write_dump
+from refllama.check.dump import ROUTED_STAGES, add_tool_args, file_sha256, plan_from_args, write_dump
 from refllama.formats.gguf_loader import GGUFFile
 
 _GGML = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
@@ -65,12 +65,23 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             # GPT-2's: learned positions, LayerNorm (its bias ADD last), biases after each product
             ("pos_embd", "GET_ROWS"): "pos_embd", ("inpL", "ADD"): "inpL", ("attn_norm", "ADD"): "attn_norm",
             ("wqkv_b", "ADD"): "wqkv", ("ffn_norm", "ADD"): "ffn_norm", ("ffn_up_b", "ADD"): "ffn_up",
-            ("ffn_gelu", "GELU"): "ffn_gelu", ("ffn_out", "ADD"): "ffn_out", ("result_norm", "ADD"): "result_norm"}
+            ("ffn_gelu", "GELU"): "ffn_gelu", ("ffn_out", "ADD"): "ffn_out", ("result_norm", "ADD"): "result_norm",
+            # build_moe_ffn's (qwen2moe's shared expert: build_ffn's ffn_gate/up/swiglu, then its own names)
+            ("ffn_moe_logits", "MUL_MAT"): "ffn_moe_logits", ("ffn_moe_probs", "SOFT_MAX"): "ffn_moe_probs",
+            ("ffn_moe_topk", "VIEW"): "ffn_moe_topk", ("ffn_moe_weights", "GET_ROWS"): "ffn_moe_weights",
+            ("ffn_moe_weights_sum", "SUM_ROWS"): "ffn_moe_weights_sum",
+            ("ffn_moe_weights_norm", "DIV"): "ffn_moe_weights_norm",
+            ("ffn_moe_gate", "MUL_MAT_ID"): "ffn_moe_gate", ("ffn_moe_up", "MUL_MAT_ID"): "ffn_moe_up",
+            ("ffn_moe_swiglu", "SWIGLU"): "ffn_moe_swiglu", ("ffn_moe_down", "MUL_MAT_ID"): "ffn_moe_down",
+            ("ffn_moe_weighted", "MUL"): "ffn_moe_weighted", ("ffn_moe_out", "ADD"): "ffn_moe_out",
+            ("ffn_moe_out", "CONT"): "ffn_moe_out", ("ffn_shexp_gate_inp", "MUL_MAT"): "ffn_shexp_gate_inp",
+            ("ffn_shexp_gate", "DIV"): "ffn_shexp_gate", ("ffn_shexp", "MUL_MAT"): "ffn_shexp",
+            ("ffn_shexp_out", "MUL"): "ffn_shexp_out"}
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
 OUTPUT_BIAS = r"blk\.\d+\.attn_output\.bias"  # its bias, added by an unnamed ADD (GPT-2)
-DTYPES = {"f32": np.float32, "f16": np.float16}
+DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32}  # i32: the experts' ids
 
 
 def to_numpy(t):
@@ -178,10 +189,16 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
         a, T = to_numpy(t), step["T"]  # [ne3, ne2, ne1, ne0]
         if stage in ("kq", "kq_soft_max"):
             a = a[0, :, :, :step["S"]]  # [H, T, S_pad] -> [H, T, S]: the cells this fresh context filled
-        elif stage in ("Qcur_rope", "Kcur_rope", "Qcur_normed", "Kcur_normed"):
+        elif stage in ("Qcur_rope", "Kcur_rope"):
             a = a[0]  # [T, n_heads, HD]
+        elif stage in ("Qcur_normed", "Kcur_normed"):  # per head, or (OLMoE) over the whole projection
+            a = a.reshape(T, heads[stage[:4]], -1)  # [T, n_heads, HD]
+        elif stage in ROUTED_STAGES:
+            a = a[0]  # [T, K, X]
         elif stage in heads:
             a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
+        elif stage.startswith("ffn_moe_weights"):
+            a = a.reshape(T, -1)  # [T, K] ([T, 1]: the sum)
         else:
             a = a[0, 0]  # [T, width]
         step["stages"][f"{stage}-{layer}" if layer else stage] = a
@@ -234,7 +251,8 @@ def main(argv=None):
                                             repack=repack)
     n_layer = 1 + max(int(n.rsplit("-", 1)[1]) for n in stages if n.startswith("l_out-"))
     arch = arch_of(model_path)
-    names, rows, dtypes = plan_from_args(args, n_layer, len(ids), arch.STAGES, arch.INPUTS)
+    stages_of = archs.layer_stages(arch, arch.config_from_gguf(GGUFFile(model_path)))
+    names, rows, dtypes = plan_from_args(args, n_layer, len(ids), stages_of, arch.INPUTS)
     missing = [n for n in names if n not in stages]
     if missing:
         sys.exit(f"llama.cpp's graph had no node for: {', '.join(missing[:8])}")

@@ -1,4 +1,5 @@
-"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3,gemma3,gpt2}/: tiny random models made by transformers, converted to
+"""Write tests/data/gguf-{llama,qwen2,qwen3,phi3,gemma3,gpt2,mixtral,qwen3moe,qwen2moe,olmoe}/: tiny random models made
+by transformers, converted to
 GGUF by llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references beside them:
   - transformers' logits and hidden states (float32, eager attention, from the HF weights);
   - llama.cpp's token ids for a text, its logits on both files, and a dump of every stage of every layer on the
@@ -30,9 +31,21 @@ import torch
 import transformers
 from make_tiny_models import random_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import Gemma3TextConfig, GPT2Config, LlamaConfig, Phi3Config, Qwen2Config, Qwen3Config
+from transformers import (
+    Gemma3TextConfig,
+    GPT2Config,
+    LlamaConfig,
+    MixtralConfig,
+    OlmoeConfig,
+    Phi3Config,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
-from refllama.arch import get
+import refllama
+from refllama.arch import get, layer_stages
 from refllama.check.dump import file_sha256, storage_plan, write_dump
 from refllama.formats.pretokenizer import _QWEN2
 
@@ -69,7 +82,21 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
     "gpt2": (GPT2Config, dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_ctx=256, vocab_size=V,
                               layer_norm_epsilon=1e-5,
                               bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)),
+    # mixtures of experts: mixtral (GGUF `llama` with experts, renormalised), qwen3moe (q/k norms, renormalised, 3 of
+    # 8), qwen2moe (biases, not renormalised, a shared expert behind a gate), olmoe (q/k norms over the projection);
+# experts 64 wide, a whole number of Q8_0 blocks
+    "mixtral": (MixtralConfig, dict(COMMON, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                                    rope_theta=10000.0)),
+    "qwen3moe": (Qwen3MoeConfig, dict(COMMON, head_dim=32, moe_intermediate_size=64, num_experts=8,
+                                      num_experts_per_tok=3, norm_topk_prob=True, rope_theta=1000000.0)),
+    "qwen2moe": (Qwen2MoeConfig, dict(COMMON, moe_intermediate_size=64, shared_expert_intermediate_size=96,
+                                      num_experts=6, num_experts_per_tok=2, rope_theta=1000000.0)),
+    "olmoe": (OlmoeConfig, dict(COMMON, intermediate_size=64, num_experts=6, num_experts_per_tok=2,
+                                num_key_value_heads=4, rope_theta=10000.0)),  # llama.cpp's olmoe: no GQA
 }
+MOE = ("mixtral", "qwen3moe", "qwen2moe", "olmoe")
+ROUTER = (".gate.weight", ".shared_expert_gate.weight")  # routers: transformers' init (std 0.02) nearly ties
+# the experts' probabilities, so that the last bit of a logit would choose; 0.5 separates them
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
           "Hello world! It's a small model, isn't it? Ça va très bien. ") * 4
 TEXT = "The quick brown fox said: Paris is the capital, 2024! It's small."
@@ -98,6 +125,10 @@ def tiny_tokenizer():
 def save_hf(name, d, tok):
     config_class, kw = FAMILIES[name]
     model = random_model(config_class(**kw))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(ROUTER):
+                p.copy_(0.5 * torch.randn_like(p))
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
@@ -123,6 +154,8 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             hf_dir = Path(tmp) / name
             model = save_hf(name, hf_dir, tok)
+            if name in MOE:  # kept: the mixtures of experts are checked as HF directories too
+                shutil.copytree(hf_dir, out / "hf-model")
             for outtype in ("f32", "q8_0"):
                 script = CONVERT.format(src=args.llama_cpp, model=str(hf_dir), outtype=outtype,
                                         out=str(out / f"{name}-{outtype}.gguf"))
@@ -141,16 +174,17 @@ def main():
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
                  llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8),
                  llamacpp_logits_q8_0_f16kv=logits(q8, kv_f32=False), **long)  # llama.cpp's default cache
-        arch = get(name)
-        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), stages=arch.STAGES,
-                                             inputs=arch.INPUTS)
-        common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids, "arch": name}
+        arch = get(refllama.load(f32).config.arch)  # mixtral: llama
+        names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), inputs=arch.INPUTS,
+                                           stages=layer_stages(arch, refllama.load(f32).config))
+        common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids,
+                  "arch": arch.NAME}
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
                         "F32 weights and KV cache)", "repack": True, "qk_layout": arch.ROPE_LAYOUT,
             "greedy": dump_llamacpp.greedy(str(f32), ids, GREEDY, 2, kv_f32=True, n_ctx=N_CTX), **common})
         theirs = dump_hf.capture(model, ids)[0]
-        write_dump(out / "hf", {n: theirs[n] for n in names},
+        write_dump(out / "hf", {n: theirs[n] for n in names if n in theirs},  # experts' products: inside transformers
                    {**dump_hf.PRODUCER, "greedy": dump_hf.greedy(model, ids, GREEDY), **common})
         (out / "reference.json").write_text(json.dumps({
             "text": TEXT, "tool": "tools/make_tiny_gguf.py", "llamacpp_eog": make_tokenizer_table.eog_ids(f32),

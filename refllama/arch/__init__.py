@@ -2,9 +2,13 @@
 llama.cpp assigns it, its stage names and its forward, built from the shared stages of `blocks`. No architecture
 imports another. Loaders, dump, compare and the harness read these.
 
-    llama  (also Mistral)   NORM pairs (2i, 2i+1)    blocks.pre_norm_forward, the reference forward
+    llama  (also Mistral,   NORM pairs (2i, 2i+1)    blocks.pre_norm_forward, the reference forward
+            Mixtral)                                 (a layer with a router: blocks.moe_ffn)
     qwen2                   NEOX pairs (i, i + R/2)  llama's forward, q/k/v biases
     qwen3                   NEOX                     llama's forward, per-head q/k RMSNorm before RoPE
+    qwen2moe                NEOX                     llama's forward, q/k/v biases, experts and a shared expert
+    qwen3moe                NEOX                     llama's forward, Qwen3's q/k norms, experts
+    olmoe                   NEOX                     llama's forward, q/k norms over the whole projection, experts
     phi3                    NEOX                     llama's forward, fused qkv and gate/up split at load, LongRoPE
     gemma3                  NEOX                     its own forward: scaled embeddings, four norms a block, GeGLU,
                                                      local (sliding-window) and global layers
@@ -15,31 +19,44 @@ The module interface (tests/test_arch.py holds every module to it):
             HF_ARCHITECTURES       config.json `architectures[0]` values it reads
             ROPE_LAYOUT            "interleaved" or "half": llama.cpp's q/k pair layout for it
             WEIGHTS, LAYER_WEIGHTS tables of tables.Weight rows: the model's and each block's tensors
-            INPUTS, STAGES         stage names it taps before the first block, and in each block, in order
+            INPUTS, STAGES         stage names it taps before the first block, and in each dense block, in order
             config_from_gguf(g)    ModelConfig from a refllama.formats.gguf_loader.GGUFFile
             config_from_hf(c)      (ModelConfig, rope tensors function) from an HF config.json reader
             forward(w, cfg, ops, tokens, start_pos, cache, last_only=False) -> logits [T or 1, V]
-  optional  HF_LAYER               a block's HF tensor prefix, if not tables.HF_LAYER (GPT-2's)
+  optional  MOE_WEIGHTS            a mixture-of-experts layer's feed-forward rows (tables.layer_rows puts them in)
+            HF_LAYER               a block's HF tensor prefix, if not tables.HF_LAYER (GPT-2's)
             CHAT_TEMPLATE          for GGUF files that carry none (Gemma 3)
             LLAMACPP_FUSED         llama.cpp graph nodes that fuse stages, for tools/dump_llamacpp.py
             LLAMACPP_Q_SCALED      llama.cpp scales q before kq, so its kq is refllama's times kq_scale
 """
 
 from ..errors import RefllamaError, shown
-from . import gemma3, gpt2, llama, phi3, qwen2, qwen3
+from . import gemma3, gpt2, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe
+from .blocks import block_stages, moe_stage_order
 from .hparams import freq_factors
 from .pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
 from .tables import Weight
 
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
-OPTIONAL = ("HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED")
+OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED")
 
-ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2)}
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",
-           "for_hf", "freq_factors", "get", "pair_order", "permute_qk"]
+           "for_hf", "freq_factors", "get", "layer_stages", "pair_order", "permute_qk", "stage_order"]
+
+
+def layer_stages(arch, cfg):  # -> one tuple of stage names per block
+    """The stages each block of this model taps, in order: a function of the config, since a layer with a router
+    taps the mixture of experts' stages where a dense one taps its feed-forward's."""
+    return [block_stages(arch.STAGES, cfg, i) for i in range(cfg.n_layer)]
+
+
+def stage_order(arch):
+    """Every stage a block of the family may tap, dense or mixture of experts, in forward order."""
+    return moe_stage_order(arch.STAGES) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
 
 
 def get(name):

@@ -4,13 +4,14 @@ build_norm, build_attn and build_ffn: each a pure function of arrays and a layer
 arithmetic a numerics chooses are always called through it.
 
 `pre_norm_forward` is the forward of Llama and of the families that differ from it only in data (Qwen2's biases,
-Phi-3's fused matrices split at load, Qwen3's per-head q/k norms): embeddings, n_layer blocks of attention and a
-SwiGLU feed-forward, each after an RMSNorm and added to the residual, a last norm, logits.
+Phi-3's fused matrices split at load, Qwen3's per-head q/k norms, OLMoE's q/k norms over the whole projection, a
+mixture of experts where a layer has a router): embeddings, n_layer blocks of attention and a SwiGLU feed-forward,
+each after an RMSNorm and added to the residual, a last norm, logits.
 """
 
 from typing import NamedTuple
 
-from ..layers import causal_mask, embedding, linear
+from ..layers import causal_mask, embedding, linear, silu
 from ..trace import tap
 from ..xp import array_module
 
@@ -18,6 +19,32 @@ PRE_NORM_INPUTS = ("inp_embd",)  # the stages pre_norm_forward taps before the f
 PRE_NORM_STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "kq_soft_max", "kqv_out",
                    "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out")
 QK_NORM_STAGES = ("Qcur_normed", "Kcur_normed")  # qk_norm's, after Vcur (Qwen3, Gemma 3)
+DENSE_FFN_STAGES = ("ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out")  # gated_ffn's
+ROUTING_STAGES = ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights")  # moe_ffn's, in order:
+NORM_W_STAGES = ("ffn_moe_weights_sum", "ffn_moe_weights_norm")  # where the K weights are renormalised
+EXPERT_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out")
+# shared_expert's, as llama.cpp's qwen2moe graph names them (its build_ffn taps ffn_gate/up/swiglu inside)
+SHARED_EXPERT_STAGES = ("ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_shexp",
+                        "ffn_shexp_out", "ffn_out")
+MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the routing weights' sum to float16's smallest normal number
+
+
+def moe_stage_order(stages):
+    """Every stage a block of a family with mixtures of experts may tap, dense or not, in forward order."""
+    at = stages.index("ffn_gate")
+    return (*stages[:at], *ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES, *SHARED_EXPERT_STAGES[:-1],
+            *stages[at + len(DENSE_FFN_STAGES) - 1:])
+
+
+def block_stages(stages, cfg, i):
+    """The stages of block i, given the family's dense block `stages`: its feed-forward's replaced by moe_ffn's
+    (and shared_expert's) where layer i is a mixture of experts."""
+    if not cfg.is_moe(i):
+        return stages
+    moe = (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()), *EXPERT_STAGES,
+           *(SHARED_EXPERT_STAGES if cfg.n_ff_shexp else ()))
+    at = stages.index("ffn_gate")
+    return (*stages[:at], *moe, *stages[at + len(DENSE_FFN_STAGES):])
 
 
 class At(NamedTuple):
@@ -47,8 +74,13 @@ def qkv(h, lw, cfg, i):  # [T, D] -> q [T, H, HD], k [T, KVH, HD], v [T, KVH, HD
 
 
 def qk_norm(q, k, lw, cfg, ops, i):  # [T, H, HD], [T, KVH, HD] -> same: each head RMS-normed over its HD dims
-    q = tap("Qcur_normed", i, ops.rms_norm(q, lw["attn_q_norm"], cfg.rms_eps))
-    k = tap("Kcur_normed", i, ops.rms_norm(k, lw["attn_k_norm"], cfg.rms_eps))
+    """Or, where the norm's weight spans every head (OLMoE's H*HD), q and k each normed as one vector a token."""
+    T = len(q)
+    if lw["attn_q_norm"].shape[0] != cfg.head_dim:  # OLMoE: over the whole projection, before the head split
+        q = q.reshape(T, 1, -1)  # [T, 1, H*HD]
+        k = k.reshape(T, 1, -1)  # [T, 1, KVH*HD]
+    q = tap("Qcur_normed", i, ops.rms_norm(q, lw["attn_q_norm"], cfg.rms_eps).reshape(T, cfg.n_head, -1))
+    k = tap("Kcur_normed", i, ops.rms_norm(k, lw["attn_k_norm"], cfg.rms_eps).reshape(T, cfg.n_head_kv, -1))
     return q, k
 
 
@@ -72,12 +104,65 @@ def attend(q, k, v, lw, cfg, ops, i, at):  # q [T, H, HD], k, v [T, KVH, HD] -> 
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 
 
-def gated_ffn(h, lw, ops, unit, i):  # [T, D] -> [T, D]: down(unit(gate(h), up(h))), biases if any
-    """`unit`: "swiglu" (SiLU gate: Llama, Qwen, Phi-3) or "geglu" (GELU gate: Gemma), its stage `ffn_{unit}`."""
-    gate = tap("ffn_gate", i, linear(h, lw["ffn_gate"], lw.get("ffn_gate_bias")))  # [T, F]
-    up = tap("ffn_up", i, linear(h, lw["ffn_up"], lw.get("ffn_up_bias")))  # [T, F]
+def gated_ffn(h, lw, ops, unit, i, part=""):  # [T, D] -> [T, D]: down(unit(gate(h), up(h))), biases if any
+    """`unit`: "swiglu" (SiLU gate: Llama, Qwen, Phi-3) or "geglu" (GELU gate: Gemma), its stage `ffn_{unit}`;
+    `part` "_shexp": the shared expert's matrices, its output stage `ffn_shexp` (llama.cpp's names)."""
+    gate = tap("ffn_gate", i, linear(h, lw["ffn_gate" + part], lw.get("ffn_gate_bias")))  # [T, F]
+    up = tap("ffn_up", i, linear(h, lw["ffn_up" + part], lw.get("ffn_up_bias")))  # [T, F]
     h = tap(f"ffn_{unit}", i, getattr(ops, unit)(gate, up))  # [T, F]
-    return tap("ffn_out", i, linear(h, lw["ffn_down"], lw.get("ffn_down_bias")))  # [T, D]
+    return tap("ffn" + (part or "_out"), i, linear(h, lw["ffn_down" + part], lw.get("ffn_down_bias")))  # [T, D]
+
+
+def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed-forwards, weighted, summed
+    """A mixture of experts, as llama.cpp's build_moe_ffn computes it: a router's softmax over the E experts, the K
+    most probable kept (ties to the lower id, as ggml's argsort: std::sort, an insertion sort up to 16 experts; past
+    16 its order on exact ties is std::sort's), their probabilities renormalised where the family says so, each token
+    through its K experts' SwiGLU feed-forwards, the K outputs weighted and added in slot order.
+    Slot k of a token is its k-th most probable expert; `ffn_moe_topk` says which."""
+    xp = array_module(h)
+    T, K = len(h), cfg.n_expert_used
+    logits = tap("ffn_moe_logits", i, linear(h, lw["ffn_gate_inp"]))  # [T, E]
+    probs = tap("ffn_moe_probs", i, ops.attention_weights(logits[None], xp.zeros_like(logits), 1.0)[0])  # [T, E]
+    ids = xp.argsort(-probs, axis=1, kind="stable")[:, :K].astype(xp.float32)  # float32 as dumps hold it: exact
+    topk = tap("ffn_moe_topk", i, ids).astype(xp.int64)  # [T, K] expert ids
+    weights = tap("ffn_moe_weights", i, xp.take_along_axis(probs, topk, axis=1))  # [T, K]
+    if cfg.expert_norm:
+        total = tap("ffn_moe_weights_sum", i, weights.sum(axis=1, keepdims=True))  # [T, 1]
+        weights = tap("ffn_moe_weights_norm", i, weights / xp.maximum(total, xp.float32(MIN_WEIGHT_SUM)))
+    if cfg.expert_scale != 1.0:
+        weights = weights * xp.float32(cfg.expert_scale)
+    x = xp.broadcast_to(h[:, None], (T, K, h.shape[1]))  # [T, K, D]: each slot reads its token's row
+    gate = tap("ffn_moe_gate", i, by_expert(x, lw["ffn_gate_exps"], topk))  # [T, K, FE]
+    up = tap("ffn_moe_up", i, by_expert(x, lw["ffn_up_exps"], topk))  # [T, K, FE]
+    act = tap("ffn_moe_swiglu", i, ops.swiglu(gate.reshape(T * K, -1), up.reshape(T * K, -1)).reshape(T, K, -1))
+    down = tap("ffn_moe_down", i, by_expert(act, lw["ffn_down_exps"], topk))  # [T, K, D]
+    weighted = tap("ffn_moe_weighted", i, down * weights[:, :, None])  # [T, K, D]
+    out = weighted[:, 0]
+    for k in range(1, K):  # slot by slot, as llama.cpp adds its K views
+        out = out + weighted[:, k]
+    return tap("ffn_moe_out", i, out)  # [T, D]
+
+
+def by_expert(x, mats, ids):  # [T, K, in], E matrices [out, in], [T, K] ids -> [T, K, out]
+    """Each slot's row times its expert's matrix, as ggml's mul_mat_id: the rows of one expert gathered and
+    multiplied together, so each chosen expert's matrix is read once a step and the others not at all."""
+    xp = array_module(x)
+    T, K, _ = x.shape
+    flat, rows = ids.reshape(-1), x.reshape(T * K, -1)  # [T*K], [T*K, in]
+    out = xp.empty((T * K, mats[0].shape[0]), xp.float32)
+    for e in map(int, xp.unique(flat)):
+        at = xp.nonzero(flat == e)[0]
+        out[at] = linear(rows[at], mats[e])
+    return out.reshape(T, K, -1)
+
+
+def shared_expert(h, lw, ops, i):  # [T, D] -> [T, D]: Qwen2-MoE's shared expert, behind a sigmoid gate
+    """A dense SwiGLU feed-forward every token takes, times sigmoid(h . w), the sigmoid computed as llama.cpp's
+    qwen2moe graph computes it: silu(x) / x."""
+    g = tap("ffn_shexp_gate_inp", i, linear(h, lw["ffn_gate_inp_shexp"]))  # [T, 1]
+    gate = tap("ffn_shexp_gate", i, silu(g) / g)  # [T, 1]
+    out = gated_ffn(h, lw, ops, "swiglu", i, part="_shexp")  # [T, D]
+    return tap("ffn_shexp_out", i, out * gate)  # [T, D]
 
 
 def pre_norm_forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
@@ -113,4 +198,9 @@ def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D]
     x = tap("ffn_inp", i, x + h)  # [T, D]
     del h, q, k, v  # before the feed-forward's larger arrays
     h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
-    return tap("l_out", i, x + gated_ffn(h, lw, ops, "swiglu", i))  # [T, D]
+    if cfg.is_moe(i):
+        h = moe_ffn(h, lw, cfg, ops, i) if not cfg.n_ff_shexp else tap(  # Qwen2-MoE: plus its shared expert
+            "ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + shared_expert(h, lw, ops, i))
+    else:
+        h = gated_ffn(h, lw, ops, "swiglu", i)
+    return tap("l_out", i, x + h)  # [T, D]

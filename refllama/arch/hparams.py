@@ -56,6 +56,55 @@ def gguf_config(g, rope_layout, **fields):
         "sliding_window": window or None, **fields}).checked(g.path)
 
 
+GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes
+
+
+def gguf_moe(g, norm, split_ff=False):
+    """The mixture-of-experts fields of a GGUF config ({} for a dense model), as llama.cpp reads them: `norm` is the
+    family's renormalisation (llama.cpp's graph fixes it per architecture, no file key); without an
+    `expert_feed_forward_length` an expert is feed_forward_length wide, or (`split_ff`, Qwen's) that over K. A layer
+    is a mixture where it has a router (`ffn_gate_inp`), as llama.cpp's llama graph decides per layer. Routing options
+    refllama does not compute are refused by name."""
+    arch = g.string("general.architecture", required=True)
+    n_expert = int(g.integer(f"{arch}.expert_count", 0, low=0))
+    if not n_expert:
+        return {}
+    for key, allowed in ((f"{arch}.expert_gating_func", GATING_SOFTMAX), (f"{arch}.expert_group_count", 1),
+                         (f"{arch}.expert_shared_count", 1 if arch == "qwen2moe" else 0)):
+        if g.has(key) and int(g.integer(key, low=0)) not in (0, allowed):
+            raise RefllamaError(f"{g.path}: unsupported {key} {g.integer(key, low=0)} (refllama routes by softmax "
+                                "over every expert, ungrouped)")
+    biased = sorted(name for name in g.tensors if name.endswith("exp_probs_b.bias"))
+    if biased:
+        raise RefllamaError(f"{g.path}: unsupported tensor {shown(biased[0])} (an expert selection bias)")
+    n_layer = block_count(g, arch)
+    scale = g.real(f"{arch}.expert_weights_scale", 0.0, positive=False)
+    n_used, n_ff = int(g.integer(f"{arch}.expert_used_count", low=1)), int(g.integer(f"{arch}.feed_forward_length"))
+    return {"n_expert": n_expert, "n_expert_used": n_used,
+            "n_ff_exp": int(g.integer(f"{arch}.expert_feed_forward_length", n_ff // n_used if split_ff else n_ff)),
+            "n_ff_shexp": int(g.integer(f"{arch}.expert_shared_feed_forward_length", low=1))
+            if g.has(f"{arch}.expert_shared_feed_forward_length") else None,
+            "expert_norm": norm, "expert_scale": float(scale) if scale else 1.0,
+            "moe_layers": tuple(f"blk.{i}.ffn_gate_inp.weight" in g.tensors for i in range(n_layer))}
+
+
+def hf_moe(c, norm_default, shared=False):
+    """The mixture-of-experts fields of an HF config.json: expert counts under either name transformers has used,
+    `norm_topk_prob` (default `norm_default`, the family's), the layers Qwen's configs keep dense (`mlp_only_layers`,
+    and all but every `decoder_sparse_step`-th); Mixtral's expert width is intermediate_size."""
+    n_expert = c.get("num_experts", None, kind=(int,)) or c.need("num_local_experts", int)
+    n_layer, step = c.need("num_hidden_layers", int), c.get("decoder_sparse_step", 1, kind=(int,))
+    if step < 1:
+        raise RefllamaError(f"{c.path}: field 'decoder_sparse_step' must be at least 1, got {step}")
+    only = c.get("mlp_only_layers", [], kind=(list,))
+    dense_layers = {i for i in range(n_layer) if i in only or (i + 1) % step}
+    return {"n_expert": n_expert, "n_expert_used": c.need("num_experts_per_tok", int),
+            "n_ff_exp": c.get("moe_intermediate_size", None, kind=(int,)) or c.need("intermediate_size", int),
+            "n_ff_shexp": c.need("shared_expert_intermediate_size", int) if shared else None,
+            "expert_norm": c.get("norm_topk_prob", norm_default, kind=(bool,)),
+            "moe_layers": tuple(i not in dense_layers for i in range(n_layer))}
+
+
 def rope_parameters(c):
     """(theta, scaling dict or {}) from transformers 5's `rope_parameters` or transformers 4's
     top-level `rope_theta` + `rope_scaling`."""

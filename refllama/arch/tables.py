@@ -16,9 +16,11 @@ class Weight(NamedTuple):
     """One row of an architecture's weights table."""
 
     key: str  # refllama's name: llama.cpp's tensor name without `blk.N.` and `.weight`
-    shape: str  # numpy order, [out, in], in the legend's letters (D, H, KVH, HD, F, V, R)
+    shape: str  # numpy order, [out, in], in the legend's letters (D, H, KVH, HD, F, V, R; E, FE, FS for experts);
+    # a leading E is the expert axis: read as a tuple of E matrices [out, in], each kept in its file form
     gguf: str | None  # GGUF tensor name (a block's: after `blk.N.`); None: not stored in GGUF files
-    hf: str | None  # HF tensor name (a block's: after `model.layers.N.`); None: not stored in HF files
+    hf: str | None  # HF tensor name (a block's: after `model.layers.N.`, `{e}` an expert's number where HF stores
+    # one tensor per expert); None: not stored in HF files
     required: bool = True
     hf_permute: str | None = None  # "H" or "KVH": HF's per-head q/k rows go to llama.cpp's NORM pairs at load
     split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
@@ -44,11 +46,39 @@ FFN_NORM = Weight("ffn_norm", "D", "ffn_norm.weight", "post_attention_layernorm.
 FFN_GATE = Weight("ffn_gate", "F, D", "ffn_gate.weight", "mlp.gate_proj.weight")
 FFN_UP = Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight")
 FFN_DOWN = Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight")
+DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_bias", "ffn_up_bias", "ffn_down_bias")  # a MoE layer lacks
+MOE = (  # a mixture-of-experts feed-forward: the router and the experts' three matrices (Qwen2/3-MoE's, OLMoE's names)
+    Weight("ffn_gate_inp", "E, D", "ffn_gate_inp.weight", "mlp.gate.weight"),
+    Weight("ffn_gate_exps", "E, FE, D", "ffn_gate_exps.weight", "mlp.experts.{e}.gate_proj.weight"),
+    Weight("ffn_up_exps", "E, FE, D", "ffn_up_exps.weight", "mlp.experts.{e}.up_proj.weight"),
+    Weight("ffn_down_exps", "E, D, FE", "ffn_down_exps.weight", "mlp.experts.{e}.down_proj.weight"),
+)
+SHARED_EXPERT = (  # Qwen2-MoE's shared expert and its gate
+    Weight("ffn_gate_inp_shexp", "1, D", "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+    Weight("ffn_gate_shexp", "FS, D", "ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"),
+    Weight("ffn_up_shexp", "FS, D", "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+    Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"),
+)
 
 
 def dims(cfg):
     return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
-            "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train}
+            "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train, "E": cfg.n_expert, "FE": cfg.n_ff_exp,
+            "FS": cfg.n_ff_shexp}
+
+
+def layer_rows(arch, cfg, i):
+    """Block i's weights table: the family's LAYER_WEIGHTS, its dense feed-forward replaced by its MOE_WEIGHTS
+    where layer i is a mixture of experts (a file may mix the two: Qwen2-MoE's mlp_only_layers)."""
+    if not cfg.is_moe(i):
+        return arch.LAYER_WEIGHTS
+    return tuple(row for row in arch.LAYER_WEIGHTS if row.key not in DENSE_FFN) + arch.MOE_WEIGHTS
+
+
+def experts(t, n):  # [E, N, K] array or QuantizedTensor -> E matrices [N, K], each still in its file form
+    if isinstance(t, QuantizedTensor):
+        return tuple(t.split([t.shape[1]] * n))
+    return tuple(t)
 
 
 def size(expr, d):
@@ -83,9 +113,14 @@ def read_weights(arch, cfg, side, fetch, has, place):
     def take(row, prefix, out):
         name = getattr(row, side)
         required = row.required or row.key == "output"  # read only when untied: then the model needs it
-        if name is None or (not required and not has(prefix + name)):
+        if name is None or (not required and not has(prefix + name.format(e=0))):
             return
         shape = shape_of(row, d)
+        if len(shape) == 3:  # experts: one tensor (GGUF), or one per expert (HF)
+            parts = ([fetch(prefix + name.format(e=e), shape[1:]) for e in range(shape[0])] if "{e}" in name
+                     else experts(fetch(prefix + name, shape), shape[0]))
+            out[row.key] = tuple(map(place, parts))
+            return
         t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
         if isinstance(t, QuantizedTensor) and side == "hf" and (row.hf_transpose or row.hf_add):
             t = t.to_float32()  # kept as stored only where its rows alone move
@@ -112,7 +147,7 @@ def read_weights(arch, cfg, side, fetch, has, place):
     w["layers"] = []
     for i in range(cfg.n_layer):
         lw = {}
-        for row in arch.LAYER_WEIGHTS:
+        for row in layer_rows(arch, cfg, i):
             take(row, (GGUF_LAYER if side == "gguf" else getattr(arch, "HF_LAYER", HF_LAYER)).format(i=i), lw)
         if hasattr(place, "layer"):  # a backend that joins a layer's matrices (refllama.numerics.matrices.fuse_layer)
             place.layer(lw)

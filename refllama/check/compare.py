@@ -200,7 +200,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
                             f"'{mine.names[0]}'); the names are llama.cpp's (checkpoints/FORMAT.md)")
     arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
     rows, first, previous = [], None, None
-    for name in forward_order([n for n in ref.names if n in mine], arch.STAGES):
+    for name in forward_order([n for n in ref.names if n in mine], archs.stage_order(arch)):
         stage, layer = split_name(name)
         positions = sorted(p for p in set(mine.positions(name)) & set(ref.positions(name)) if p < same)
         if not positions:

@@ -205,9 +205,13 @@ def numerics_of(manifest):
     return "ggml" if "llama.cpp" in producer and "f32 weights and kv cache" not in producer else "float32"
 
 
+ROUTED_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted")  # [T, K, X]
+
+
 def stage_ndim(stage):
-    """The number of axes of a stage as FORMAT.md gives it: [T, n, HD] for q/k/v, [H, T, S] for kq, else [T, X]."""
-    return 3 if stage in QK_STAGES or stage in ("Vcur", "kq", "kq_soft_max") else 2
+    """The number of axes of a stage as FORMAT.md gives it: [T, n, HD] for q/k/v, [H, T, S] for kq, [T, K, X] for a
+    token's K routed experts, else [T, X]."""
+    return 3 if stage in QK_STAGES or stage in ("Vcur", "kq", "kq_soft_max", *ROUTED_STAGES) else 2
 
 
 def _fail(where, message):
@@ -391,7 +395,7 @@ class Dump:
         if "shape" in e and list(a.shape) != list(e["shape"]):
             _fail(self.dir, f"stage '{name}': shape {list(a.shape)} differs from the manifest's {e['shape']}")
         want = stage_ndim(stage)
-        split_heads = want == 3 and stage not in ("kq", "kq_soft_max")
+        split_heads = want == 3 and stage not in ("kq", "kq_soft_max", *ROUTED_STAGES)
         if a.shape[:1] == (1,) and (a.ndim == want + 1 or (split_heads and a.ndim == 3 and self.head_dim
                                                              and a.shape[-1] != self.head_dim)):
             a = a[0]  # a batch of one (q/k/v as [1, T, n*HD] too)
@@ -411,7 +415,8 @@ class Dump:
 
 def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, stages=archs.llama.STAGES,
                  inputs=archs.llama.INPUTS):
-    """What a stored dump of blocks with these `stages` keeps, as (names, rows, dtypes) for write_dump.
+    """What a stored dump of blocks with these `stages` keeps, as (names, rows, dtypes) for write_dump; `stages`:
+    one tuple for every block, or a list of one per block (refllama.arch.layer_stages: a mixture of experts').
 
     layers: the blocks kept (None: all), plus each one's input `l_out-(N-1)` so every stage can be fed
     its own input; max_rows: token positions kept when the prompt is longer (the first 8 and the last
@@ -423,8 +428,9 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
         if not 0 <= n < n_layer:
             raise RefllamaError(f"block {n} asked for: the model has blocks 0..{n_layer - 1}")
     names = [*inputs, "result_norm", "result_output"]
+    per_layer = stages if isinstance(stages, list) else [stages] * n_layer
     for n in layers:
-        names += [f"{s}-{n}" for s in stages]
+        names += [f"{s}-{n}" for s in per_layer[n]]
         if n > 0:
             names.append(f"l_out-{n - 1}")
     all_rows = list(range(n_tokens))

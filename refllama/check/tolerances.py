@@ -40,7 +40,15 @@ _ROWS = {  # stage: ((llama.cpp), (float32), (llama.cpp F32), (ggml))
     "result_norm": ((1.5e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10), (1e-5, 1e-10)),
     "result_output": ((2e-1, 1e-2), (5e-4, 1e-8), (1e-5, 1e-10), (1e-4, 1e-8)),
 }
-SHARED_ROW = {"Qcur_normed": "Qcur", "Kcur_normed": "Kcur"}  # stages that take another's row
+SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; a mixture of experts' the dense
+    # feed-forward stage it computes as (each expert's product, the router's too, a product of ffn_norm) or a softmax's
+    "Qcur_normed": "Qcur", "Kcur_normed": "Kcur",
+    "ffn_moe_logits": "ffn_gate", "ffn_moe_topk": "ffn_gate", "ffn_shexp_gate_inp": "ffn_gate",
+    "ffn_moe_probs": "kq_soft_max", "ffn_moe_weights": "kq_soft_max", "ffn_moe_weights_sum": "kq_soft_max",
+    "ffn_moe_weights_norm": "kq_soft_max", "ffn_shexp_gate": "kq_soft_max",
+    "ffn_moe_gate": "ffn_gate", "ffn_moe_up": "ffn_up", "ffn_moe_swiglu": "ffn_swiglu", "ffn_moe_down": "ffn_out",
+    "ffn_moe_weighted": "ffn_out", "ffn_moe_out": "ffn_out", "ffn_shexp": "ffn_out", "ffn_shexp_out": "ffn_out",
+}
 TOLERANCES = {kind: {stage: row[i] for stage, row in _ROWS.items()} for i, kind in enumerate(REFERENCE_KINDS)}
 
 UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # half the spacing of floats in [1, 2)

@@ -116,9 +116,10 @@ class QuantizedTensor(NamedTuple):
         return out
 
     def split(self, sizes):
-        """Row blocks of `sizes` rows each (a fused matrix's parts); rows are whole blocks, so bytes split too."""
+        """Row blocks of `sizes` rows each (a fused matrix's parts, or a 3-D tensor's experts [E, N, K] as E blocks of
+        N rows); rows are whole blocks, so bytes split too."""
         out, start = [], 0
         for n in sizes:
-            out.append(QuantizedTensor(self.raw[start:start + n], self.qtype, (n, self.shape[1])))
+            out.append(QuantizedTensor(self.raw[start:start + n], self.qtype, (n, self.shape[-1])))
             start += n
         return out

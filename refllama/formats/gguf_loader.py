@@ -250,7 +250,7 @@ class GGUFFile:
 
     def tensor(self, name, shape, keep_quantized=frozenset()):
         """Tensor `name` with numpy shape `shape`, or a clear error: float32, or its GGUF bytes (QuantizedTensor) if
-        it is a matrix of a type in `keep_quantized`."""
+        it is a matrix (or a 3-D tensor of experts' matrices) of a type in `keep_quantized`."""
         t = self.tensors.get(name)
         if t is None:
             raise RefllamaError(f"{self.path}: missing tensor {shown(name)}")
@@ -262,7 +262,7 @@ class GGUFFile:
         if t.tensor_type == GGMLType.F32:
             return self.raw(t).reshape(shape)
         stored = QuantizedTensor(self.raw(t), t.tensor_type, tuple(shape))
-        if len(shape) == 2 and t.tensor_type in keep_quantized:
+        if len(shape) in (2, 3) and t.tensor_type in keep_quantized:
             return stored
         if keep_quantized and t.tensor_type not in (GGMLType.F16, GGMLType.BF16):
             self.fallbacks.add(t.tensor_type.name)
@@ -285,8 +285,8 @@ def load_gguf(path, placement=None):
     g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
     placement = placement or Placement()
     placement.plan(sum(4 * math.prod(t.shape) for t in g.tensors.values()))
-    placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) == 2}, cfg)
-    kept = [t for t in g.tensors.values() if not (len(t.shape) == 2 and t.tensor_type in placement.keep)]
+    placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) in (2, 3)}, cfg)
+    kept = [t for t in g.tensors.values() if not (len(t.shape) in (2, 3) and t.tensor_type in placement.keep)]
     check_memory(sum(4 * math.prod(t.shape) for t in kept), f"{g.path}: the weights in float32",
                  "use a smaller model, or --backend numba, which keeps quantized weights as they are")
     weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, placement.keep),

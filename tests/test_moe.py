@@ -1,0 +1,114 @@
+"""Mixtures of experts (tools/make_tiny_gguf.py: Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE made by transformers and
+converted by llama.cpp's converter): the HF directories they were made from load as their GGUF files do and match
+transformers; the routing reads as llama.cpp's build_moe_ffn; options refllama does not compute are refused by name.
+(The GGUF files against both references, every stage and numerics "ggml": tests/test_gguf_families.py.)"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from test_gguf_families import DATA, F32_TOL, N_CTX, ref, rel_err
+
+import refllama
+from refllama import arch
+from refllama.arch import blocks
+from refllama.formats.gguf_loader import Field, GGUFFile
+from refllama.layers import FLOAT32
+
+MOE = {"mixtral": "llama", "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "olmoe": "olmoe"}
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_the_hf_directory_matches_transformers_and_its_gguf(family):
+    r = ref(family)
+    hf = refllama.load(DATA / f"gguf-{family}" / "hf-model", n_ctx=N_CTX)
+    gguf = refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=N_CTX)
+    assert hf.config.arch == gguf.config.arch == MOE[family]
+    for field in ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "expert_norm", "moe_layers"):
+        assert getattr(hf.config, field) == getattr(gguf.config, field), field
+    ids = r["token_ids"].tolist()
+    with refllama.trace(hf) as t:
+        logits = hf.logits(ids)
+    assert rel_err(logits, r["hf_logits"]) < F32_TOL
+    assert rel_err(gguf.logits(ids), r["llamacpp_logits_f32"]) < F32_TOL
+    for i in range(hf.config.n_layer - 1):
+        assert rel_err(t[f"l_out-{i}"], r["hf_hidden_states"][i + 1]) < F32_TOL, f"l_out-{i}"
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_each_token_takes_the_experts_llamacpp_chose(family):
+    """The ids of ffn_moe_topk and their weights, slot by slot, are llama.cpp's (its dump of the F32 file)."""
+    from refllama.check.dump import Dump
+
+    m, r = refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=N_CTX), ref(family)
+    theirs = Dump(DATA / f"gguf-{family}" / "llamacpp-f32")
+    with refllama.trace(m) as t:
+        m.logits(r["token_ids"].tolist())
+    for i in range(m.config.n_layer):
+        np.testing.assert_array_equal(t[f"ffn_moe_topk-{i}"], theirs[f"ffn_moe_topk-{i}"])
+        np.testing.assert_allclose(t[f"ffn_moe_weights-{i}"], theirs[f"ffn_moe_weights-{i}"], atol=1e-5)
+        assert len(set(t[f"ffn_moe_topk-{i}"][:, 0].tolist())) > 1, "every token routed alike: a test that cannot fail"
+
+
+def test_moe_ffn_reads_as_build_moe_ffn():
+    """Top-k of the softmax, ties to the lower id, renormalised with llama.cpp's clamp, slot order kept."""
+    rng = np.random.default_rng(0)
+    E, K, D, F = 5, 2, 8, 4
+    cfg = refllama.load(DATA / "gguf-mixtral" / "mixtral-f32.gguf", n_ctx=N_CTX).config
+    cfg = type(cfg)(**{**cfg.__dict__, "n_expert": E, "n_expert_used": K, "n_ff_exp": F, "n_embd": D})
+    router = np.zeros((E, D), np.float32)
+    router[3, 0], router[1, 0] = 2.0, 2.0  # experts 1 and 3 tie; 1 comes first
+    lw = {"ffn_gate_inp": router,
+          "ffn_gate_exps": tuple(rng.standard_normal((E, F, D), dtype=np.float32)),
+          "ffn_up_exps": tuple(rng.standard_normal((E, F, D), dtype=np.float32)),
+          "ffn_down_exps": tuple(rng.standard_normal((E, D, F), dtype=np.float32))}
+    h = np.zeros((1, D), np.float32)
+    h[0, 0] = 1.0
+    with refllama.trace() as t:
+        out = blocks.moe_ffn(h, lw, cfg, FLOAT32, 0)
+    assert t["ffn_moe_topk-0"].tolist() == [[1.0, 3.0]]
+    np.testing.assert_allclose(t["ffn_moe_weights_norm-0"], [[0.5, 0.5]], rtol=1e-6)
+    want = sum(0.5 * (lw["ffn_down_exps"][e] @ (FLOAT32.swiglu(lw["ffn_gate_exps"][e] @ h[0],
+                                                                  lw["ffn_up_exps"][e] @ h[0]))) for e in (1, 3))
+    np.testing.assert_allclose(out[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("qwen3moe.expert_gating_func", 2, "unsupported qwen3moe.expert_gating_func 2"),  # sigmoid
+    ("qwen3moe.expert_group_count", 4, "unsupported qwen3moe.expert_group_count 4"),
+])
+def test_routing_refllama_does_not_compute_is_refused_by_field(key, value, message):
+    g = GGUFFile(DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf")
+    g.fields[key] = Field(4, False, value)
+    with pytest.raises(refllama.RefllamaError, match=message):
+        arch.qwen3moe.config_from_gguf(g)
+
+
+def test_an_expert_selection_bias_is_refused_by_name():
+    g = GGUFFile(DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf")
+    g.tensors["blk.0.exp_probs_b.bias"] = g.tensors["blk.0.ffn_norm.weight"]
+    with pytest.raises(refllama.RefllamaError, match="unsupported tensor 'blk.0.exp_probs_b.bias'"):
+        arch.qwen3moe.config_from_gguf(g)
+
+
+def test_a_layer_hf_keeps_dense_reads_a_dense_feed_forward(tmp_path):
+    """Qwen2-MoE's mlp_only_layers: the weights table is a function of the config, so layer 1 asks for a dense
+    feed-forward (which this directory lacks, and the error names), layer 0 for experts."""
+    d = tmp_path / "qwen2moe"
+    shutil.copytree(DATA / "gguf-qwen2moe" / "hf-model", d)
+    c = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**c, "mlp_only_layers": [1]}))
+    with pytest.raises(refllama.RefllamaError, match="missing tensor 'model.layers.1.mlp.gate_proj.weight'"):
+        refllama.load(d)
+    cfg = refllama.load(DATA / "gguf-qwen2moe" / "hf-model").config
+    stages = arch.layer_stages(arch.qwen2moe, type(cfg)(**{**cfg.__dict__, "moe_layers": (True, False)}))
+    assert "ffn_moe_topk" in stages[0] and "ffn_shexp" in stages[0]
+    assert "ffn_moe_topk" not in stages[1] and stages[1] == arch.qwen2moe.STAGES
+
+
+def test_a_mixtral_file_is_a_llama_file_with_experts():
+    """The issue's first symptom: `llama` with experts once failed with "missing tensor 'blk.0.ffn_gate.weight'"."""
+    m = refllama.load(DATA / "gguf-mixtral" / "mixtral-f32.gguf", n_ctx=N_CTX)
+    assert m.config.moe_layers == (True, True) and m.config.expert_norm
+    assert len(m.weights["layers"][0]["ffn_gate_exps"]) == m.config.n_expert
