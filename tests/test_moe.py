@@ -112,3 +112,20 @@ def test_a_mixtral_file_is_a_llama_file_with_experts():
     m = refllama.load(DATA / "gguf-mixtral" / "mixtral-f32.gguf", n_ctx=N_CTX)
     assert m.config.moe_layers == (True, True) and m.config.expert_norm
     assert len(m.weights["layers"][0]["ffn_gate_exps"]) == m.config.n_expert
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_every_stage_transformers_exposes_matches_at_float32(family, tmp_path):
+    """refllama's dump against transformers' (the HF weights, float32, eager): the router, its softmax, the chosen
+    ids and weights, each block's output (Qwen2-MoE's shared expert too), end to end within the float32 bands."""
+    from refllama.check.compare import compare
+    from refllama.check.dump import Dump
+    from refllama.check.tolerances import band
+
+    m, r = refllama.load(DATA / f"gguf-{family}" / "hf-model", n_ctx=N_CTX), ref(family)
+    theirs = Dump(DATA / f"gguf-{family}" / "hf")
+    assert {f"ffn_moe_topk-{i}" for i in range(m.config.n_layer)} <= set(theirs.names)
+    rows = compare(m.dump(r["token_ids"].tolist(), tmp_path / "ours"), DATA / f"gguf-{family}" / "hf", m).rows
+    assert len(rows) == len(theirs.names)
+    for row in rows:
+        assert row["max_rel"] <= band("float32", row["stage"])[0], f"{row['name']}: {row['max_rel']:.2e}"
