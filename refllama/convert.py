@@ -120,6 +120,8 @@ EXPORTABLE = ("llama", "qwen2", "qwen3", "phi3")  # the families whose config.js
 def hf_config(cfg, tok, dtype_name, w):
     if cfg.arch not in EXPORTABLE:
         raise RefllamaError(f"export of {cfg.arch} models is not supported (supported: {', '.join(EXPORTABLE)})")
+    if any(cfg.moe_layers or ()):  # Mixtral is a `llama` file: refused here, before any tensor is written
+        raise RefllamaError("export of mixture-of-experts models is not supported (this model has experts)")
     if any(k in w for k in ("rope_freqs", "rope_factors_short")):
         raise RefllamaError("export supports plain and linear RoPE only (this model has per-frequency factors)")
     rope = {"rope_theta": cfg.rope_base, "rope_type": "default"}

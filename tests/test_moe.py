@@ -129,3 +129,11 @@ def test_every_stage_transformers_exposes_matches_at_float32(family, tmp_path):
     assert len(rows) == len(theirs.names)
     for row in rows:
         assert row["max_rel"] <= band("float32", row["stage"])[0], f"{row['name']}: {row['max_rel']:.2e}"
+
+
+def test_export_of_a_mixture_of_experts_is_refused_before_anything_is_written(tmp_path):
+    from refllama.convert import convert
+
+    with pytest.raises(refllama.RefllamaError, match="export of mixture-of-experts models is not supported"):
+        convert(DATA / "gguf-mixtral" / "mixtral-f32.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
