@@ -172,6 +172,8 @@ class Ops(NamedTuple):
     softcap: Callable  # (x [...], cap) -> [...] in (-cap, cap)
     kv_f16: bool  # K and V rounded to float16 as the cache stores them (llama.cpp's default cache type)
     q_first: bool  # q scaled by kq_scale before q.k where llama.cpp's graph does so (arch LLAMACPP_Q_SCALED)
+    softmax: Callable = softmax  # [T, n] -> [T, n]: a softmax without mask or scale (a router's, over its experts)
+    silu: Callable = silu  # [...] -> [...] (Qwen2-MoE's shared-expert gate)
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,

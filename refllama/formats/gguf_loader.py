@@ -255,6 +255,8 @@ class GGUFFile:
         if t is None:
             raise RefllamaError(f"{self.path}: missing tensor {shown(name)}")
         got = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dims fastest-first
+        if [n for n in got if n != 1] == [n for n in shape if n != 1]:
+            got = tuple(shape)  # a vector with or without an axis of one (llama.cpp's quantizer drops it)
         if got != tuple(shape):
             raise RefllamaError(f"{self.path}: tensor {shown(name)} has shape {list(got)}, expected {list(shape)}")
         if t.tensor_type not in SUPPORTED_TYPES:

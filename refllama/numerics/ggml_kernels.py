@@ -44,8 +44,10 @@ from .ggml_numerics import (
     gelu,
     repacked,
     rope_cos_sin,
+    silu,
     softcap,
 )
+from .ggml_numerics import softmax as router_softmax
 from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
@@ -1044,4 +1046,5 @@ def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> 
 # numerics "ggml" on numba: ggml's RMSNorm and RoPE are numba_ops' own; GELU is a table lookup (NumPy is fast)
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
-          softcap=softcap, kv_f16=True, q_first=True)
+          softcap=softcap, kv_f16=True, q_first=True,
+          softmax=router_softmax, silu=silu)  # a router's, a gate's few values: the NumPy emulation

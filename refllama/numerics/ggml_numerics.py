@@ -12,6 +12,8 @@ The block sums are exact (integers below 2^24 summed in float32 by BLAS), so onl
 differ from llama.cpp, and those in the order of float32 additions. refllama.numerics.ggml_kernels does the same faster.
 """
 
+import ctypes
+import ctypes.util
 import math
 from functools import partial
 from typing import NamedTuple
@@ -66,6 +68,10 @@ def expf(x):  # [...] f32 -> [...] f32: ggml_v_expf (ggml-cpu/vec.h), its AVX-51
         j = fma(fma(fma(t.EXPF_C5, b, t.EXPF_C4), u, fma(t.EXPF_C3, b, t.EXPF_C2)), u, fma(t.EXPF_C1, b, f(1.0)))
         res = np.ldexp(j, np.nan_to_num(n, posinf=0, neginf=0).astype(np.int32))  # _mm512_scalef_ps
         return np.where(np.abs(n) > 192, np.where(n <= 0, f(0), f(np.inf)), res).astype(np.float32)
+
+
+_LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
+_LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
 
 
 def reduce_add16(a):  # [..., 16] f32 -> [...] f32: _mm512_reduce_add_ps, halves added until one lane is left
@@ -125,6 +131,29 @@ def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_geglu_f32, gelu(gate)
 def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(x) = x / (1 + expf(-x)) in 16 lanes
     """F a multiple of 16 (every model here); a remainder would take libm's expf in llama.cpp."""
     return gate / (np.float32(1) + expf(-gate)) * up
+
+
+def libm_expf(x):  # [...] f32 -> [...] f32: the C library's expf, value by value (it is not correctly rounded)
+    f = _LIBM.expf
+    return np.array([f(v) for v in x.ravel().tolist()], np.float32).reshape(x.shape)
+
+
+def silu(x):  # [..., n] f32 -> [..., n]: ggml_vec_silu_f32, x / (1 + expf(-x)): 16 lanes, the n % 16 left by libm
+    body = x.shape[-1] - x.shape[-1] % 16
+    e = np.concatenate([expf(-x[..., :body]), libm_expf(-x[..., body:])], axis=-1)
+    return x / (np.float32(1) + e)
+
+
+def softmax(x):  # [..., n] f32 -> [..., n]: ggml's soft_max (no mask, scale 1), ggml_vec_soft_max_f32's sums
+    """Whole groups of 16: ggml_v_expf, each group reduced in float32, accumulated in float64; the n % 16 left: the
+    C library's expf, added one by one in float64; then every e times float32(1 / sum)."""
+    body = x.shape[-1] - x.shape[-1] % 16
+    d = x - x.max(axis=-1, keepdims=True)
+    e = np.concatenate([expf(d[..., :body]), libm_expf(d[..., body:])], axis=-1)
+    total = reduce_add16(e[..., :body].reshape(*e.shape[:-1], -1, 16)).astype(np.float64).sum(axis=-1)
+    for i in range(body, x.shape[-1]):
+        total = total + e[..., i].astype(np.float64)
+    return e * (1.0 / total)[..., None].astype(np.float32)
 
 
 def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml's soft_max of kq * scale + mask
@@ -504,9 +533,49 @@ class F16Matrix(WeightMatrix):
         return self.w[rows].astype(np.float32)
 
 
+def f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama.cpp sums an F32 matrix's products
+    """A batch (2+ tokens, K a multiple of 16, N of 4): llamafile's tinyBLAS, 16 lanes, lane l a fused multiply-add
+    over elements 16c + l, then _mm512_reduce_add_ps. One token (or a shape tinyBLAS declines): ggml_vec_dot_f32,
+    4 x 16 lanes of FMAs per 64 elements, lanes (0+2)+(1+3), the same reduction, then the K % 64 leftovers' products
+    added one by one in float32."""
+    T, K = x.shape
+    many = T > 1 and K % 16 == 0 and len(w) % 4 == 0
+    width = 16 if many else 64
+    body = K if many else K - K % 64
+    out = np.empty((T, len(w)), np.float32)
+    step = max(1, (1 << 22) // (T * width))  # rows a pass: the lanes of T x step products at a time
+    for a in range(0, len(w), step):
+        wa = w[a:a + step]
+        acc = np.zeros((T, len(wa), width), np.float32)
+        for c in range(0, body, width):
+            acc = fma(x[:, None, c:c + width], wa[None, :, c:c + width], acc)
+        if not many:
+            acc = acc.reshape(T, len(wa), 4, 16)
+            acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
+        total = reduce_add16(acc)
+        for i in range(body, K):
+            total = total + x[:, None, i] * wa[None, :, i]
+        out[:, a:a + step] = total
+    return out
+
+
+class F32Matrix(WeightMatrix):
+    """A float32 matrix (a router, an F32 file's matrices): its products summed in llama.cpp's order (f32_dots)."""
+
+    def __init__(self, w):
+        self.w = np.asarray(w, dtype=np.float32)
+        self.shape = self.w.shape
+
+    def matmul(self, x):
+        return f32_dots(np.asarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w)
+
+    def __getitem__(self, rows):
+        return self.w[rows]
+
+
 class GgmlPlacement(Placement):
     """Weights for `numerics="ggml"` on numpy (or cupy): quantized matrices as GgmlMatrix, float16 ones as
-    F16Matrix, the rest float32."""
+    F16Matrix, float32 ones as F32Matrix (numpy), vectors as they are."""
 
     keep = EMULATED | {QT.F16}
 
@@ -528,10 +597,13 @@ class GgmlPlacement(Placement):
 
                 return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
             return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp, self.repack)
+        if getattr(a, "ndim", 0) == 2 and self.xp is np:
+            return F32Matrix(a)
         return super().__call__(a)
 
 
 # numerics "ggml" on numpy (and cupy): RMSNorm is refllama.layers' own, which sums as ggml does
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
-          softcap=softcap, kv_f16=True, q_first=True)
+          softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
+          silu=silu)
