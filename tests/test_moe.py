@@ -3,8 +3,10 @@ converted by llama.cpp's converter): the HF directories they were made from load
 transformers; the routing reads as llama.cpp's build_moe_ffn; options refllama does not compute are refused by name.
 (The GGUF files against both references, every stage and numerics "ggml": tests/test_gguf_families.py.)"""
 
+import dataclasses
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -137,3 +139,92 @@ def test_export_of_a_mixture_of_experts_is_refused_before_anything_is_written(tm
     with pytest.raises(refllama.RefllamaError, match="export of mixture-of-experts models is not supported"):
         convert(DATA / "gguf-mixtral" / "mixtral-f32.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# ---- the harness on mixtures of experts: an engine with each routing bug, against llama.cpp's dump of the F32 file
+
+def _dump_with(family, bug, tmp_path, monkeypatch):
+    """refllama's dump of the family's F32 file with `bug` applied to the model (or to blocks, undone before
+    compare re-runs anything), and compare's report against llama.cpp's dump, with the correct model."""
+    from refllama.check.compare import compare
+
+    path = DATA / f"gguf-{family}" / f"{family}-f32.gguf"
+    m, ids = refllama.load(path, n_ctx=N_CTX), ref(family)["token_ids"].tolist()
+    with monkeypatch.context() as patch:
+        bug(m, patch)
+        mine = m.dump(ids, tmp_path / "mine")
+    return compare(mine, DATA / f"gguf-{family}" / "llamacpp-f32", refllama.load(path, n_ctx=N_CTX))
+
+
+def _sigmoid(m, patch):
+    m.ops = m.ops._replace(softmax=lambda x: 1 / (1 + np.exp(-x)))
+
+
+def _renormalisation(m, patch):
+    m.config = dataclasses.replace(m.config, expert_norm=not m.config.expert_norm)
+
+
+def _experts_shifted(m, patch):
+    for lw in m.weights["layers"]:
+        for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            lw[k] = lw[k][1:] + lw[k][:1]
+
+
+def _router_shifted(m, patch):
+    for lw in m.weights["layers"]:
+        lw["ffn_gate_inp"] = np.roll(lw["ffn_gate_inp"], 1, axis=0)
+
+
+def _least_probable(m, patch):  # top-k taken from the wrong end
+    real = np.argsort
+    patch.setattr(np, "argsort", lambda a, axis=-1, kind=None: real(np.negative(a), axis=axis, kind=kind))
+
+
+def _no_shared_expert(m, patch):
+    patch.setattr(blocks, "shared_expert", lambda h, lw, ops, i: 0 * h)
+
+
+def _ungated_shared_expert(m, patch):
+    patch.setattr(blocks, "shared_expert", lambda h, lw, ops, i: blocks.gated_ffn(h, lw, ops, "swiglu", i, "_shexp"))
+
+
+@pytest.mark.parametrize("family, bug, stage, hint", [
+    ("qwen3moe", _sigmoid, "ffn_moe_probs-0", "matches a sigmoid of ffn_moe_logits"),
+    ("mixtral", _renormalisation, "ffn_moe_weighted-0", "the K weights are not renormalised"),
+    ("olmoe", _renormalisation, "ffn_moe_weighted-0", "renormalised to sum to 1 (or the softmax is taken over the K"),
+    ("qwen3moe", _experts_shifted, "ffn_moe_gate-0", "made with expert e+1's matrices"),
+    ("mixtral", _router_shifted, "ffn_moe_logits-0", "the router's rows (ffn_gate_inp) are read with an index off"),
+    ("olmoe", _least_probable, "ffn_moe_topk-0", "other experts chosen at"),
+    ("qwen2moe", _no_shared_expert, "ffn_out-0", "the shared expert (ffn_*_shexp) is not added"),
+    ("qwen2moe", _ungated_shared_expert, "ffn_out-0", "its gate, sigmoid(ffn_gate_inp_shexp), is missing"),
+])
+def test_each_routing_bug_is_named_at_its_stage_with_its_hint(family, bug, stage, hint, tmp_path, monkeypatch):
+    report = _dump_with(family, bug, tmp_path, monkeypatch)
+    assert report.first is not None and report.first["name"] == stage, report.first and report.first["name"]
+    assert any(hint in h for h in report.hints), report.hints
+
+
+def test_experts_are_compared_by_id_not_by_slot(tmp_path, monkeypatch):
+    """An engine that keeps a token's K experts in another order (here reversed) passes: slots are matched by id."""
+    from refllama.check.compare import compare
+    from refllama.check.dump import Dump
+
+    path = DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf"
+    m, ids = refllama.load(path, n_ctx=N_CTX), ref("qwen3moe")["token_ids"].tolist()
+    mine = Path(m.dump(ids, tmp_path / "mine"))
+    d = Dump(mine)
+    for name in d.names:
+        if name.split("-")[0] in ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_gate",
+                                  "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted"):
+            f = mine / f"{name}.npy"
+            np.save(f, np.load(f)[:, ::-1])
+    report = compare(mine, DATA / "gguf-qwen3moe" / "llamacpp-f32", refllama.load(path, n_ctx=N_CTX))
+    assert report.first is None, report.first["name"]
+
+
+def test_another_number_of_experts_is_named(tmp_path, monkeypatch):
+    def more(m, patch):
+        m.config = dataclasses.replace(m.config, n_expert_used=m.config.n_expert_used + 1)
+
+    with pytest.raises(refllama.RefllamaError, match="MINE routes each token to 3 experts where the model takes 2"):
+        _dump_with("olmoe", more, tmp_path, monkeypatch)

@@ -147,6 +147,19 @@ def find_model(path, mine, ref, numerics=None, backend="numba"):
     return None, "no model with the dumps' sha256 found (give -m MODEL)"
 
 
+def experts_used(mine, ref, model):
+    """An error naming the side whose tokens take another number of experts than REF's (or the model's)."""
+    want = model.config.n_expert_used if model is not None else None
+    for name in (n for n in ref.names if split_name(n)[0] == "ffn_moe_topk"):
+        k_ref = ref[name].shape[-1]
+        k_mine = mine[name].shape[-1] if name in mine else k_ref
+        if k_mine != k_ref or (want and k_ref != want):
+            side, k = ("MINE", k_mine) if k_mine != (want or k_ref) else ("REF", k_ref)
+            raise RefllamaError(f"stage '{name}': {side} routes each token to {k} experts where "
+                                f"{'the model' if want else 'REF'} takes {want or k_ref}: the number of experts used "
+                                "(K, expert_used_count) differs")
+
+
 def untested(model, ref, same):
     """Notes on the family features the compared positions cannot test, and how to test them."""
     cfg, n = model.config, same  # positions 0 .. n - 1 are compared
@@ -182,6 +195,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
         raise RefllamaError("the dumps are of different token ids; compare runs of the same tokens "
                             "(python -m refllama.run --dump-dir REF --tokens-from MINE makes refllama's)")
     col = choose_column(mine, ref, column)
+    experts_used(mine, ref, model)
     forced, notes = {}, []
     if model is not None:
         sha = model_sha256(model.path)
@@ -216,7 +230,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
             f = forced.get(side)
             if f is not None and name in f:
                 own = [p for p in d.positions(name) if p in set(f.positions(name))]
-                x, y = take(d, name, own), take(f, name, own)
+                x, y = take(d, name, own), take(f, name, own, slots=d)  # the re-run took d's experts
                 row[f"local_{side}"] = metrics(x, y, visible(stage, own, y.shape))
         local_tol = col.local(stage)
         adds = [s for s in ("MINE", "REF") if f"local_{s}" in row and not within(row[f"local_{s}"], local_tol)]

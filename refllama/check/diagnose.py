@@ -22,7 +22,7 @@ def diagnose(report, mine, ref, forced, model):
     bad_dump = ref if side == "REF" else mine
     good = forced[side] if side else ref
     positions = [p for p in bad_dump.positions(name) if p in set(good.positions(name))]
-    bad, want = take(bad_dump, name, positions), take(good, name, positions)
+    bad, want = take(bad_dump, name, positions), take(good, name, positions, slots=bad_dump if side else None)
     tol = report.column.local(stage) if side else report.column.e2e(stage)
     cfg = model.config if model else None
     against = f"refllama re-run on {side}'s inputs" if side else "REF"
@@ -149,7 +149,7 @@ def another_stage(e, found):
     for name in e.good.names:
         stage, layer = split_name(name)
         if layer == e.layer and stage != e.stage and set(e.positions) <= set(e.good.positions(name)):
-            o = take(e.good, name, e.positions)
+            o = take(e.good, name, e.positions, slots=e.bad_dump)
             if o.shape == e.bad.shape and e.close(e.bad, o):
                 yield f"hint: equals the expected {name}: the two are swapped, or read from one another's weights"
 
@@ -539,8 +539,111 @@ def by_position(e, found):
                 "position (RoPE's theta or positions, the mask, the KV cache)")
 
 
+def routing_choice(e, found):
+    """Other experts chosen (ffn_moe_topk, both sides' ids in ascending order): per token the overlap, and whether
+    REF's K-th and (K+1)-th probabilities are a near-tie within the tolerance (either choice then right on its own
+    probabilities, which refllama's re-run of each side excuses); or every id shifted by one."""
+    if e.stage != "ffn_moe_topk" or e.bad.shape != e.want.shape:
+        return
+    bad, want = e.bad.astype(np.int64), e.want.astype(np.int64)
+    wrong = [i for i in range(len(bad)) if set(bad[i]) != set(want[i])]
+    n_expert = e.cfg.n_expert if e.cfg is not None else int(max(bad.max(), want.max())) + 1
+    for shift in (1, -1):
+        if np.array_equal(np.sort((want + shift) % n_expert, axis=1), bad):
+            yield (f"hint: every expert id is REF's {shift:+d} (mod {n_expert}): an expert index off by one in the "
+                   "routing")
+            return
+    if not wrong:
+        return
+    i = wrong[0]
+    line = (f"hint: other experts chosen at {len(wrong)} of {len(bad)} tokens (first, position {e.positions[i]}: "
+            f"{bad[i].tolist()} where REF chose {want[i].tolist()}, {len(set(bad[i]) & set(want[i]))} of "
+            f"{bad.shape[1]} shared)")
+    probs = _stages(e.good, [f"ffn_moe_probs-{e.layer}"], [e.positions[j] for j in wrong])
+    if probs:
+        ranked = -np.sort(-probs[0], axis=1)  # [W, E], most probable first
+        K = bad.shape[1]
+        gaps = ranked[:, K - 1] - ranked[:, K] if ranked.shape[1] > K else np.full(len(wrong), np.inf)
+        ties = int(np.sum(gaps <= e.exact ** 0.5))
+        line += (f"; at {ties} of them REF's K-th and (K+1)-th probabilities differ by at most {gaps.max():.2g}: a "
+                 "near-tie at the top-k boundary, excused where each side's choice is right on its own probabilities"
+                 if ties else "; no near-tie at the top-k boundary: the router's logits or its softmax differ")
+    yield line
+
+
+def routing_weights(e, found):
+    """The experts' weights: a sigmoid or no softmax where the router's is a softmax (ffn_moe_probs); the K weights
+    renormalised where the family keeps them, or not where it renormalises (recomputed from the side's own
+    ffn_moe_weights and ffn_moe_down, at ffn_moe_weighted or ffn_moe_out)."""
+    if e.stage in ("ffn_moe_logits", "ffn_moe_probs") and e.bad.ndim == 2:
+        for shift in (1, -1):
+            if e.close(np.roll(e.want, -shift, axis=1), e.bad):
+                yield (f"hint: {e.stage} of expert e is the expected one of expert e{shift:+d}: the router's rows "
+                       "(ffn_gate_inp) are read with an index off by one")
+                return
+    if e.stage == "ffn_moe_probs":
+        logits = _stages(e.bad_dump, [f"ffn_moe_logits-{e.layer}"], e.positions)
+        if logits:
+            for label, f in (("a sigmoid", lambda x: 1 / (1 + np.exp(-x))), ("no softmax (the logits)", lambda x: x)):
+                if e.close(f(logits[0]), e.bad):
+                    yield f"hint: matches {label} of ffn_moe_logits; the router's probabilities are a softmax"
+        return
+    if e.stage not in ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weighted", "ffn_moe_out"):
+        return
+    parts = _stages(e.bad_dump, [f"ffn_moe_weights-{e.layer}", f"ffn_moe_down-{e.layer}"], e.positions)
+    if not parts:
+        return
+    w, down = parts  # [T, K], [T, K, D], both in the order of the experts' ids (take)
+    forms = {True: w / w.sum(axis=1, keepdims=True), False: w}  # renormalised or not
+    for norm, weights in forms.items():
+        value = weights if e.stage.startswith("ffn_moe_weights") else down * weights[..., None]
+        value = value.sum(axis=1) if e.stage == "ffn_moe_out" else value
+        if e.close(value, e.bad) and not e.close(value, e.want):
+            yield ("hint: the K weights are renormalised to sum to 1 (or the softmax is taken over the K chosen "
+                   "experts only, after top-k); this family keeps them as the softmax gave them" if norm else
+                   "hint: the K weights are not renormalised; this family divides them by their sum "
+                   "(norm_topk_prob)")
+
+
+def missing_shared_expert(e, found):
+    """Qwen2-MoE's shared expert left out (ffn_out = ffn_moe_out), or added without its gate."""
+    if e.stage not in ("ffn_out", "l_out") or e.cfg is None or not e.cfg.n_ff_shexp or e.layer is None:
+        return
+    moe = _stages(e.bad_dump, [f"ffn_moe_out-{e.layer}"], e.positions) or _stages(
+        e.good, [f"ffn_moe_out-{e.layer}"], e.positions)
+    base = [0.0] if e.stage == "ffn_out" else _stages(e.bad_dump, [f"ffn_inp-{e.layer}"], e.positions)
+    if not moe or not base:
+        return
+    if e.close(base[0] + moe[0], e.bad):
+        yield "hint: equals ffn_moe_out alone: the shared expert (ffn_*_shexp) is not added"
+        return
+    shexp = _stages(e.good, [f"ffn_shexp-{e.layer}"], e.positions)
+    if shexp and e.close(base[0] + moe[0] + shexp[0], e.bad):
+        yield "hint: equals ffn_moe_out + the shared expert ungated: its gate, sigmoid(ffn_gate_inp_shexp), is missing"
+
+
+def shifted_experts(e, found):
+    """Each chosen expert's product made with a neighbour's matrices (an index off by one into the experts)."""
+    name = {"ffn_moe_gate": "ffn_gate_exps", "ffn_moe_up": "ffn_up_exps"}.get(e.stage)
+    if name is None or e.model is None or e.layer is None:
+        return
+    parts = _stages(e.bad_dump, [f"ffn_norm-{e.layer}", f"ffn_moe_topk-{e.layer}"], e.positions)
+    if not parts:
+        return
+    x, ids = parts[0].astype(np.float32), np.sort(parts[1].astype(np.int64), axis=1)  # slots in id order, as take's
+    mats = e.model.weights["layers"][e.layer][name]
+    for shift in (1, -1):
+        pred = np.stack([np.stack([to_numpy(linear(x[t:t + 1], mats[(k + shift) % len(mats)]))[0] for k in row])
+                         for t, row in enumerate(ids)])
+        if e.close(pred, e.bad):
+            yield (f"hint: each slot's product is made with expert e{shift:+d}'s matrices (mod {len(mats)}): the "
+                   "experts' index is off by one where their weights are read")
+            return
+
+
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
-DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, another_stage,
+DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice,
+             routing_weights, missing_shared_expert, shifted_experts, another_stage,
              another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
              rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
              missing_embedding_scale, swapped_rope_bases, rope_frequencies, sliding_window, learned_positions,

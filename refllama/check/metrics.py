@@ -69,9 +69,27 @@ def visible(stage, positions, shape):
     return np.broadcast_to((np.arange(shape[-1])[None, :] <= np.asarray(positions)[:, None])[None], shape)
 
 
-def take(dump_or_trace, name, positions):
+SLOT_STAGES = ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_gate", "ffn_moe_up",
+               "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted")  # [T, K, ...]: a token's K chosen experts
+
+
+def take(dump_or_trace, name, positions, slots=None):
     """Rows of `name` at `positions` (each one it holds), along the stage's token axis; kq and kq_soft_max
-    cut to the keys the last of them sees."""
+    cut to the keys the last of them sees; a token's K experts' stages in the order of their ids, from the
+    ffn_moe_topk of `slots` (default: the same dump; a re-run's: the dump whose ids it was given), so that engines
+    which order the K slots differently compare expert by expert."""
+    a = _rows(dump_or_trace, name, positions)
+    stage, layer = split_name(name)
+    ids = f"ffn_moe_topk-{layer}"
+    slots = dump_or_trace if slots is None or stage == "ffn_moe_topk" else slots  # the ids: in their own order
+    if stage in SLOT_STAGES and ids in slots and set(positions) <= set(slots.positions(ids)):
+        order = np.argsort(_rows(slots, ids, positions), axis=1, kind="stable")  # [T, K]
+        if order.shape == a.shape[:2]:
+            a = np.take_along_axis(a, order.reshape(*order.shape, *[1] * (a.ndim - 2)), axis=1)
+    return a
+
+
+def _rows(dump_or_trace, name, positions):
     stored = dump_or_trace.positions(name)
     if list(stored) == list(positions):  # all of them, in order: the array itself, not a copy
         a = dump_or_trace[name]
