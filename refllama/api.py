@@ -19,8 +19,7 @@ from .cache import Cache
 from .check.dump import DumpWriter, model_sha256, storage_plan
 from .config import ModelConfig
 from .errors import RefllamaError, shown
-from .formats.gguf_loader import load_gguf
-from .formats.hf_loader import load_hf
+from .loader import load_gguf, load_hf
 from .numerics import ops_for, placement
 from .sampling import Sampler, SamplingParams
 from .trace import recording

@@ -11,17 +11,41 @@ Exit code 0: every stage within tolerance; 1: a stage diverged; 2: an input coul
 """
 
 import json
+import os
 import sys
 
 import numpy as np
 
-from .check.compare import COLUMNS, compare, find_model
-from .check.dump import PRODUCER_NUMERICS, Dump
+from . import api
+from .check.compare import COLUMNS, compare
+from .check.dump import PRODUCER_NUMERICS, Dump, model_sha256
 from .check.logits import exit_code, logits_verdict, print_logits
 from .check.metrics import spans
 from .cli import parser
 from .errors import RefllamaError
 
+
+def find_model(path, mine, ref, numerics=None, backend="numba"):
+    """The model both dumps ran (its sha256 is the one they record): `path`, else a `model_path` they give, else
+    the installed SmolLM2. None, with the reason, when none is found. It re-runs stages in numerics "ggml" when
+    both dumps compute llama.cpp's arithmetic (MINE's as `numerics` says, if given; repacked or not as REF's
+    manifest says), else in float32; on `backend`
+    (numba: its kernels, the same arithmetic in its own order of float32 sums, far inside every local tolerance,
+    and fast at 8B; numpy: the readable forward)."""
+    want = {str(d.manifest.get("model_sha256") or "") for d in (ref, mine)} - {""}
+    candidates = [path] if path else [d.manifest.get("model_path") for d in (ref, mine)]
+    if not path:
+        try:
+            candidates.append(api.default_model_path())
+        except RefllamaError:
+            pass
+    for c in dict.fromkeys(c for c in candidates if c and os.path.exists(c)):
+        if path or not want or model_sha256(c) in want:
+            n_ctx = max(len(ref.token_ids), len(mine.token_ids), 256, int(ref.manifest.get("n_ctx") or 0))
+            both_ggml = (numerics or mine.numerics) == ref.numerics == "ggml" and not os.path.isdir(c)
+            return api.load(c, backend=backend, n_ctx=n_ctx, numerics="ggml" if both_ggml else "float32",
+                            repack=ref.repack), None
+    return None, "no model with the dumps' sha256 found (give -m MODEL)"
 
 def plot(rows, path, first=None):
     """Layer x stage heatmap of log10(max_rel), on one fixed colour scale, gaps marked between layers not

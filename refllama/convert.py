@@ -22,12 +22,12 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from . import arch as archs
-from .arch.pairs import permute_rows
 from .arch.tables import HF_LAYER, dims
 from .cli import parser
 from .errors import RefllamaError
-from .formats.gguf_loader import load_gguf
+from .loader import load_gguf
 from .numerics.matrices import FileMatrix, FilePlacement
+from .pairs import permute_rows
 
 
 def float32(t):

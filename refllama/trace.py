@@ -7,6 +7,7 @@ when nothing records. `with trace(m) as t: m.logits(ids)` collects NumPy copies,
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
+from .pairs import LAYOUTS, QK_STAGES, permute_qk
 from .xp import to_numpy
 
 _recorder = None
@@ -60,8 +61,6 @@ def trace(model=None, names: Iterable[str] | None = None, qk_layout: str | None 
     rather than the model's own (llama.cpp's for its architecture); it needs `model`."""
     to_layout = None
     if qk_layout is not None:
-        from .arch import LAYOUTS, QK_STAGES, permute_qk
-
         if model is None or qk_layout not in LAYOUTS:
             raise ValueError(f"trace(model, qk_layout=...) needs the model and one of {LAYOUTS}")
         if qk_layout != model.config.rope_layout:

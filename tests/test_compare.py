@@ -239,14 +239,14 @@ def test_the_first_divergence_line_names_the_wrong_positions(tiny, ids, tmp_path
 def test_stages_are_re_run_on_the_llamacpp_path_that_ref_took(ids, tmp_path, monkeypatch, repack):
     """Two ggml dumps: the model re-runs in numerics "ggml" with llama.cpp's CPU repack on or off as REF's manifest
     says (tools/dump_llamacpp.py --no-repack writes false); a dump without the field took llama.cpp's default."""
-    from refllama.check import compare as check
+    from refllama import compare as command
 
     manifest = {"token_ids": ids[:2], "qk_layout": "interleaved", "numerics": "ggml"}
     mine = hand_written(tmp_path / "mine", {"attn_norm-0": np.zeros((2, 64), np.float32)}, **manifest)
     ref = hand_written(tmp_path / "ref", {"attn_norm-0": np.zeros((2, 64), np.float32)}, repack=repack, **manifest)
     loads = []
     monkeypatch.setattr(refllama.api, "load", lambda path, **kw: loads.append(kw) or "model")
-    assert check.find_model(str(DATA / "llama-q8_0.gguf"), Dump(mine), Dump(ref)) == ("model", None)
+    assert command.find_model(str(DATA / "llama-q8_0.gguf"), Dump(mine), Dump(ref)) == ("model", None)
     assert loads[0]["numerics"] == "ggml" and loads[0]["repack"] is repack
     assert Dump(mine).repack is True
 

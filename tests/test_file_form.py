@@ -14,8 +14,7 @@ import refllama
 from refllama.api import Model
 from refllama.convert import convert
 from refllama.formats.ggml_types import GGMLType as QT
-from refllama.formats.gguf_loader import load_gguf
-from refllama.formats.hf_loader import load_hf
+from refllama.loader import load_gguf, load_hf
 from refllama.numerics import matrices
 from refllama.numerics.matrices import FILE_FORMS, FileMatrix, Scratch
 from refllama.numerics.quant import KERNEL_TYPES, HalfMatrix

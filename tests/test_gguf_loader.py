@@ -11,7 +11,7 @@ from tiny_gguf import TINY, TINY_TOKENS, tiny_metadata, tiny_tensors, write_gguf
 
 import refllama
 from refllama.formats.ggml_types import BLOCK_SIZES, SUPPORTED_TYPES, GGMLType, byte_shape
-from refllama.formats.gguf_loader import load_gguf
+from refllama.loader import load_gguf
 
 
 def test_default_model_config_comes_from_metadata(model):

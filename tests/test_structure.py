@@ -1,5 +1,6 @@
 """The package's structure, held by its source: every architecture module has the interface refllama.arch names and
-imports no sibling; the reference core imports no numerics or harness module; numerics import no loader; the layers
+imports no sibling; the reference core imports no numerics or harness module; no import climbs back up (file readers
+to the architectures, the harness to the API, the trace to the architectures); numerics import no loader; the layers
 hold no numerics dispatch; the model file's hyper-parameters (ModelConfig) hold no run-time choice."""
 
 import ast
@@ -14,7 +15,8 @@ from refllama import arch
 from refllama.config import ModelConfig
 
 PACKAGE = Path(refllama.__file__).parent
-CORE = ("layers.py", "cache.py", "trace.py", "config.py", "sampling.py", "errors.py", "arch")  # what a learner reads
+CORE = ("layers.py", "cache.py", "trace.py", "config.py", "sampling.py", "errors.py", "pairs.py",
+        "arch")  # what a learner reads
 FAMILIES = {name: f"refllama.arch.{name}" for name in arch.ARCHITECTURES}
 
 
@@ -63,6 +65,18 @@ def test_the_reference_core_imports_no_numerics_or_harness_module():
     numerics come in through the operations table a forward is handed (refllama.layers.Ops)."""
     for path in files(*CORE):
         bad = [m for m in imports(path) if m.startswith(("refllama.numerics", "refllama.check"))]
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+@pytest.mark.parametrize("below, above", [
+    ("formats", ("refllama.arch", "refllama.loader", "refllama.api")),  # file readers: the loader joins them to arch
+    ("check", ("refllama.api", "refllama.loader", "refllama.compare", "refllama.run")),  # the commands use the harness
+    ("trace.py", ("refllama.arch",)),  # the trace converts q/k with refllama.pairs, below the architectures
+    ("arch", ("refllama.loader", "refllama.api", "refllama.check")),
+])
+def test_no_import_climbs_back_up(below, above):
+    for path in files(below):
+        bad = [m for m in imports(path) if m.startswith(above)]
         assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
 
 

@@ -31,10 +31,10 @@ The module interface (tests/test_arch.py holds every module to it):
 """
 
 from ..errors import RefllamaError, shown
+from ..pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
 from . import gemma3, gpt2, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe
 from .blocks import block_stages, moe_stage_order
 from .hparams import freq_factors
-from .pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
 from .tables import Weight
 
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..formats.ggml_types import QuantizedTensor
-from .pairs import permute_rows
+from ..pairs import permute_rows
 
 GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
 

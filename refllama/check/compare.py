@@ -122,31 +122,6 @@ class Forced:
         return Dump.axis_of(split_name(name)[0])
 
 
-def find_model(path, mine, ref, numerics=None, backend="numba"):
-    """The model both dumps ran (its sha256 is the one they record): `path`, else a `model_path` they give, else
-    the installed SmolLM2. None, with the reason, when none is found. It re-runs stages in numerics "ggml" when
-    both dumps compute llama.cpp's arithmetic (MINE's as `numerics` says, if given; repacked or not as REF's
-    manifest says), else in float32; on `backend`
-    (numba: its kernels, the same arithmetic in its own order of float32 sums, far inside every local tolerance,
-    and fast at 8B; numpy: the readable forward)."""
-    from .. import api
-
-    want = {str(d.manifest.get("model_sha256") or "") for d in (ref, mine)} - {""}
-    candidates = [path] if path else [d.manifest.get("model_path") for d in (ref, mine)]
-    if not path:
-        try:
-            candidates.append(api.default_model_path())
-        except RefllamaError:
-            pass
-    for c in dict.fromkeys(c for c in candidates if c and os.path.exists(c)):
-        if path or not want or model_sha256(c) in want:
-            n_ctx = max(len(ref.token_ids), len(mine.token_ids), 256, int(ref.manifest.get("n_ctx") or 0))
-            both_ggml = (numerics or mine.numerics) == ref.numerics == "ggml" and not os.path.isdir(c)
-            return api.load(c, backend=backend, n_ctx=n_ctx, numerics="ggml" if both_ggml else "float32",
-                            repack=ref.repack), None
-    return None, "no model with the dumps' sha256 found (give -m MODEL)"
-
-
 def experts_used(mine, ref, model):
     """An error naming the side whose tokens take another number of experts than REF's (or the model's)."""
     want = model.config.n_expert_used if model is not None else None

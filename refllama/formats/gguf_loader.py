@@ -11,14 +11,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import arch as archs
-from ..arch.tables import read_weights
-from ..config import Loaded
 from ..errors import RefllamaError, shown
-from ..xp import Placement
 from .ggml_types import FLOATS, INTEGERS, SCALAR_DTYPES, SUPPORTED_TYPES, GGMLType, QuantizedTensor, type_and_sizes
 from .ggml_types import GGUFValueType as V
-from .safety import check_memory, check_regular
+from .safety import check_regular
 
 STRING, ARRAY, UINT32, BOOL, UINT64, INT64 = V.STRING, V.ARRAY, V.UINT32, V.BOOL, V.UINT64, V.INT64
 MAX_DIMS, MAX_NAME = 4, 64  # GGML_MAX_DIMS; GGML_MAX_NAME (a name must be shorter)
@@ -269,34 +265,3 @@ class GGUFFile:
         if keep_quantized and t.tensor_type not in (GGMLType.F16, GGMLType.BF16):
             self.fallbacks.add(t.tensor_type.name)
         return stored.to_float32()
-
-
-def load_gguf(path, placement=None):
-    """Loaded(config, weights, tokenizer, chat template, notices) for a GGUF file: the architecture module its
-    `general.architecture` names reads the config and the weights table. Each tensor goes to `placement`
-    (refllama.xp.Placement; default: NumPy) as it is read: float32, or for matrices of its `keep` types their
-    GGUF bytes (QuantizedTensor)."""
-    from .tokenizer import from_gguf
-
-    g = GGUFFile(path)
-    arch = archs.for_gguf(g.string("general.architecture", required=True), g.path)
-    cfg = arch.config_from_gguf(g)
-    tokenizer = from_gguf(g)
-    template = g.string("tokenizer.chat_template") or getattr(arch, "CHAT_TEMPLATE", None)
-    # the tokenizer holds the vocabulary now: free its ~100k Python strings before the weights arrive
-    g.fields = {k: v for k, v in g.fields.items() if not k.startswith("tokenizer.ggml.")}
-    placement = placement or Placement()
-    placement.plan(sum(4 * math.prod(t.shape) for t in g.tensors.values()))
-    placement.prepare({t.tensor_type for t in g.tensors.values() if len(t.shape) in (2, 3)}, cfg)
-    kept = [t for t in g.tensors.values() if not (len(t.shape) in (2, 3) and t.tensor_type in placement.keep)]
-    check_memory(sum(4 * math.prod(t.shape) for t in kept), f"{g.path}: the weights in float32",
-                 "use a smaller model, or --backend numba, which keeps quantized weights as they are")
-    weights = read_weights(arch, cfg, "gguf", lambda name, shape: g.tensor(name, shape, placement.keep),
-                           lambda name: name in g.tensors, placement)
-    types = ", ".join(sorted(g.fallbacks))
-    notices = [f"no {{backend}} kernel for {types}: those tensors are dequantized to float32"] if types else []
-    converted = ", ".join(sorted(placement.converted))
-    if converted:
-        notices.append(f"no {{backend}} kernel for {converted}: those matrices are converted to float32 as each "
-                       "product runs")
-    return Loaded(cfg, weights, tokenizer, template, notices)

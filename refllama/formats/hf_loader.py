@@ -11,13 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import arch as archs
-from ..arch.tables import read_weights
-from ..config import Loaded
 from ..errors import RefllamaError, shown
-from ..xp import Placement
 from .ggml_types import GGMLType, QuantizedTensor
-from .safety import check_memory, check_regular, inside, parse_json, read_json
+from .safety import check_regular, inside, parse_json, read_json
 
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
@@ -158,32 +154,3 @@ def eos_ids(c, directory):
         ids.append(Config(Path(directory) / "generation_config.json").get("eos_token_id", kind=(int, list)))
     flat = [i for v in ids for i in (v if isinstance(v, list) else [v])]
     return [i for i in flat if isinstance(i, int) and not isinstance(i, bool)]
-
-
-def load_hf(directory, placement=None):
-    """Loaded(config, weights, tokenizer, chat template, notices) for an HF model directory; each tensor goes to
-    `placement` (refllama.xp.Placement; default: NumPy) as it is read."""
-    from .tokenizer import from_hf_dir
-
-    d = Path(directory)
-    c = Config(d / "config.json")
-    names = c.get("architectures", kind=(list,))
-    if not names:
-        raise RefllamaError(f"{c.path}: missing field 'architectures'")
-    arch = archs.for_hf(names[0], c.path)
-    try:
-        cfg, rope = arch.config_from_hf(c)
-    except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
-        # the fields each family reads are checked by name; this names any value that slipped past those checks
-        raise RefllamaError(f"{c.path}: invalid config ({type(e).__name__}: {shown(str(e))})") from None
-    cfg.checked(c.path)
-    ck = Checkpoint(d)
-    place = placement or Placement()
-    place.plan(ck.float32_bytes(frozenset()))
-    check_memory(ck.float32_bytes(place.keep), f"{d}: the weights in float32",
-                 "use a smaller model or a 16-bit one (kept as stored on numpy and numba)")
-    weights = read_weights(arch, cfg, "hf", lambda name, shape: ck.tensor(name, shape, place.keep),
-                           lambda name: name in ck, place)
-    weights.update(rope())
-    tokenizer, template = from_hf_dir(d, eos_ids(c, d))
-    return Loaded(cfg, weights, tokenizer, template, [])
