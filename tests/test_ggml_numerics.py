@@ -13,7 +13,9 @@ from numba import njit
 import refllama
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.ggml_types import byte_shape
+from refllama.numerics import ggml_blocks as gb
 from refllama.numerics import ggml_kernels as gk
+from refllama.numerics import ggml_kquants as gq
 from refllama.numerics import ggml_numerics as gn
 from refllama.numerics import ggml_tables as gt
 from refllama.numerics.matrices import Fused
@@ -106,7 +108,7 @@ def test_q8_activation_rules():
 def test_numba_activation_quantizer_equals_numpy():
     x = activations(5, 512)
     xq, xd, xs = np.empty((5, 512), np.int8), np.empty((16, 5), np.float32), np.empty((16, 5), np.float32)
-    gk.quantize_q8(x, xq, xd, xs)
+    gb.quantize_q8(x, xq, xd, xs)
     q, d, s = gn.quantize_q8_1(x)
     np.testing.assert_array_equal(xq, q)
     np.testing.assert_array_equal(xd, d.T)  # block by block, the tokens side by side
@@ -121,7 +123,7 @@ def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
     x[:, 10], x[:, 20] = -2.0, 2.0
     x[0, 300] = -9.0
     for four in (0, T - T % 4):
-        q, d, bsums = gk._quantize_q8_K(x, four, T + -T % 16)
+        q, d, bsums = gq._quantize_q8_K(x, four, T + -T % 16)
         want = gn.quantize_q8_K(x, in_fours=four > 0)
         for got, ref in zip((q, d, bsums), want):
             np.testing.assert_array_equal(got[:T], ref)
@@ -134,21 +136,21 @@ def test_numba_float16_rounding_equals_f16c_on_every_tie():
     x = np.concatenate([mid, -mid, (RNG.standard_normal(100000) * 10.0 ** RNG.integers(-9, 5, 100000))
                         .astype(np.float32)])
     x = x[np.abs(x) < 65504]
-    got = njit(lambda a: np.array([gk._round_f16(v) for v in a]))(x)
+    got = njit(lambda a: np.array([gb._round_f16(v) for v in a]))(x)
     np.testing.assert_array_equal(got, gn.round_f16(x))
 
 
 @pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
-@pytest.mark.parametrize("qtype", sorted(gk.BLOCK_BYTES), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(gb.BLOCK_BYTES), ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 8, 19])
 def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
     """Both kernel forms (8-token tiles and single tokens) against the NumPy lanes; VNNI only where the CPU has it."""
-    if vnni and not gk.host_has_vnni():
+    if vnni and not gb.host_has_vnni():
         pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
     raw = random_blocks(qtype, 37, 256)
     x = activations(T, 256)
     want = x @ gn.GgmlMatrix(raw, qtype, (37, 256)).T
-    fast = gk.NumbaGgmlMatrix([raw], qtype, 256)
+    fast = gb.NumbaGgmlMatrix([raw], qtype, 256)
     fast.vnni = vnni
     np.testing.assert_array_equal(x @ fast.T, want)
 
@@ -163,7 +165,7 @@ def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtyp
     """Every path of llama.cpp's that the kernels take (GgmlMatrix.matmul), on blocks of every byte value (the
     largest codes, scales and mins, against activations that quantize to +-127: the integer sums at their
     largest), in two parts."""
-    if vnni and not gk.host_has_vnni():
+    if vnni and not gb.host_has_vnni():
         pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
     raw = RNG.integers(0, 256, size=gguf.quant_shape_to_byte_shape((N, 512), qtype), dtype=np.uint8)
     b = raw.reshape(N, 2, -1)
@@ -174,7 +176,7 @@ def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtyp
         np.float32)
     want = gn.GgmlMatrix(raw, qtype, (N, 512))
     assert want.repacked == (qtype in (QT.Q4_K, QT.Q2_K) and N == 40)
-    fast = gk.NumbaKQuantMatrix([raw[:16], raw[16:]], qtype, 512)
+    fast = gq.NumbaKQuantMatrix([raw[:16], raw[16:]], qtype, 512)
     fast.vnni, fast.repacked = vnni, want.repacked
     np.testing.assert_array_equal(x @ fast.T, x @ want.T)
 
@@ -208,10 +210,10 @@ def test_a_repacked_matrixs_gemm_rows_quantize_ties_to_the_positive_max():
 
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
     """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors: compiling it elsewhere aborts."""
-    monkeypatch.setattr(gk.llvm, "get_host_cpu_features", lambda: {"avx2": True, "avx512vnni": False})
-    assert gk.host_has_vnni() is False
-    monkeypatch.setattr(gk.llvm, "get_host_cpu_features", lambda: {"avx512vnni": True, "avx512vl": True})
-    assert gk.host_has_vnni() is True
+    monkeypatch.setattr(gb.llvm, "get_host_cpu_features", lambda: {"avx2": True, "avx512vnni": False})
+    assert gb.host_has_vnni() is False
+    monkeypatch.setattr(gb.llvm, "get_host_cpu_features", lambda: {"avx512vnni": True, "avx512vl": True})
+    assert gb.host_has_vnni() is True
 
 
 def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
@@ -264,7 +266,7 @@ def test_fused_products_equal_separate_ones():
     y = activations(3, 256)
     np.testing.assert_array_equal(y @ fused[1].T, y @ parts[1].T)  # a new input is multiplied afresh
     raw = [random_blocks(QT.Q8_0, n, 256) for n in (16, 8)]
-    joined = concat_blocks([gk.NumbaGgmlMatrix([r], QT.Q8_0, 256) for r in raw])
+    joined = concat_blocks([gb.NumbaGgmlMatrix([r], QT.Q8_0, 256) for r in raw])
     np.testing.assert_array_equal(x @ joined.T, np.concatenate([x @ gn.GgmlMatrix(r, QT.Q8_0, (len(r), 256)).T
                                                                  for r in raw], axis=1))
 

@@ -10,7 +10,7 @@ import pytest
 from numba.core.registry import CPUDispatcher as Dispatcher
 
 from refllama import layers
-from refllama.numerics import ggml_kernels, numba_ops
+from refllama.numerics import ggml_blocks, ggml_kernels, numba_ops
 from refllama.numerics.kernel_pages import warm_up_steps
 
 rng = np.random.default_rng(0)
@@ -59,8 +59,8 @@ def test_a_batch_is_layers_itself():
         assert np.array_equal(g, w)
 
 
-def loaded():  # kernel name -> how many compiled forms Numba holds, for both numba numerics' modules
-    return {(mod.__name__, name): len(f.signatures) for mod in (numba_ops, ggml_kernels)
+def loaded():  # kernel name -> how many compiled forms Numba holds, for the numba numerics' modules
+    return {(mod.__name__, name): len(f.signatures) for mod in (numba_ops, ggml_kernels, ggml_blocks)
             for name, f in vars(mod).items() if isinstance(f, Dispatcher)}
 
 

@@ -1,6 +1,6 @@
 """GGUF blocks read in place, in LLVM IR: each type's values as groups of 32 (codes, scale, offset), the unpacking that
-the float32 kernels (quant) and ggml's integer kernels (ggml_kernels) share. The layouts are ggml_tables.LAYOUT's; the
-order of values within a block is ggml's dequantize_row_* (ggml-quants.c)."""
+the float32 kernels (quant) and ggml's integer kernels (ggml_blocks, ggml_kquants) share. The layouts are
+ggml_tables.LAYOUT's; the order of values within a block is ggml's dequantize_row_* (ggml-quants.c)."""
 
 from llvmlite import ir
 

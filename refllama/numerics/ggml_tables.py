@@ -1,6 +1,6 @@
 """ggml's tables, each in one place: its block layouts (ggml-common.h) with the unpacking of codes and scales that the
-Numba repacking (quant), the ggml emulation (ggml_numerics) and its kernels (ggml_kernels) all build on; every
-float16 value and the rounding to float16; the constants of ggml's expf."""
+Numba repacking (quant), the ggml emulation (ggml_numerics) and its kernels (ggml_blocks, ggml_kquants) all build
+on; every float16 value and the rounding to float16; the constants of ggml's expf."""
 
 import numpy as np
 

@@ -1,0 +1,380 @@
+"""numerics "ggml" on `--backend numba`, the blocks of 32: llama.cpp's integer dot products of Q4_0, Q4_1, Q5_0 and
+Q8_0 as Numba kernels, and what the K-quants' kernels (ggml_kquants) share with them: the host's VNNI, the
+int8 lanes, Q8_0/Q8_1 activations, float16 rounding.
+
+The same arithmetic as numerics.ggml_numerics (which says what each step is and why), fast: activations quantized
+to Q8_0/Q8_1 in Numba, and the products written in LLVM IR, because Numba's loops over int8 come out as
+widened 32-bit multiplies at half the speed of its float kernel. One token: per block of 32 weights the IR does
+what ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
+AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
+end ggml's horizontal sum. A batch: lane tiles, 16 tokens in the 16 lanes of a vector, each word of 4 weight codes
+broadcast to every lane, so that one vpdpbusd serves 16 tokens and each token's float steps are its own lane's.
+The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
+"""
+
+import llvmlite.binding as llvm
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ..formats.ggml_types import BLOCK_SIZES
+from ..formats.ggml_types import GGMLType as QT
+from .block_ir import (
+    const8,
+    field_at,
+    nibbles16,
+    prefetch_block,
+    q5_0_codes,
+)
+from .ggml_numerics import (
+    GgmlMatrix,
+)
+from .ir import F32, I8, I32, I64, V32I8, counted_loop, lanes, load, load_f16, specialize, splat
+from .quant import LANES, N_READ, Blocks, put_tile, row_address, row_quad, to_lanes
+
+
+def host_has_vnni():
+    """Whether this CPU has 256-bit AVX-512 VNNI (vpdpbusd on ymm registers): compiling that instruction for a CPU
+    without it aborts the process, so the kernels' form is chosen from LLVM's view of the host."""
+    features = llvm.get_host_cpu_features()
+    return bool(features.get("avx512vnni") and features.get("avx512vl"))
+
+
+VNNI = host_has_vnni()
+BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0)}  # the types with IR kernels
+V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
+V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
+MAGIC = 0x4B400000  # 1.5 * 2^23 as float32 bits: adding an int n (|n| < 2^22) to them gives the bits of 1.5 * 2^23 + n
+
+
+def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
+    if vnni:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", fnty=ir.FunctionType(
+            V8I32, [V8I32, V8I32, V8I32]))
+        return builder.call(fn, [ir.Constant(V8I32, None), builder.bitcast(u, V8I32), builder.bitcast(y, V8I32)])
+    v32 = ir.VectorType(I32, 32)
+    p = builder.mul(builder.zext(u, v32), builder.sext(y, v32))
+    parts = [builder.shuffle_vector(p, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(I32, 8),
+                                                                                  list(range(k, 32, 4))))
+             for k in range(4)]
+    return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+
+
+def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
+    if vnni:
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
+            V16I32, [V16I32] * 3))
+        return builder.call(fn, [acc, u, y])
+    v64, v64i8 = ir.VectorType(I32, 64), ir.VectorType(I8, 64)
+    p = builder.mul(builder.zext(builder.bitcast(u, v64i8), v64), builder.sext(builder.bitcast(y, v64i8), v64))
+    parts = [builder.shuffle_vector(p, p, ir.Constant(V16I32, list(range(k, 64, 4)))) for k in range(4)]
+    return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
+
+
+def _make_dot(qtype, vnni, repacked):
+    """An intrinsic (ws, x, xd, xs, nb) -> N_READ floats: one token's dot products with the rows at addresses ws,
+    nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
+    block ggml_vec_dot's 8 int32 lanes, fma(d_w * d_x, lane, acc) into 8 float32 lanes, hsum_float_8 at the end
+    (Q4_1: plus the m_w * s_x sums); `repacked` (Q4_0): x86's repacked gemv, one fma(isum, d_w * d_x, acc) a
+    block."""
+    fma8_type, fma1_type = ir.FunctionType(V8F32, [V8F32] * 3), ir.FunctionType(F32, [F32] * 3)
+
+    def codegen(context, builder, signature, args):
+        ws, x, xd, xs, nb = args
+        fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=fma8_type)
+        fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=fma1_type)
+        reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
+        zero = ir.Constant(V32I8, None)
+
+        def row_block(w, i, acc, summs):  # one row's block i added to its sums and its Q4_1 offset sums
+            blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
+            prefetch_block(builder, blk, qtype)
+            y = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+            if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+                q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
+                    q5_0_codes(builder, blk)
+                neg = builder.icmp_signed("<", q, zero)
+                u = builder.select(neg, builder.sub(zero, q), q)
+                is_zero = builder.icmp_signed("==", q, zero)
+                y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
+            else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
+                u = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+            at = builder.mul(i, ir.Constant(I64, 4))
+            d = builder.fmul(load_f16(builder, field_at(builder, blk, qtype, "d")), load(builder, builder.add(xd, at),
+                                                                                         F32))  # d_w * d_x
+            if qtype == QT.Q4_1:
+                summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
+                                            load(builder, builder.add(xs, at), F32), summs])
+            dots = _lanes(builder, u, y, vnni)
+            if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
+                dots = builder.sub(dots, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
+            if repacked:
+                return builder.call(fma1, [builder.sitofp(builder.call(reduce8, [dots]), F32), d, acc]), summs
+            return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(dots, V8F32), acc]), summs
+
+        def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum
+            return [v for r in range(N_READ)
+                    for v in row_block(builder.extract_value(ws, r), i, sums[2 * r], sums[2 * r + 1])]
+
+        acc0 = ir.Constant(F32 if repacked else V8F32, None)
+        sums = counted_loop(builder, nb, [acc0, ir.Constant(F32, 0.0)] * N_READ, block)
+        results = []
+        for r in range(N_READ):
+            acc, summs = sums[2 * r], sums[2 * r + 1]
+            if repacked:
+                results.append(acc)
+                continue
+            r4 = builder.fadd(lanes(builder, acc, 4, 4), lanes(builder, acc, 0, 4))
+            lane = [builder.extract_element(r4, ir.Constant(I32, j)) for j in range(4)]  # hsum_float_8's order
+            total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
+            results.append(builder.fadd(total, summs))
+        return context.make_tuple(builder, signature.return_type, results)
+
+    @intrinsic
+    def row_dot(typingctx, ws, x, xd, xs, nb):
+        return types.UniTuple(types.float32, N_READ)(types.UniTuple(types.int64, N_READ),
+                                                        *[types.int64] * 4), codegen
+
+    return row_dot
+
+
+@njit(cache=True)
+def _round_f16(x):  # float32 -> float32 holding the nearest float16 (ties to even), as F16C's conversion
+    """Veltkamp's split keeps 11 significant bits of a float32 (8193 = 2^13 + 1); below float16's normal range the
+    spacing is fixed at 2^-24; from 65520 on, infinity."""
+    a = abs(x)
+    if a >= np.float32(65520.0):  # rounds to infinity
+        r = np.float32(np.inf)
+    elif a < np.float32(2.0 ** -14):
+        r = np.float32(np.rint(a * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24))
+    else:
+        t = a * np.float32(8193.0)
+        r = t - (t - a)
+    return -r if x < 0 else r
+
+
+@njit(cache=True)
+def _round_f16s(x):  # [T, H, HD] f32 -> its values rounded to float16
+    out = np.empty_like(x)
+    for t in range(x.shape[0]):
+        for h in range(x.shape[1]):
+            for d in range(x.shape[2]):
+                out[t, h, d] = _round_f16(x[t, h, d])
+    return out
+
+
+@njit(cache=True)
+def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] f32: Q8_1 (Q8_0: xs unused)
+    T, K = X.shape
+    for t in range(T):
+        for b in range(K // 32):
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(X[t, b * 32 + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
+            total = 0
+            for j in range(32):
+                q = np.int32(np.rint(X[t, b * 32 + j] * inv))
+                xq[t, b * 32 + j] = q
+                total += q
+            xd[b, t] = _round_f16(d)
+            xs[b, t] = _round_f16(d * np.float32(total))
+
+
+TILE_ROWS = {False: 2, True: 4}  # rows a block tile multiplies at once: 8 float32 sums a row (4 if repacked: one)
+
+
+def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0 block -> <32 x i8>: the integers ggml multiplies
+    if qtype == QT.Q8_0:
+        return load(builder, field_at(builder, blk, qtype, "qs"), V32I8)
+    if qtype == QT.Q5_0:
+        return q5_0_codes(builder, blk)
+    codes = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+    return builder.sub(codes, const8(8)) if qtype == QT.Q4_0 else codes
+
+
+def _make_block_codes(qtype):
+    """An intrinsic (w, nb, out, bias): a row's nb blocks of 32 at address w unpacked for the block tiles: at out,
+    its signed codes (K bytes), then per word of 4 codes bias - 128 * their sum (K/4 int32): x enters the tiles'
+    vpdpbusd as x + 128 (unsigned), so each word's products start from this."""
+    def codegen(context, builder, signature, args):
+        w, nb, out, bias = args
+        K = builder.mul(nb, ir.Constant(I64, 32))
+
+        def block(i, _):
+            codes = _signed_codes(builder, builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype]))), qtype)
+            at = builder.mul(i, ir.Constant(I64, 32))
+            builder.store(codes, builder.inttoptr(builder.add(out, at), V32I8.as_pointer()), align=1)
+            sums = _lanes(builder, const8(1), codes, False)  # each word's sum
+            first = builder.sub(splat(builder, builder.trunc(bias, I32), V8I32), builder.shl(sums, ir.Constant(
+                V8I32, [7] * 8)))
+            builder.store(first, builder.inttoptr(builder.add(out, builder.add(K, at)), V8I32.as_pointer()), align=1)
+            return []
+
+        counted_loop(builder, nb, [], block)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def block_codes(typingctx, w, nb, out, bias):
+        return types.none(*[types.int64] * 4), codegen
+
+    return block_codes
+
+
+def _make_block_tile(qtype, vnni, repacked):
+    """An intrinsic (ws, codes, pitch, xt, dt, st, nb, out): TILE_ROWS[repacked] rows, their blocks of 32 at
+    addresses ws (for d and m) unpacked by _make_block_codes at codes, codes + pitch, .., against LANES tokens in
+    the lanes of a vector, as _make_dot computes each token's: xt, the tokens' Q8 codes plus 128, 4 at a time
+    ([K/4, LANES] words); dt, st: their Q8 d and s ([K/32, LANES] float32); out: [rows, LANES] float32. Each word
+    of a row's codes is broadcast from memory to every lane, and one vpdpbusd adds its 4 products with every
+    token's: ggml's 8 int32 lanes of a block (lane j: elements 4j .. 4j + 3) are 8 vectors here, each with its own
+    float32 sums (vec_dot's 8 lanes, hsum_float_8 at the end; `repacked`: one sum a block). Not repacked, each sum
+    starts from MAGIC, so that its float32 value is its bits minus 1.5 * 2^23."""
+    size, n_rows = BLOCK_BYTES[qtype], TILE_ROWS[repacked]
+    per = 1 if repacked else 8  # float32 sums per row
+
+    def codegen(context, builder, signature, args):
+        ws, codes, pitch, xt, dt, st, nb, out = args
+        rows = [builder.extract_value(ws, r) for r in range(n_rows)]
+        K = builder.mul(nb, ir.Constant(I64, 32))
+        fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+        magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
+
+        def vec(addr, at, ty=V16I32):  # the vector at addr + 64 * at
+            return load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 64))), ty)
+
+        def word(r, at, plus):  # row r's word `at` of its codes (plus = 0) or of its starts (plus = K)
+            addr = builder.add(builder.add(codes, builder.mul(ir.Constant(I64, r), pitch)), plus)
+            return splat(builder, load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 4))), I32), V16I32)
+
+        def block(i, accs):
+            accs, dx = list(accs), vec(dt, i, V16F32)
+            ds, isums = [], [ir.Constant(V16I32, None)] * n_rows
+            for r, w in enumerate(rows):
+                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                ds.append(builder.fmul(splat(builder, load_f16(builder, field_at(builder, blk, qtype, "d")), V16F32),
+                                       dx))  # d_w * d_x
+                if qtype == QT.Q4_1:  # m_w * s_x, summed apart
+                    m = splat(builder, load_f16(builder, field_at(builder, blk, qtype, "m")), V16F32)
+                    accs[r * (per + 1) + per] = builder.call(fma, [m, vec(st, i, V16F32), accs[r * (per + 1) + per]])
+            for j in range(8):
+                at = builder.add(builder.mul(i, ir.Constant(I64, 8)), ir.Constant(I64, j))
+                y = vec(xt, at)
+                for r in range(n_rows):
+                    lanes = _dpbusd16(builder, word(r, at, K), y, word(r, at, ir.Constant(I64, 0)), vnni)
+                    if repacked:
+                        isums[r] = builder.add(isums[r], lanes)
+                    else:
+                        k = r * (per + 1) + j
+                        value = builder.fsub(builder.bitcast(lanes, V16F32), magic)
+                        accs[k] = builder.call(fma, [ds[r], value, accs[k]])
+            if repacked:  # one fma(isum, d_w * d_x, acc) a block
+                for r in range(n_rows):
+                    k = r * (per + 1)
+                    accs[k] = builder.call(fma, [builder.sitofp(isums[r], V16F32), ds[r], accs[k]])
+            return accs
+
+        accs = counted_loop(builder, nb, [ir.Constant(V16F32, None)] * (n_rows * (per + 1)), block)
+        for r in range(n_rows):
+            *lanes, summs = accs[r * (per + 1):(r + 1) * (per + 1)]
+            if repacked:
+                total = lanes[0]
+            else:  # hsum_float_8: (lanes 4-7 + lanes 0-3), then (0 + 2) + (1 + 3); then Q4_1's m * s sums
+                half = [builder.fadd(lanes[4 + j], lanes[j]) for j in range(4)]
+                total = builder.fadd(builder.fadd(builder.fadd(half[0], half[2]), builder.fadd(half[1], half[3])),
+                                     summs)
+            at = builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer())
+            builder.store(total, at, align=4)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def block_tile(typingctx, ws, codes, pitch, xt, dt, st, nb, out):
+        return types.none(types.UniTuple(types.int64, n_rows), *[types.int64] * 7), codegen
+
+    return block_tile
+
+
+# one type's intrinsics (a token's N_READ rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC
+DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = None
+
+
+def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
+    T, K = X.shape
+    N, nb = starts[-1], K // 32
+    xq = np.empty((T, K), np.int8)
+    xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side
+    xs = np.empty((nb, T), np.float32)
+    quantize_q8(X, xq, xd, xs)
+    out = np.empty((T, N), np.float32)
+    if T == 1:
+        n_quads = (N + N_READ - 1) // N_READ
+        n_chunks = min(n_quads, 64)
+        for c in prange(n_chunks):
+            # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
+            # (taken before it, Numba may free xq once its last named use has passed)
+            x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+            for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+                sums = DOTS(row_quad(bases, starts, q, N, nb * ROW_BYTES), x0, d0, s0, nb)
+                for i in range(N_READ):
+                    out[0, min(N_READ * q + i, N - 1)] = sums[i]
+        return out
+    n_tiles = (T + LANES - 1) // LANES
+    # the tokens in lanes: x's codes plus 128 (each byte's sign bit flipped: 0x80808080), their d and s
+    xt, dt, st = to_lanes(xq.view(np.int32) ^ np.int32(-0x7F7F7F80), n_tiles), to_lanes(xd.T, n_tiles), \
+        to_lanes(xs.T, n_tiles)
+    n_groups = (N + N_ROWS - 1) // N_ROWS
+    n_chunks = min(n_groups, 64)
+    pitch = 2 * K + 64  # a row's codes and starts, then a line more (rows 4 KiB apart would share cache sets)
+    for c in prange(n_chunks):
+        res = np.empty((N_ROWS, LANES), np.float32)
+        scratch = np.empty(N_ROWS * pitch, np.uint8)
+        w = np.zeros(8, np.int64)
+        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
+            n0, rows = g * N_ROWS, min(N_ROWS, N - g * N_ROWS)
+            for i in range(N_ROWS):
+                w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * ROW_BYTES)
+                CODES(w[i], nb, scratch.ctypes.data + i * pitch, BIAS)
+            ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:N_ROWS]
+            for j in range(n_tiles):
+                BTILE(ws, scratch.ctypes.data, pitch, xt[j].ctypes.data, dt[j].ctypes.data, st[j].ctypes.data, nb,
+                      res.ctypes.data)
+                put_tile(out, res, j * LANES, n0, rows, min(LANES, T - j * LANES))
+    return out
+
+
+def _make_matmul(qtype, vnni, repacked):
+    """_matmul with one type's and form's intrinsics as its globals."""
+    name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
+    return specialize(_matmul, name, DOTS=_make_dot(qtype, vnni, repacked), CODES=_make_block_codes(qtype),
+                      BTILE=_make_block_tile(qtype, vnni, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
+                      N_ROWS=TILE_ROWS[repacked], BIAS=0 if repacked else MAGIC)
+
+
+KERNELS = {}  # (qtype, vnni, repacked) -> compiled matmul, made on first use
+
+
+def kernel(qtype, vnni=VNNI, repacked=False):
+    if (qtype, vnni, repacked) not in KERNELS:
+        KERNELS[qtype, vnni, repacked] = _make_matmul(qtype, vnni, repacked)
+    return KERNELS[qtype, vnni, repacked]
+
+
+class GgmlBlocks(Blocks):
+    """A matrix in its GGUF blocks, in place, for numerics ggml: rows dequantize as GgmlMatrix's (llama.cpp's
+    get_rows); `vnni` picks the kernels' form."""
+
+    vnni = VNNI
+
+    def __getitem__(self, rows):
+        rows = self.row_ids(rows)
+        return GgmlMatrix(self.raw_rows(rows), self.qtype, (len(rows), self.shape[1]))[np.arange(len(rows))]
+
+
+class NumbaGgmlMatrix(GgmlBlocks):
+    """A Q4_0/Q4_1/Q5_0/Q8_0 matrix: `x @ w.T` runs the IR kernel."""
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        return kernel(self.qtype, self.vnni, self.repacked)(np.ascontiguousarray(x, dtype=np.float32), self.bases,
+                                                            self.starts)

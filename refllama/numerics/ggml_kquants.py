@@ -1,0 +1,415 @@
+"""numerics "ggml" on `--backend numba`, the K-quants (Q2_K to Q6_K): llama.cpp's vec_dot, tiled and repacked
+gemv/gemm float steps over exact integer sums, as LLVM IR kernels (the lanes and the VNNI choice: ggml_blocks).
+Activations are quantized to Q8_K in Numba; a batch runs as lane tiles, 16 tokens in a vector's lanes."""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from ..formats.ggml_types import BLOCK_SIZES
+from ..formats.ggml_types import GGMLType as QT
+from .block_ir import (
+    bits32,
+    broadcast_lane,
+    const8,
+    field_at,
+    k_codes,
+    k_crumbs,
+    k_scales_mins,
+    prefetch_block,
+    q3_k_scales,
+    q6_k_codes,
+)
+from .ggml_blocks import MAGIC, V8F32, V8I32, V16F32, V16I32, VNNI, GgmlBlocks, _dpbusd16, _lanes
+from .ggml_numerics import (
+    GEMM_STEP,
+)
+from .ggml_tables import LAYOUT
+from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
+from .quant import LANES, N_READ, put_tile, row_address, row_quad, to_lanes
+
+K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
+
+
+def _kblock_sums(builder, blk, qtype, vnni, x, bs):
+    """IR of one K-quant block of 256 weights at blk against a token's Q8_K block: its int8 codes at x and their
+    int32 sums of 16 at bs. -> (d, dmin, lanes, mins, mins8), exact int32 sums of the codes' products times their
+    sub-block scales: `lanes` <8 x i32>, element e of the block in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's
+    codes 0..63, each lane l taking back 32 * scale * x's sums of the sub-blocks 2l and 2l + 1; Q3_K's codes the
+    two low bits minus 4 where the high bit is clear, two products a lane as ggml's), `mins` <4 x i32> the mins
+    times x's sums, by 64 elements (Q4_K/Q5_K/Q2_K; zero for Q6_K and Q3_K) and `mins8` Q2_K's by 32 (its
+    vec_dot's 8 lanes; None for the others)."""
+    v4, v8, v16 = ir.VectorType(I32, 4), V8I32, ir.VectorType(I32, 16)
+    prefetch_block(builder, blk, qtype)
+    d = load_f16(builder, field_at(builder, blk, qtype, "d"))
+    dmin, mins = ir.Constant(F32, 0.0), None
+    # Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16, so chunk c of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
+    by_16 = qtype in (QT.Q2_K, QT.Q3_K, QT.Q6_K)
+    if qtype == QT.Q6_K:
+        codes = [q6_k_codes(builder, blk, c) for c in range(8)]
+        sc16 = builder.sext(load(builder, field_at(builder, blk, qtype, "scales"), ir.VectorType(I8, 16)), v16)
+    elif qtype == QT.Q3_K:  # low bits, and 4 where the high bit is clear: the code is low - that
+        codes = [(k_crumbs(builder, blk, qtype, c), builder.shl(builder.xor(bits32(builder, field_at(
+            builder, blk, qtype, "hmask"), c, 1), const8(1)), const8(2))) for c in range(8)]
+        sc16 = builder.sext(q3_k_scales(builder, blk), v16)
+    elif qtype == QT.Q2_K:  # each scales byte: the sub-block's scale (low 4 bits) and min (high 4)
+        codes = [k_crumbs(builder, blk, qtype, c) for c in range(8)]
+        packed = builder.zext(load(builder, field_at(builder, blk, qtype, "scales"), ir.VectorType(I8, 16)), v16)
+        sc16, mins = builder.and_(packed, ir.Constant(v16, [15] * 16)), builder.lshr(packed, ir.Constant(v16, [4] * 16))
+        dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+    else:
+        codes = [k_codes(builder, blk, qtype, j) for j in range(8)]
+        both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
+        scales = [broadcast_lane(builder, both, j, 8) for j in range(8)]
+        mins = builder.shuffle_vector(both, both, ir.Constant(v8, list(range(8, 16))))
+        dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+    if by_16:
+        scales = [builder.shuffle_vector(sc16, sc16, ir.Constant(v8, [2 * c] * 4 + [2 * c + 1] * 4)) for c in range(8)]
+    evens, odds = (ir.Constant(v8, list(range(o, 16, 2))) for o in (0, 1))
+
+    def halves(v):  # <8 x i32> -> <4 x i32>: lanes 2k + 2k + 1
+        return builder.add(builder.shuffle_vector(v, v, ir.Constant(v4, [0, 2, 4, 6])),
+                           builder.shuffle_vector(v, v, ir.Constant(v4, [1, 3, 5, 7])))
+
+    def chunk(c):  # chunk c's 8 lanes of code products, times their scales
+        y = load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8)
+        if qtype == QT.Q3_K:
+            dots = builder.sub(_lanes(builder, codes[c][0], y, vnni), _lanes(builder, codes[c][1], y, vnni))
+        else:
+            dots = _lanes(builder, codes[c], y, vnni)
+        return builder.mul(dots, scales[c])
+
+    by_pair = [builder.add(chunk(2 * p), chunk(2 * p + 1)) for p in range(4)]  # chunks of 32: 2p and 2p + 1
+    lanes = builder.add(builder.add(by_pair[0], by_pair[1]), builder.add(by_pair[2], by_pair[3]))
+    sums = load(builder, bs, v16)  # x's 16 sums of 16
+    m4, m8 = ir.Constant(v4, None), None
+    if qtype == QT.Q6_K:
+        taken = builder.mul(sums, sc16)  # [16]: 32 times these are taken back, by lane pairs
+        taken = builder.add(builder.shuffle_vector(taken, taken, evens), builder.shuffle_vector(taken, taken, odds))
+        lanes = builder.sub(lanes, builder.mul(taken, ir.Constant(v8, [32] * 8)))
+    elif qtype == QT.Q2_K:
+        prod = builder.mul(sums, mins)  # [16]: each sub-block's min times x's sum over it
+        m8 = builder.add(builder.shuffle_vector(prod, prod, evens), builder.shuffle_vector(prod, prod, odds))
+        m4 = halves(m8)
+    elif qtype != QT.Q3_K:
+        by_32 = builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(sums, sums, odds))
+        m4 = halves(builder.mul(by_32, mins))  # [8]: each sub-block's min times x's sum over it, by 64
+    return d, dmin, lanes, m4, m8
+
+
+# per K-quant: (values per sub-block, the largest |code - offset|, the largest |scale|), and the offsets
+UNIT_BOUNDS = {QT.Q2_K: (16, 3, 15), QT.Q3_K: (16, 4, 32), QT.Q4_K: (32, 15, 63), QT.Q5_K: (32, 31, 63),
+               QT.Q6_K: (16, 32, 128)}
+UNIT_SHIFT = {QT.Q3_K: 4, QT.Q6_K: 32}
+ROWS = 4  # rows of weights a K-quant tile multiplies at once
+
+
+def _kunits(builder, blk, qtype):
+    """A K-quant block's sub-blocks as a lane tile multiplies them: (d, dmin, codes, scales, mins): codes(u) emits
+    sub-block u's codes as unsigned bytes (<n x i8>, n = UNIT_BOUNDS' values per sub-block; the value is the code
+    minus UNIT_SHIFT) where it is called; lane u of scales and mins (vectors of i32; mins None for the types
+    without) is its integer scale and min."""
+    d, dmin = load_f16(builder, field_at(builder, blk, qtype, "d")), ir.Constant(F32, 0.0)
+    if "dmin" in LAYOUT[qtype]:
+        dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+
+    if qtype in (QT.Q4_K, QT.Q5_K):
+        both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
+        return d, dmin, lambda u: k_codes(builder, blk, qtype, u), *(lanes(builder, both, h, 8) for h in (0, 8))
+    v16i8 = ir.VectorType(I8, 16)
+    mins = None
+    if qtype == QT.Q6_K:
+        def chunk(c):
+            return q6_k_codes(builder, blk, c)
+
+        scales = builder.sext(load(builder, field_at(builder, blk, qtype, "scales"), v16i8), V16I32)
+    elif qtype == QT.Q3_K:  # the two low bits and the high bit: code = low + 4 high - 4
+        def chunk(c):
+            high = bits32(builder, field_at(builder, blk, qtype, "hmask"), c, 1)
+            return builder.or_(k_crumbs(builder, blk, qtype, c), builder.shl(high, const8(2)))
+
+        scales = builder.sext(q3_k_scales(builder, blk), V16I32)
+    else:  # Q2_K: each scales byte holds the sub-block's scale (low 4 bits) and min (high 4)
+        def chunk(c):
+            return k_crumbs(builder, blk, qtype, c)
+
+        packed = builder.zext(load(builder, field_at(builder, blk, qtype, "scales"), v16i8), V16I32)
+        scales = builder.and_(packed, ir.Constant(V16I32, [15] * 16))
+        mins = builder.lshr(packed, ir.Constant(V16I32, [4] * 16))
+
+    def codes(u):  # the half of a chunk of 32
+        c = chunk(u // 2)
+        return builder.shuffle_vector(c, c, ir.Constant(V16I32, list(range(16 * (u % 2), 16 * (u % 2) + 16))))
+
+    return d, dmin, codes, scales, mins
+
+
+def _make_lane_tile(qtype, vnni, repacked):
+    """An intrinsic (ws, xt, bt, bf, dt, nb, out): the ROWS rows at addresses ws, nb blocks each, against LANES
+    tokens, the tokens in the lanes of a vector. xt: the tokens' Q8_K codes, 4 at a time ([K/4, LANES] words); bt,
+    bf: their sums of 16 ([K/16, LANES], int32 and float32); dt: their scales ([nb, LANES] float32); out: the
+    [ROWS, LANES] float32 results. Each weight's 4 codes are broadcast to every lane and one vpdpbusd adds their
+    products with all the tokens' (the codes unsigned, x signed: a code's offset is taken back from x's sums), so
+    no sum is ever reduced across lanes; each vector of x is read once for the ROWS rows. Each token's float steps
+    are its own lane's: the repacked gemm's (fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm) every
+    GEMM_STEP sub-blocks of 32, then acc - accm) or the tiled kernel's (per block r = isum * d_w, r = fma(-dmin_w,
+    msum, r), acc = fma(r, d_x, acc)). A step's integer sums times their scales are added in float32 where every
+    partial sum stays below 2^24 (exact: an FMA instead of a 32-bit multiply; each vpdpbusd sum then starts from
+    MAGIC, so that its float32 value is its bits minus 1.5 * 2^23, a subtraction either FMA unit takes instead of
+    a conversion only one does), else in int32; msum always is."""
+    size = BLOCK_SIZES[qtype][1]
+    step = 32 * GEMM_STEP.get(qtype, 8) if repacked else 256  # values per float step
+    n, top, scale_top = UNIT_BOUNDS[qtype]
+    in_float = step // n * n * top * 127 * scale_top < 2 ** 24  # a step's scaled sums exact in float32
+
+    def codegen(context, builder, signature, args):
+        ws, xt, bt, bf, dt, nb, out = args
+        rows = [builder.extract_value(ws, r) for r in range(ROWS)]
+        fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+        zero, fzero = ir.Constant(V16I32, None), ir.Constant(V16F32, None)
+        magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
+
+        def vec(addr, at, ty=V16I32):  # the vector at addr + 64 * at
+            return load(builder, builder.add(addr, builder.mul(at, ir.Constant(I64, 64))), ty)
+
+        def fsplat(v):
+            return splat(builder, v, V16F32)
+
+        def lane(v, u):
+            return builder.extract_element(v, ir.Constant(I32, u))
+
+        def block(i, accs):
+            dx = vec(dt, i, V16F32)
+            at = [builder.add(builder.mul(i, ir.Constant(I64, 16)), ir.Constant(I64, s)) for s in range(16)]
+            bs, bsf = [vec(bt, a) for a in at], [vec(bf, a, V16F32) for a in at]
+            blocks = []
+            for w in rows:
+                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                prefetch_block(builder, blk, qtype)
+                d, dmin, codes, scales, mins = _kunits(builder, blk, qtype)
+                if in_float:  # converted once a block
+                    scales = builder.sitofp(scales, ir.VectorType(F32, scales.type.count))
+                if mins is not None:
+                    mins = builder.sitofp(mins, ir.VectorType(F32, mins.type.count))
+                blocks.append((d, dmin, codes, scales, mins))
+            accs = list(accs)
+            isums, msums = [fzero if in_float else zero] * ROWS, [fzero] * ROWS
+            for u in range(256 // n):
+                first = builder.mul(bs[u], ir.Constant(V16I32, [-UNIT_SHIFT[qtype]] * 16)) \
+                    if qtype in UNIT_SHIFT else zero  # the codes' offset times x's sum over the unit
+                if in_float:
+                    first = builder.add(first, ir.Constant(V16I32, [MAGIC] * 16))
+                words = [builder.bitcast(b[2](u), ir.VectorType(I32, n // 4)) for b in blocks]
+                dots = [first] * ROWS
+                for g in range(n // 4):
+                    y = vec(xt, builder.add(builder.mul(i, ir.Constant(I64, 64)), ir.Constant(I64, u * n // 4 + g)))
+                    dots = [_dpbusd16(builder, dots[r], splat(builder, builder.extract_element(
+                        words[r], ir.Constant(I32, g)), V16I32), y, vnni) for r in range(ROWS)]
+                sums = bsf[u] if n == 16 else builder.fadd(bsf[2 * u], bsf[2 * u + 1])  # x's sums over the unit
+                for r, (d, dmin, _, scales, mins) in enumerate(blocks):
+                    if in_float:  # the sum's value: its bits as a float32 minus 1.5 * 2^23
+                        value = builder.fsub(builder.bitcast(dots[r], V16F32), magic)
+                        isums[r] = builder.call(fma, [value, fsplat(lane(scales, u)), isums[r]])
+                    else:
+                        isums[r] = builder.add(isums[r], builder.mul(dots[r], splat(builder, lane(scales, u), V16I32)))
+                    if mins is not None:  # a min times x's sum: exact in float32
+                        msums[r] = builder.call(fma, [sums, fsplat(lane(mins, u)), msums[r]])
+                    if (u + 1) * n % step:
+                        continue
+                    isum = isums[r] if in_float else builder.sitofp(isums[r], V16F32)
+                    if repacked:  # the gemm's float step
+                        accs[2 * r] = builder.call(fma, [isum, builder.fmul(fsplat(d), dx), accs[2 * r]])
+                        accs[2 * r + 1] = builder.call(fma, [msums[r], builder.fmul(fsplat(dmin), dx),
+                                                             accs[2 * r + 1]])
+                    else:  # the tiled kernel's, once a block
+                        rr = builder.call(fma, [fsplat(builder.fneg(dmin)), msums[r], builder.fmul(isum, fsplat(d))])
+                        accs[2 * r] = builder.call(fma, [rr, dx, accs[2 * r]])
+                    isums[r], msums[r] = (fzero if in_float else zero), fzero
+            return accs
+
+        accs = counted_loop(builder, nb, [ir.Constant(V16F32, None)] * (2 * ROWS), block)
+        for r in range(ROWS):
+            at = builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer())
+            builder.store(builder.fsub(accs[2 * r], accs[2 * r + 1]), at, align=4)
+        return context.get_dummy_value()
+
+    @intrinsic
+    def lane_tile(typingctx, ws, xt, bt, bf, dt, nb, out):
+        return types.none(types.UniTuple(types.int64, ROWS), *[types.int64] * 6), codegen
+
+    return lane_tile
+
+
+def _make_krow(qtype, vnni, n_rows, repacked):
+    """An intrinsic (ws, x, bs, dx, nb) -> n_rows floats: one token's product with the n_rows rows at addresses ws,
+    nb blocks each, side by side (several streams of weights per thread keep more reads in flight than one); dx: the
+    token's Q8_K scales (float32, one per block). The float steps of GgmlMatrix's one-token paths: `repacked`
+    x86's gemv (per block fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm), then acc - accm), else
+    ggml_vec_dot (8 lanes fma(d_x * d_w, lane, acc), Q4_K's mins in 4 lanes, Q5_K's as one sum; hsum_float_8)."""
+    size = BLOCK_SIZES[qtype][1]
+    v4, v4f = ir.VectorType(I32, 4), ir.VectorType(F32, 4)
+
+    def codegen(context, builder, signature, args):
+        ws, x, bs, dx, nb = args
+        rows = [builder.extract_value(ws, r) for r in range(n_rows)]
+        fma = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
+        fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
+        fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
+        msum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v4i32", fnty=ir.FunctionType(I32, [v4]))
+        isum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
+
+        def block(i, accs):
+            xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
+                I64, 64)))
+            dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
+            out = []
+            for r, w in enumerate(rows):
+                acc, accm = accs[2 * r], accs[2 * r + 1]
+                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
+                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, vnni, xi, bsi)
+                if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
+                    isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
+                    acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
+                    accm = builder.call(fma, [builder.sitofp(builder.call(msum_of, [m4]), F32), builder.fmul(dmin, dxi),
+                                              accm])
+                else:
+                    neg = builder.fmul(builder.fneg(dxi), dmin)  # -d_x * dmin_w
+                    if qtype == QT.Q2_K:  # its mins first, into the same lanes
+                        acc = builder.call(fma8, [splat(builder, neg, V8F32), builder.sitofp(m8, V8F32), acc])
+                    acc = builder.call(fma8, [splat(builder, builder.fmul(dxi, d), V8F32),
+                                              builder.sitofp(lanes, V8F32), acc])
+                    if qtype == QT.Q4_K:
+                        accm = builder.call(fma4, [splat(builder, neg, v4f), builder.sitofp(m4, v4f), accm])
+                    elif qtype == QT.Q5_K:
+                        accm = builder.call(fma, [neg, builder.sitofp(builder.call(msum_of, [m4]), F32), accm])
+                out += [acc, accm]
+            return out
+
+        if repacked:
+            first = [ir.Constant(F32, 0.0)] * (2 * n_rows)
+        else:
+            first = [ir.Constant(V8F32, None), ir.Constant(v4f if qtype == QT.Q4_K else F32, None)] * n_rows
+        accs = counted_loop(builder, nb, first, block)
+        results = []
+        for r in range(n_rows):
+            acc, accm = accs[2 * r], accs[2 * r + 1]
+            if repacked:
+                results.append(builder.fsub(acc, accm))
+                continue
+            total = hsum(builder, acc)  # hsum_float_8: high half + low half, then (0 + 2) + (1 + 3)
+            if qtype == QT.Q4_K:
+                total = builder.fadd(total, hsum(builder, accm))
+            elif qtype == QT.Q5_K:
+                total = builder.fadd(total, accm)
+            results.append(total)
+        return context.make_tuple(builder, signature.return_type, results)
+
+    @intrinsic
+    def krow(typingctx, ws, x, bs, dx, nb):
+        return types.UniTuple(types.float32, n_rows)(types.UniTuple(types.int64, n_rows), *[types.int64] * 4), codegen
+
+    return krow
+
+
+LTILE = KROW = KROWS = None  # one K-quant type's intrinsics (ROWS rows against a lane tile; one token's row, four)
+REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
+
+
+@njit(parallel=True, cache=True)
+def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/256] f32, bsums [rows, K/16] i32
+    """ggml_numerics.quantize_q8_K (which says why each step is as it is), the first `four` tokens in fours; rows
+    past T are zeros."""
+    T, K = X.shape
+    q = np.zeros((rows, K), np.int8)
+    d = np.zeros((rows, K // 256), np.float32)
+    bsums = np.zeros((rows, K // 16), np.int32)
+    for tb in prange(T * (K // 256)):
+        t, b = tb // (K // 256), tb % (K // 256)
+        x = X[t, b * 256:(b + 1) * 256]
+        mx = x[0]
+        for j in range(256):
+            if abs(x[j]) > abs(mx):
+                mx = x[j]
+        if t < four and mx < 0:
+            for j in range(256):
+                if x[j] == -mx:
+                    mx = -mx
+                    break
+        if mx == 0:
+            continue
+        iscale = np.float32(-127.0) / mx
+        d[t, b] = np.float32(1.0) / iscale
+        for j in range(256):
+            c = min(np.float32(127.0), np.rint(x[j] * iscale))
+            q[t, b * 256 + j] = np.int8(c)
+            bsums[t, b * 16 + j // 16] += np.int32(c)
+    return q, d, bsums
+
+
+def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the parts' addresses, first rows -> [T, N]
+    """llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROW (the gemv, or
+    vec_dot); a repacked matrix's tokens in fours through the gemm (float steps every GEMM_STEP sub-blocks), the
+    rest through the gemv; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per
+    block); fewer, vec_dot each. The gemm and the tiled kernel run as lane tiles (LTILE: LANES tokens against ROWS
+    rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past the T tokens, results dropped)."""
+    K = xq.shape[1]
+    N, nb = starts[-1], K // 256
+    out = np.empty((T, N), np.float32)
+    if T == 1:  # one token: N_READ rows at a time (row_quad)
+        n_quads = (N + N_READ - 1) // N_READ
+        n_chunks = min(n_quads, 64)
+        for c in prange(n_chunks):
+            x0, b0, d0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
+            for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
+                sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0, b0, d0, nb)
+                for i in range(N_READ):
+                    out[0, min(N_READ * q + i, N - 1)] = sums[i]
+        return out
+    tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
+    n_tiles = (tiled + LANES - 1) // LANES
+    xt, bt, dt = to_lanes(xq.view(np.int32), n_tiles), to_lanes(bsums, n_tiles), to_lanes(dx, n_tiles)
+    bf = bt.astype(np.float32)
+    n_groups = (N + ROWS - 1) // ROWS
+    n_chunks = min(n_groups, 64)
+    for c in prange(n_chunks):
+        res = np.empty((ROWS, LANES), np.float32)
+        w = np.zeros(8, np.int64)
+        x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
+        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
+            n0, rows = g * ROWS, min(ROWS, N - g * ROWS)
+            for i in range(ROWS):
+                w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
+            ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
+            for j in range(n_tiles):
+                LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
+                put_tile(out, res, j * LANES, n0, rows, min(LANES, tiled - j * LANES))
+            for t in range(tiled, T):
+                for i in range(rows):
+                    out[t, n0 + i] = KROW((w[i],), x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
+    return out
+
+
+KERNELS = {}  # (qtype, vnni, repacked) -> compiled _kquant_matmul, made on first use
+
+
+def kquant_kernel(qtype, vnni=VNNI, repacked=False):
+    key = (qtype, vnni, repacked)
+    if key not in KERNELS:
+        consts = dict(LTILE=_make_lane_tile(qtype, vnni, repacked), KROW=_make_krow(qtype, vnni, 1, repacked),
+                      KROWS=_make_krow(qtype, vnni, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+        name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
+        KERNELS[key] = specialize(_kquant_matmul, name, **consts)
+    return KERNELS[key]
+
+
+class NumbaKQuantMatrix(GgmlBlocks):
+    """A K-quant matrix (Q2_K to Q6_K): `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit; `repacked` as
+    ggml_numerics.repacked (llama.cpp's CPU repack on, and a type and shape it repacks)."""
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        T, K = x.shape
+        # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
+        xq, dx, bsums = _quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), T - T % 4 if self.repacked else 0,
+                                       T if T == 1 else T + -T % LANES)
+        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts)
