@@ -228,3 +228,24 @@ def test_another_number_of_experts_is_named(tmp_path, monkeypatch):
 
     with pytest.raises(refllama.RefllamaError, match="MINE routes each token to 3 experts where the model takes 2"):
         _dump_with("olmoe", more, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "qwen2moe", "olmoe"])
+def test_transformers_5s_fused_experts_read_as_the_per_expert_tensors(family, tmp_path):
+    """transformers 5 keeps a layer's experts as `mlp.experts.gate_up_proj` [E, 2 FE, D] (gate rows, then up) and
+    `mlp.experts.down_proj` [E, D, FE], its in-memory form; a directory saved that way loads to the same logits."""
+    from safetensors.numpy import load_file, save_file
+
+    src = DATA / f"gguf-{family}" / "hf-model"
+    shutil.copytree(src, tmp_path / "fused")
+    tensors = load_file(src / "model.safetensors")
+    n_layer = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    for i in range(n_layer):
+        p = f"model.layers.{i}.mlp.experts."
+        n_expert = len({k for k in tensors if k.startswith(p) and k.endswith(".up_proj.weight")})
+        experts = [{m: tensors.pop(f"{p}{e}.{m}_proj.weight") for m in ("gate", "up", "down")} for e in range(n_expert)]
+        tensors[p + "gate_up_proj"] = np.stack([np.concatenate([x["gate"], x["up"]]) for x in experts])
+        tensors[p + "down_proj"] = np.stack([x["down"] for x in experts])
+    save_file(tensors, str(tmp_path / "fused" / "model.safetensors"), metadata={"format": "pt"})
+    ids = ref(family)["token_ids"].tolist()
+    np.testing.assert_array_equal(refllama.load(tmp_path / "fused").logits(ids), refllama.load(src).logits(ids))

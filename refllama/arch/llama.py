@@ -40,7 +40,7 @@ LAYER_WEIGHTS = (  # a block's, after blk.N. / model.layers.N.
     Weight("ffn_up_bias", "F", "ffn_up.bias", "mlp.up_proj.bias", required=False),
     Weight("ffn_down_bias", "D", "ffn_down.bias", "mlp.down_proj.bias", required=False),
 )
-MOE_WEIGHTS = tuple(row._replace(hf=hf) for row, hf in zip(tables.MOE, (  # Mixtral: softmax, top-k, renormalised
+MOE_WEIGHTS = tuple(row._replace(hf=hf, hf_fused=()) for row, hf in zip(tables.MOE, (  # Mixtral: renormalised
     "block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
     "block_sparse_moe.experts.{e}.w2.weight")))
 INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES

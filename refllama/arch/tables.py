@@ -26,6 +26,8 @@ class Weight(NamedTuple):
     split: tuple = ()  # a fused tensor: ((key, rows), ...), its parts in row order
     hf_add: float = 0.0  # added to the HF tensor at load (Gemma's norms: HF stores w for a (1 + w) weight)
     hf_transpose: bool = False  # HF stores it [in, out] (GPT-2's Conv1D): transposed at load
+    hf_fused: tuple = ()  # (name, part, parts): experts HF may store as one [E, parts * N, K] tensor (transformers 5's
+    # gate_up_proj: gate rows, then up rows), read where the per-expert tensors are absent
 
 
 # rows that several families share, named once; a family's own variant is `ROW._replace(...)`
@@ -49,9 +51,12 @@ FFN_DOWN = Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight")
 DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_bias", "ffn_up_bias", "ffn_down_bias")  # a MoE layer lacks
 MOE = (  # a mixture-of-experts feed-forward: the router and the experts' three matrices (Qwen2/3-MoE's, OLMoE's names)
     Weight("ffn_gate_inp", "E, D", "ffn_gate_inp.weight", "mlp.gate.weight"),
-    Weight("ffn_gate_exps", "E, FE, D", "ffn_gate_exps.weight", "mlp.experts.{e}.gate_proj.weight"),
-    Weight("ffn_up_exps", "E, FE, D", "ffn_up_exps.weight", "mlp.experts.{e}.up_proj.weight"),
-    Weight("ffn_down_exps", "E, D, FE", "ffn_down_exps.weight", "mlp.experts.{e}.down_proj.weight"),
+    Weight("ffn_gate_exps", "E, FE, D", "ffn_gate_exps.weight", "mlp.experts.{e}.gate_proj.weight",
+           hf_fused=("mlp.experts.gate_up_proj", 0, 2)),
+    Weight("ffn_up_exps", "E, FE, D", "ffn_up_exps.weight", "mlp.experts.{e}.up_proj.weight",
+           hf_fused=("mlp.experts.gate_up_proj", 1, 2)),
+    Weight("ffn_down_exps", "E, D, FE", "ffn_down_exps.weight", "mlp.experts.{e}.down_proj.weight",
+           hf_fused=("mlp.experts.down_proj", 0, 1)),
 )
 SHARED_EXPERT = (  # Qwen2-MoE's shared expert and its gate
     Weight("ffn_gate_inp_shexp", "1, D", "ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
@@ -113,12 +118,21 @@ def read_weights(arch, cfg, side, fetch, has, place):
     def take(row, prefix, out):
         name = getattr(row, side)
         required = row.required or row.key == "output"  # read only when untied: then the model needs it
-        if name is None or (not required and not has(prefix + name.format(e=0))):
+        if name is None or (not required and not has(prefix + name.format(e=0))
+                            and not (row.hf_fused and has(prefix + row.hf_fused[0]))):
             return
         shape = shape_of(row, d)
-        if len(shape) == 3:  # experts: one tensor (GGUF), or one per expert (HF)
-            parts = ([fetch(prefix + name.format(e=e), shape[1:]) for e in range(shape[0])] if "{e}" in name
-                     else experts(fetch(prefix + name, shape), shape[0]))
+        if len(shape) == 3:  # experts: one tensor (GGUF, transformers 5's fused form), or one per expert (HF)
+            E, N, K = shape
+            if "{e}" in name and (has(prefix + name.format(e=0)) or not row.hf_fused):
+                parts = [fetch(prefix + name.format(e=e), (N, K)) for e in range(E)]
+            elif "{e}" in name:  # fused: expert e's rows part * N .. (part + 1) * N of its [parts * N, K]
+                fused, part, n_parts = row.hf_fused
+                parts = [whole[part * N:(part + 1) * N] if not isinstance(whole, QuantizedTensor) else
+                         whole.split([N] * n_parts)[part]
+                         for whole in experts(fetch(prefix + fused, (E, n_parts * N, K)), E)]
+            else:
+                parts = experts(fetch(prefix + name, shape), E)
             out[row.key] = tuple(map(place, parts))
             return
         t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
