@@ -4,6 +4,7 @@ speed and memory work at the sizes people port (its text is noise: say "syntheti
     python tools/make_synthetic_model.py llama-3.1-8b q4_k_m -o ~/.cache/refllama/synthetic     # ~1-3 min, 4.9 GB
     python tools/make_synthetic_model.py qwen2.5-7b bf16 --layers 2 -o /tmp/syn                  # a cut-down model
     python tools/make_synthetic_model.py llama-3.1-8b hf-bf16 -o ~/.cache/refllama/synthetic    # an HF directory
+    python tools/make_synthetic_model.py qwen3-30b-a3b q4_k_m -o ~/.cache/refllama/synthetic    # a mixture of experts
 
 Types: f16, bf16 (every matrix 16-bit), q8_0, q4_0, q4_k_m (Q4_K, with Q6_K where llama-quantize's Q4_K_M puts it:
 the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between);
@@ -25,7 +26,7 @@ import gguf
 import numpy as np
 
 from refllama import arch as archs
-from refllama.arch.tables import dims, shape_of
+from refllama.arch.tables import dims, layer_rows, shape_of
 from refllama.config import ModelConfig
 from refllama.formats.ggml_types import BLOCK_SIZES, byte_shape
 from refllama.formats.ggml_types import GGMLType as QT
@@ -44,6 +45,16 @@ SHAPES = {
                        tied_output=True),
     "phi-3-mini": dict(arch="phi3", vocab="phi-3", n_layer=32, n_embd=3072, n_head=32, n_head_kv=32, head_dim=96,
                        n_ff=8192, n_ctx_train=4096, rms_eps=1e-5, rope_base=10000.0),
+    # mixtures of experts (every layer one); OLMoE's GPT-NeoX vocabulary stands in as Llama 3's (sizes alike)
+    "qwen3-30b-a3b": dict(arch="qwen3moe", vocab="qwen2", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4,
+                          head_dim=128, n_ff=6144, n_ctx_train=40960, rms_eps=1e-6, rope_base=1000000.0,
+                          n_expert=128, n_expert_used=8, n_ff_exp=768, expert_norm=True),
+    "mixtral-8x7b": dict(arch="llama", vocab="llama-spm", n_layer=32, n_embd=4096, n_head=32, n_head_kv=8,
+                         head_dim=128, n_ff=14336, n_ctx_train=32768, rms_eps=1e-5, rope_base=1000000.0,
+                         n_expert=8, n_expert_used=2, n_ff_exp=14336, expert_norm=True),
+    "olmoe-1b-7b": dict(arch="olmoe", vocab="llama-bpe", n_layer=16, n_embd=2048, n_head=16, n_head_kv=16,
+                        head_dim=128, n_ff=1024, n_ctx_train=4096, rms_eps=1e-5, rope_base=10000.0,
+                        n_expert=64, n_expert_used=8, n_ff_exp=1024),
 }
 TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K}
 SPREAD = 0.02  # the weights' standard deviation
@@ -73,11 +84,11 @@ def more_bits(i, n):  # llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K 
 
 
 def tensor_type(name, layer, n_layer, kind, is_matrix):
-    if not is_matrix:
+    if not is_matrix or name == "ffn_gate_inp":  # llama-quantize keeps a router in F32
         return QT.F32
     if kind != "q4_k_m":
         return TYPES[kind]
-    if name == "output" or (name in ("attn_v", "ffn_down") and more_bits(layer, n_layer)):
+    if name == "output" or (name in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits(layer, n_layer)):
         return QT.Q6_K
     return QT.Q4_K
 
@@ -120,6 +131,10 @@ def metadata(w, cfg, name):
         add(value)
     if cfg.sliding_window:
         w.add_uint32(f"{cfg.arch}.attention.sliding_window", cfg.sliding_window)
+    if cfg.n_expert:
+        w.add_expert_count(cfg.n_expert)
+        w.add_expert_used_count(cfg.n_expert_used)
+        w.add_expert_feed_forward_length(cfg.n_ff_exp)
 
 
 def write(name, kind, out, n_layer=None, seed=0):
@@ -128,10 +143,12 @@ def write(name, kind, out, n_layer=None, seed=0):
     fields = vocabulary(spec["vocab"])
     n_vocab = len(next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens"))
     hp = {k: v for k, v in spec.items() if k != "vocab"}
-    cfg = ModelConfig(**{**hp, "n_layer": n_layer or spec["n_layer"]}, vocab_size=n_vocab, rope_dim=spec["head_dim"],
-                      rope_layout=module.ROPE_LAYOUT)
+    n_layer = n_layer or spec["n_layer"]
+    cfg = ModelConfig(**{**hp, "n_layer": n_layer}, vocab_size=n_vocab, rope_dim=spec["head_dim"],
+                      rope_layout=module.ROPE_LAYOUT, moe_layers=(True,) * n_layer if "n_expert" in spec else None)
     d = dims(cfg)
-    path = Path(out).expanduser() / f"{name}{f'-{cfg.n_layer}l' if n_layer else ''}-{kind}.gguf"
+    cut = n_layer != spec["n_layer"]
+    path = Path(out).expanduser() / f"{name}{f'-{cfg.n_layer}l' if cut else ''}-{kind}.gguf"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".gguf.part")
     tensors = []  # (GGUF name, row key, layer or None, numpy shape)
@@ -139,14 +156,14 @@ def write(name, kind, out, n_layer=None, seed=0):
         if row.required or (row.key == "output" and not cfg.tied_output):
             tensors.append((row.gguf, row.key, None, shape_of(row, d)))
     for i in range(cfg.n_layer):
-        for row in module.LAYER_WEIGHTS:
+        for row in layer_rows(module, cfg, i):
             if row.required:
                 tensors.append((f"blk.{i}.{row.gguf}", row.key, i, shape_of(row, d)))
     w = gguf.GGUFWriter(tmp, spec["arch"])
     metadata(w, cfg, name)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub)
-    plan = [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) == 2), "norm" in key)
+    plan = [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), "norm" in key)
             for n, key, i, s in tensors]
     for n, s, qtype, _ in plan:
         block, size = BLOCK_SIZES[qtype]
