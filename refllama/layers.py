@@ -30,6 +30,20 @@ def linear(x, w, b=None):  # [T, in], [out, in], [out] -> [T, out]
     return x @ w.T if b is None else x @ w.T + b
 
 
+def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in], E matrices [out, in], [T, K] ids -> [T, K, out]
+    """Each slot's row times its expert's matrix, as ggml's mul_mat_id: the rows of one expert gathered and
+    multiplied together (`product(rows, matrix)`), so each chosen expert's matrix is read once a step and the others
+    not at all."""
+    xp = array_module(x)
+    T, K, _ = x.shape
+    flat, rows = ids.reshape(-1), x.reshape(T * K, -1)  # [T*K], [T*K, in]
+    out = xp.empty((T * K, mats[0].shape[0]), xp.float32)
+    for e in map(int, xp.unique(flat)):
+        at = xp.nonzero(flat == e)[0]
+        out[at] = product(rows[at], mats[e])
+    return out.reshape(T, K, -1)
+
+
 def rope_interleaved(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
     """Rotate pairs (x[2i], x[2i+1]) by angle pos*theta_i: GGUF llama weights, llama.cpp's rope mode 0.
 
@@ -174,6 +188,7 @@ class Ops(NamedTuple):
     q_first: bool  # q scaled by kq_scale before q.k where llama.cpp's graph does so (arch LLAMACPP_Q_SCALED)
     softmax: Callable = softmax  # [T, n] -> [T, n]: a softmax without mask or scale (a router's, over its experts)
     silu: Callable = silu  # [...] -> [...] (Qwen2-MoE's shared-expert gate)
+    mul_mat_id: Callable = mul_mat_id  # (x [T, K, in], E matrices, ids [T, K]) -> [T, K, out]: the experts' products
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,

@@ -133,31 +133,15 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
     if cfg.expert_scale != 1.0:
         weights = weights * xp.float32(cfg.expert_scale)
     x = xp.broadcast_to(h[:, None], (T, K, h.shape[1]))  # [T, K, D]: each slot reads its token's row
-    gate = tap("ffn_moe_gate", i, by_expert(x, lw["ffn_gate_exps"], topk))  # [T, K, FE]
-    up = tap("ffn_moe_up", i, by_expert(x, lw["ffn_up_exps"], topk))  # [T, K, FE]
+    gate = tap("ffn_moe_gate", i, ops.mul_mat_id(x, lw["ffn_gate_exps"], topk))  # [T, K, FE]
+    up = tap("ffn_moe_up", i, ops.mul_mat_id(x, lw["ffn_up_exps"], topk))  # [T, K, FE]
     act = tap("ffn_moe_swiglu", i, ops.swiglu(gate.reshape(T * K, -1), up.reshape(T * K, -1)).reshape(T, K, -1))
-    down = tap("ffn_moe_down", i, by_expert(act, lw["ffn_down_exps"], topk))  # [T, K, D]
+    down = tap("ffn_moe_down", i, ops.mul_mat_id(act, lw["ffn_down_exps"], topk))  # [T, K, D]
     weighted = tap("ffn_moe_weighted", i, down * weights[:, :, None])  # [T, K, D]
     out = weighted[:, 0]
     for k in range(1, K):  # slot by slot, as llama.cpp adds its K views
         out = out + weighted[:, k]
     return tap("ffn_moe_out", i, out)  # [T, D]
-
-
-def by_expert(x, mats, ids):  # [T, K, in], E matrices [out, in], [T, K] ids -> [T, K, out]
-    """Each slot's row times its expert's matrix, as ggml's mul_mat_id: the rows of one expert gathered and
-    multiplied together, so each chosen expert's matrix is read once a step and the others not at all. A matrix
-    llama.cpp repacks (numerics "ggml", `repacked`) takes them one token at a time: its mul_mat_id runs the repacked
-    gemv row by row, never the gemm."""
-    xp = array_module(x)
-    T, K, _ = x.shape
-    flat, rows = ids.reshape(-1), x.reshape(T * K, -1)  # [T*K], [T*K, in]
-    out = xp.empty((T * K, mats[0].shape[0]), xp.float32)
-    for e in map(int, xp.unique(flat)):
-        at = xp.nonzero(flat == e)[0]
-        for part in ([at[j:j + 1] for j in range(len(at))] if getattr(mats[e], "repacked", False) else [at]):
-            out[part] = linear(rows[part], mats[e])
-    return out.reshape(T, K, -1)
 
 
 def shared_expert(h, lw, ops, i):  # [T, D] -> [T, D]: Qwen2-MoE's shared expert, behind a sigmoid gate

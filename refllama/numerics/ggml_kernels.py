@@ -4,6 +4,8 @@ Q5_1), and the steps between the products as Numba kernels: SwiGLU, the attentio
 float16 sums. The same arithmetic as numerics.ggml_numerics, held bit-equal to it by the tests.
 """
 
+from functools import partial
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -18,6 +20,7 @@ from .ggml_numerics import (
     cos_sin,
     geglu,
     gelu,
+    id_product,
     repacked,
     rope_cos_sin,
     silu,
@@ -26,7 +29,7 @@ from .ggml_numerics import (
 from .ggml_numerics import softmax as router_softmax
 from .ir import I64, counted_loop, load, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
-from .matrices import fuse_layer
+from .matrices import fuse_layer, mul_mat_id
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
 from .quant import concat_blocks
 
@@ -264,7 +267,8 @@ def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> 
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True,
-          softmax=router_softmax, silu=silu)  # a router's, a gate's few values: the NumPy emulation
+          softmax=router_softmax, silu=silu,  # a router's, a gate's few values: the NumPy emulation
+          mul_mat_id=partial(mul_mat_id, concat=concat_blocks, product=id_product))
 
 
 class GgmlNumbaPlacement(GgmlPlacement):

@@ -347,12 +347,13 @@ def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/2
     return q, d, bsums
 
 
-def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the parts' addresses, first rows -> [T, N]
+def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv):  # Q8_K x [>=T, K], parts' addresses, first rows -> [T, N]
     """llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROW (the gemv, or
     vec_dot); a repacked matrix's tokens in fours through the gemm (float steps every GEMM_STEP sub-blocks), the
-    rest through the gemv; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per
-    block); fewer, vec_dot each. The gemm and the tiled kernel run as lane tiles (LTILE: LANES tokens against ROWS
-    rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past the T tokens, results dropped)."""
+    rest through the gemv (every token, with `gemv`: mul_mat_id's form); 8 or more tokens of a matrix not repacked
+    through the tiled kernel (float steps per block); fewer, vec_dot each. The gemm and the tiled kernel run as lane
+    tiles (LTILE: LANES tokens against ROWS rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past
+    the T tokens, results dropped)."""
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
@@ -366,7 +367,7 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts):  # Q8_K x [>=T, K], the par
                 for i in range(N_READ):
                     out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
-    tiled = T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
+    tiled = 0 if gemv else T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     n_tiles = (tiled + LANES - 1) // LANES
     xt, bt, dt = to_lanes(xq.view(np.int32), n_tiles), to_lanes(bsums, n_tiles), to_lanes(dx, n_tiles)
     bf = bt.astype(np.float32)
@@ -407,9 +408,12 @@ class NumbaKQuantMatrix(GgmlBlocks):
     """A K-quant matrix (Q2_K to Q6_K): `x @ w.T` is _kquant_matmul, equal to GgmlMatrix's to the bit; `repacked` as
     ggml_numerics.repacked (llama.cpp's CPU repack on, and a type and shape it repacks)."""
 
-    def matmul(self, x):  # [T, K] -> [T, N]
+    def matmul(self, x, gemv=False):  # [T, K] -> [T, N]
         T, K = x.shape
         # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
-        xq, dx, bsums = _quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32), T - T % 4 if self.repacked else 0,
-                                       T if T == 1 else T + -T % LANES)
-        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts)
+        xq, dx, bsums = _quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32),
+                                       T - T % 4 if self.repacked and not gemv else 0, T if T == 1 else T + -T % LANES)
+        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts, gemv)
+
+    def matmul_id(self, x):  # [T, K] -> [T, N]: llama.cpp's mul_mat_id (a repacked matrix: the gemv on each row)
+        return self.matmul(x, gemv=self.repacked)

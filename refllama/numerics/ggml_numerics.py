@@ -24,11 +24,11 @@ from numba import njit, vectorize
 from ..errors import RefllamaError
 from ..formats.ggml_types import GGMLType as QT
 from ..formats.ggml_types import QuantizedTensor
-from ..layers import Ops, rms_norm
+from ..layers import Ops, linear, rms_norm
 from ..xp import Placement, array_module
 from . import ggml_tables
 from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, q3_k_scales, round_f16
-from .matrices import WeightMatrix
+from .matrices import WeightMatrix, mul_mat_id
 
 Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
@@ -398,6 +398,13 @@ class GgmlMatrix(WeightMatrix):
         step = max(1, self.ROWS_PER_PASS // (N * K // 4))
         return xp.concatenate([self._matmul(x[t:t + step], path) for t in range(0, T, step)])
 
+    def matmul_id(self, x):  # [T, K] f32 -> [T, N] f32: llama.cpp's mul_mat_id for one expert's rows
+        """A repacked K-quant's rows one at a time through the gemv (repack.cpp's forward_mul_mat_id), with their
+        activations quantized row by row; any other matrix as matmul takes a batch of that many rows."""
+        if self.repacked and VEC_DOT_TYPE[self.qtype] == Q8_K:
+            return self.xp.concatenate([self._matmul(x[t:t + 1], "gemv") for t in range(len(x))])
+        return self.matmul(x)
+
     def _matmul(self, x, path):
         xp, vdt = self.xp, VEC_DOT_TYPE[self.qtype]
         x = xp.ascontiguousarray(x, dtype=np.float32)
@@ -533,6 +540,10 @@ class F16Matrix(WeightMatrix):
         return self.w[rows].astype(np.float32)
 
 
+def id_product(rows, w):  # [n, K], an expert's matrix -> [n, N]: as llama.cpp's mul_mat_id multiplies them
+    return w.matmul_id(rows) if hasattr(w, "matmul_id") else linear(rows, w)
+
+
 def f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama.cpp sums an F32 matrix's products
     """A batch (2+ tokens, K a multiple of 16, N of 4): llamafile's tinyBLAS, 16 lanes, lane l a fused multiply-add
     over elements 16c + l, then _mm512_reduce_add_ps. One token (or a shape tinyBLAS declines): ggml_vec_dot_f32,
@@ -606,4 +617,4 @@ class GgmlPlacement(Placement):
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
-          silu=silu)
+          silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product))
