@@ -30,12 +30,14 @@ def linear(x, w, b=None):  # [T, in], [out, in], [out] -> [T, out]
     return x @ w.T if b is None else x @ w.T + b
 
 
-def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in], E matrices [out, in], [T, K] ids -> [T, K, out]
+def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matrices [out, in], [T, K] ids -> [T, K, out]
     """Each slot's row times its expert's matrix, as ggml's mul_mat_id: the rows of one expert gathered and
     multiplied together (`product(rows, matrix)`), so each chosen expert's matrix is read once a step and the others
-    not at all."""
+    not at all. x [T, in]: every slot of a token reads its token's row (the gate and up products)."""
     xp = array_module(x)
-    T, K, _ = x.shape
+    T, K = ids.shape
+    if x.ndim == 2:
+        x = xp.broadcast_to(x[:, None], (T, K, x.shape[-1]))  # [T, K, in]
     flat, rows = ids.reshape(-1), x.reshape(T * K, -1)  # [T*K], [T*K, in]
     out = xp.empty((T * K, mats[0].shape[0]), xp.float32)
     for e in map(int, xp.unique(flat)):
@@ -188,7 +190,7 @@ class Ops(NamedTuple):
     q_first: bool  # q scaled by kq_scale before q.k where llama.cpp's graph does so (arch LLAMACPP_Q_SCALED)
     softmax: Callable = softmax  # [T, n] -> [T, n]: a softmax without mask or scale (a router's, over its experts)
     silu: Callable = silu  # [...] -> [...] (Qwen2-MoE's shared-expert gate)
-    mul_mat_id: Callable = mul_mat_id  # (x [T, K, in], E matrices, ids [T, K]) -> [T, K, out]: the experts' products
+    mul_mat_id: Callable = mul_mat_id  # (x [T, K, in] or [T, in], E matrices, ids [T, K]) -> [T, K, out]
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,

@@ -127,8 +127,11 @@ def test_every_stage_transformers_exposes_matches_at_float32(family, tmp_path):
     m, r = refllama.load(DATA / f"gguf-{family}" / "hf-model", n_ctx=N_CTX), ref(family)
     theirs = Dump(DATA / f"gguf-{family}" / "hf")
     assert {f"ffn_moe_topk-{i}" for i in range(m.config.n_layer)} <= set(theirs.names)
-    rows = compare(m.dump(r["token_ids"].tolist(), tmp_path / "ours"), DATA / f"gguf-{family}" / "hf", m).rows
+    report = compare(m.dump(r["token_ids"].tolist(), tmp_path / "ours"), DATA / f"gguf-{family}" / "hf", m)
+    rows = report.rows
     assert len(rows) == len(theirs.names)
+    assert not [line for line in report.coverage if line.startswith("unknown stage")], report.coverage
+    assert [n for n in Dump(tmp_path / "ours").names if "ffn_moe" in n][0] == "ffn_moe_logits-0"  # forward order
     for row in rows:
         assert row["max_rel"] <= band("float32", row["stage"])[0], f"{row['name']}: {row['max_rel']:.2e}"
 
@@ -208,14 +211,14 @@ def test_experts_are_compared_by_id_not_by_slot(tmp_path, monkeypatch):
     """An engine that keeps a token's K experts in another order (here reversed) passes: slots are matched by id."""
     from refllama.check.compare import compare
     from refllama.check.dump import Dump
+    from refllama.check.metrics import SLOT_STAGES
 
     path = DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf"
     m, ids = refllama.load(path, n_ctx=N_CTX), ref("qwen3moe")["token_ids"].tolist()
     mine = Path(m.dump(ids, tmp_path / "mine"))
     d = Dump(mine)
     for name in d.names:
-        if name.split("-")[0] in ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_gate",
-                                  "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted"):
+        if name.split("-")[0] in SLOT_STAGES:
             f = mine / f"{name}.npy"
             np.save(f, np.load(f)[:, ::-1])
     report = compare(mine, DATA / "gguf-qwen3moe" / "llamacpp-f32", refllama.load(path, n_ctx=N_CTX))

@@ -175,9 +175,10 @@ def main():
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
                  llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8),
                  llamacpp_logits_q8_0_f16kv=logits(q8, kv_f32=False), **long)  # llama.cpp's default cache
-        arch = get(refllama.load(f32).config.arch)  # mixtral: llama
+        cfg = refllama.load(f32).config
+        arch = get(cfg.arch)  # mixtral: llama
         names, rows, dtypes = storage_plan(model.config.num_hidden_layers, len(ids), inputs=arch.INPUTS,
-                                           stages=layer_stages(arch, refllama.load(f32).config))
+                                           stages=layer_stages(arch, cfg))
         common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids,
                   "arch": arch.NAME}
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {

@@ -132,9 +132,8 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
         weights = tap("ffn_moe_weights_norm", i, weights / xp.maximum(total, xp.float32(MIN_WEIGHT_SUM)))
     if cfg.expert_scale != 1.0:
         weights = weights * xp.float32(cfg.expert_scale)
-    x = xp.broadcast_to(h[:, None], (T, K, h.shape[1]))  # [T, K, D]: each slot reads its token's row
-    gate = tap("ffn_moe_gate", i, ops.mul_mat_id(x, lw["ffn_gate_exps"], topk))  # [T, K, FE]
-    up = tap("ffn_moe_up", i, ops.mul_mat_id(x, lw["ffn_up_exps"], topk))  # [T, K, FE]
+    gate = tap("ffn_moe_gate", i, ops.mul_mat_id(h, lw["ffn_gate_exps"], topk))  # [T, K, FE]: each slot h's row
+    up = tap("ffn_moe_up", i, ops.mul_mat_id(h, lw["ffn_up_exps"], topk))  # [T, K, FE]
     act = tap("ffn_moe_swiglu", i, ops.swiglu(gate.reshape(T * K, -1), up.reshape(T * K, -1)).reshape(T, K, -1))
     down = tap("ffn_moe_down", i, ops.mul_mat_id(act, lw["ffn_down_exps"], topk))  # [T, K, D]
     weighted = tap("ffn_moe_weighted", i, down * weights[:, :, None])  # [T, K, D]
@@ -186,9 +185,10 @@ def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D]
     x = tap("ffn_inp", i, x + h)  # [T, D]
     del h, q, k, v  # before the feed-forward's larger arrays
     h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
-    if cfg.is_moe(i):
-        h = moe_ffn(h, lw, cfg, ops, i) if not cfg.n_ff_shexp else tap(  # Qwen2-MoE: plus its shared expert
-            "ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + shared_expert(h, lw, ops, i))
-    else:
+    if not cfg.is_moe(i):
         h = gated_ffn(h, lw, ops, "swiglu", i)
+    elif cfg.n_ff_shexp:  # Qwen2-MoE: the experts plus its shared expert
+        h = tap("ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + shared_expert(h, lw, ops, i))
+    else:
+        h = moe_ffn(h, lw, cfg, ops, i)
     return tap("l_out", i, x + h)  # [T, D]

@@ -40,9 +40,10 @@ def split_name(name):
     return (m.group(1), int(m.group(2))) if m else (name, None)
 
 
-def layer_stages(arch):
-    """The stages of one block of architecture `arch` (a manifest's "arch"; llama's when absent), in order."""
-    return archs.ARCHITECTURES.get(arch or "llama", archs.llama).STAGES
+def block_order(arch):
+    """Every stage a block of architecture `arch` (a manifest's "arch"; llama's when absent) may tap, dense or
+    mixture of experts, in forward order."""
+    return archs.stage_order(archs.ARCHITECTURES.get(arch or "llama", archs.llama))
 
 
 def input_stages(arch):
@@ -150,7 +151,7 @@ class DumpWriter:
                 raise RefllamaError(f"dump provenance lacks '{key}'")
         if provenance["qk_layout"] not in LAYOUTS:
             raise RefllamaError(f"qk_layout must be one of {LAYOUTS}, got {provenance['qk_layout']!r}")
-        order = layer_stages(provenance.get("arch"))
+        order = block_order(provenance.get("arch"))
         by_pass = {}  # in the order the passes ran
         for at, t in self.tensors:
             by_pass.setdefault(at, {})[t["name"]] = t
@@ -172,7 +173,7 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=())
     per decode step after the prefill (positions T, T+1, ..., whose tokens are provenance["decode_ids"])."""
     writer = DumpWriter(directory, rows, dtypes)
     try:
-        order, n = layer_stages(provenance.get("arch")), len(provenance.get("token_ids", ()))
+        order, n = block_order(provenance.get("arch")), len(provenance.get("token_ids", ()))
         for at, stages in [(None, arrays)] + [(n + k, step) for k, step in enumerate(decode)]:
             writer.at(at)
             for name in forward_order(stages, order):
@@ -185,7 +186,7 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=())
 
 def known_stages(arch):
     """Every stage name a dump of architecture `arch` can hold, without the layer suffix."""
-    return (*input_stages(arch), *layer_stages(arch), "result_norm", "result_output")
+    return (*input_stages(arch), *block_order(arch), "result_norm", "result_output")
 
 
 # what a dump's producer computes in (any engine's; refllama's own are xp.NUMERICS); "ggml": llama.cpp's quantized
@@ -325,7 +326,7 @@ class Dump:
             self.records.setdefault(e["name"], []).append(e)
         self.entries = {n: {"name": n, "stage": es[0]["stage"], "layer": es[0]["layer"],
                             "token_axis": es[0]["token_axis"]} for n, es in self.records.items()}
-        self.names = forward_order(self.records, layer_stages(self.arch))
+        self.names = forward_order(self.records, block_order(self.arch))
         self._cache = OrderedDict()  # the last CACHED stages read: memory bounded whatever the prompt's length
 
     CACHED = 6

@@ -3,7 +3,7 @@
 import numpy as np
 
 from ..errors import RefllamaError
-from .dump import split_name
+from .dump import ROUTED_STAGES, split_name
 
 ATTENTION = ("kq", "kq_soft_max")  # [H, T, S]: only the keys a query sees are compared
 
@@ -69,8 +69,7 @@ def visible(stage, positions, shape):
     return np.broadcast_to((np.arange(shape[-1])[None, :] <= np.asarray(positions)[:, None])[None], shape)
 
 
-SLOT_STAGES = ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_gate", "ffn_moe_up",
-               "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted")  # [T, K, ...]: a token's K chosen experts
+SLOT_STAGES = ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", *ROUTED_STAGES)  # [T, K, ...]: per slot
 
 
 def take(dump_or_trace, name, positions, slots=None):

@@ -73,14 +73,14 @@ class FusedPart(WeightMatrix):
 FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # a layer's products of one input
 
 
-def mul_mat_id(x, mats, ids, concat=None, product=linear):  # [T, K, in], E matrices, [T, K] ids -> [T, K, out]
-    """layers.mul_mat_id, but one token whose K slots read one row (a broadcast x: the gate and up products) takes
+def mul_mat_id(x, mats, ids, concat=None, product=linear):  # [T, K, in] or [T, in], E matrices, [T, K] ids
+    """layers.mul_mat_id, but one token whose K slots read its one row (x [1, in]: the gate and up products) takes
     its K experts' matrices joined by `concat` (their blocks side by side, by reference): one kernel call, not K.
     Each row's products are those of its own matrix, in any form."""
-    if concat is not None and len(x) == 1 and x.strides[1] == 0:
+    if concat is not None and x.ndim == 2 and len(x) == 1:
         whole = concat([mats[int(e)] for e in ids[0]])
         if whole is not None:
-            return product(x[0, :1], whole).reshape(1, ids.shape[1], -1)
+            return product(x, whole).reshape(1, ids.shape[1], -1)
     return layers.mul_mat_id(x, mats, ids, product)
 
 
