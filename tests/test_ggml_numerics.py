@@ -2,6 +2,7 @@
 kernels (refllama.numerics.ggml_kernels) agree to the bit, and their parts follow ggml's rules. Agreement with llama.cpp
 itself, stage by stage on SmolLM2, is the checkpoint suite's ggml column (checkpoints/README.md)."""
 
+import itertools
 import math
 
 import gguf
@@ -13,12 +14,13 @@ from numba import njit
 import refllama
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.ggml_types import byte_shape
+from refllama.layers import linear
 from refllama.numerics import ggml_blocks as gb
 from refllama.numerics import ggml_kernels as gk
 from refllama.numerics import ggml_kquants as gq
 from refllama.numerics import ggml_numerics as gn
 from refllama.numerics import ggml_tables as gt
-from refllama.numerics.matrices import Fused
+from refllama.numerics.matrices import Fused, mul_mat_id
 from refllama.numerics.quant import QuantMatrix, concat_blocks
 
 RNG = np.random.default_rng(20261123)
@@ -117,13 +119,13 @@ def test_numba_activation_quantizer_equals_numpy():
 
 @pytest.mark.parametrize("T", [1, 5, 19])
 def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
-    """Q8_K for the K-quant kernels: quantize_row_q8_K's rule, and the repacked gemm's first T - T % 4 rows in
-    fours (a tie of +2 and -2 goes to +2 there); rows up to a multiple of 16 are zeros."""
+    """Q8_K for the K-quant kernels, serial and parallel: quantize_row_q8_K's rule, and the repacked gemm's first
+    T - T % 4 rows in fours (a tie of +2 and -2 goes to +2 there); rows up to a multiple of 16 are zeros."""
     x = RNG.uniform(-1, 1, (T, 512)).astype(np.float32)
     x[:, 10], x[:, 20] = -2.0, 2.0
     x[0, 300] = -9.0
-    for four in (0, T - T % 4):
-        q, d, bsums = gq._quantize_q8_K(x, four, T + -T % 16)
+    for four, quantize in itertools.product((0, T - T % 4), (gq.quantize_q8_K_one, gq.quantize_q8_K_many)):
+        q, d, bsums = quantize(x, four, T + -T % 16)
         want = gn.quantize_q8_K(x, in_fours=four > 0)
         for got, ref in zip((q, d, bsums), want):
             np.testing.assert_array_equal(got[:T], ref)
@@ -162,8 +164,8 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
 # Q4_K and Q2_K are repacked when their rows are 8 k
 @pytest.mark.parametrize("T", [1, 3, 5, 8, 14, 19])  # every path: vec_dot, gemv and gemm, tiled, with remainders
 def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, N, vnni, T):
-    """Every path of llama.cpp's that the kernels take (GgmlMatrix.matmul), on blocks of every byte value (the
-    largest codes, scales and mins, against activations that quantize to +-127: the integer sums at their
+    """Every path of llama.cpp's that the kernels take (GgmlMatrix.matmul, matmul_id), on blocks of every byte value
+    (the largest codes, scales and mins, against activations that quantize to +-127: the integer sums at their
     largest), in two parts."""
     if vnni and not gb.host_has_vnni():
         pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
@@ -179,6 +181,7 @@ def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtyp
     fast = gq.NumbaKQuantMatrix([raw[:16], raw[16:]], qtype, 512)
     fast.vnni, fast.repacked = vnni, want.repacked
     np.testing.assert_array_equal(x @ fast.T, x @ want.T)
+    np.testing.assert_array_equal(fast.matmul_id(x), want.matmul_id(x))  # a repacked matrix: the gemv on every row
 
 
 def test_llama_cpp_paths_differ_in_their_float_steps():
@@ -304,3 +307,44 @@ def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtyp
     np.testing.assert_array_equal(x @ fast.T, x @ ref.T)
     np.testing.assert_array_equal(fast[[0, 3, 39, 3]], ref[[0, 3, 39, 3]])
 
+
+
+@pytest.mark.parametrize("T,N,K", [(1, 128, 2048), (1, 8, 200), (3, 8, 64), (2, 6, 48), (5, 4, 100)])
+def test_numba_f32_products_equal_numpy_in_every_form(T, N, K):
+    """A float32 matrix's products (a router's, an F32 file's) in Numba: tinyBLAS's 16 lanes for a batch whose
+    shapes it takes, else vec_dot_f32's 64 lanes and the leftovers one by one, bit-equal to the NumPy form."""
+    x, w = RNG.standard_normal((T, K)).astype(np.float32), RNG.standard_normal((N, K)).astype(np.float32)
+    np.testing.assert_array_equal(x @ gk.NumbaF32Matrix(w).T, x @ gn.F32Matrix(w).T)
+
+
+@pytest.mark.parametrize("make", [
+    lambda r, q: QuantMatrix([r], q, 256),
+    lambda r, q: gq.NumbaKQuantMatrix([r], q, 256) if q in gq.K_QUANTS else gb.NumbaGgmlMatrix([r], q, 256),
+], ids=["float32", "ggml"])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0])
+@pytest.mark.parametrize("repack", [False, True])
+def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, repack):
+    """mul_mat_id for one token: its K experts' matrices joined into one kernel call, by its one row (gate, up) and
+    by each slot's own row (down: matmul_parts), give each slot the product its own expert's matrix gives alone,
+    bit for bit, in both forms of numerics ggml (repacked: mul_mat_id's gemv)."""
+    experts = []
+    for _ in range(6):
+        m = make(random_blocks(qtype, 16, 256), qtype)
+        m.repacked = repack and gn.repacked(qtype, m.shape)
+        experts.append(m)
+    ids = np.array([[4, 1, 5]])
+    product = gn.id_product if hasattr(experts[0], "vnni") else linear
+    x = activations(1, 256)
+    rows = activations(3, 256)[None]  # [1, K, in]
+    for inputs in (x, rows):
+        got = mul_mat_id(inputs, experts, ids, concat=concat_blocks, product=product)
+        want = [product((inputs[:, k] if inputs.ndim == 3 else inputs), experts[e]) for k, e in enumerate(ids[0])]
+        np.testing.assert_array_equal(got, np.stack(want, axis=1))
+
+
+@pytest.mark.parametrize("n", [128, 60, 8])
+def test_numba_router_softmax_equals_numpy(n):
+    """A router's softmax in Numba: ggml_v_expf on whole groups of 16, the C library's expf on the rest, the sum in
+    float64 group by group, bit-equal to the NumPy form (60 experts: Qwen2-MoE's 12 left over)."""
+    x = (RNG.standard_normal((5, n)) * 4).astype(np.float32)
+    np.testing.assert_array_equal(gk.router_softmax(x), gn.softmax(x))

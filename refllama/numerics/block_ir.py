@@ -149,7 +149,15 @@ def groups(builder, qtype, blk):
             for j in range(8)], offsets
 
 
-def prefetch_block(builder, blk, qtype):  # a hint to fetch the cache lines of the bytes AHEAD past this block's
-    size = BLOCK_SIZES[qtype][1]
+def prefetch_block(builder, blk, qtype, ahead=None):  # a hint to fetch the cache lines of the bytes `ahead` (IR
+    size = BLOCK_SIZES[qtype][1]  # i64, rows_ahead; AHEAD if None: a batch's tiles) past this block's
+    ahead = ir.Constant(I64, AHEAD) if ahead is None else ahead
     for line in range(0, size, 64) if size >= 64 else [0]:
-        prefetch(builder, builder.add(blk, ir.Constant(I64, AHEAD + line)))
+        prefetch(builder, builder.add(blk, builder.add(ahead, ir.Constant(I64, line))))
+
+
+def rows_ahead(builder, row_bytes, n_rows):
+    """The prefetch distance of a kernel reading n_rows rows side by side, each in order: the same place n_rows rows
+    on, the rows the thread reads next. (A fixed distance along the row lands, in a short row, in the rows being
+    read already: an expert's rows of 768 or 2048 values.)"""
+    return builder.mul(row_bytes, ir.Constant(I64, n_rows))

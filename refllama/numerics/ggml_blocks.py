@@ -26,12 +26,13 @@ from .block_ir import (
     nibbles16,
     prefetch_block,
     q5_0_codes,
+    rows_ahead,
 )
 from .ggml_numerics import (
     GgmlMatrix,
 )
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, lanes, load, load_f16, specialize, splat
-from .quant import LANES, N_READ, Blocks, put_tile, row_address, row_quad, to_lanes
+from .quant import LANES, N_READ, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
 
 
 def host_has_vnni():
@@ -82,6 +83,7 @@ def _make_dot(qtype, vnni, repacked):
 
     def codegen(context, builder, signature, args):
         ws, x, xd, xs, nb = args
+        ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, BLOCK_BYTES[qtype])), N_READ)
         fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=fma8_type)
         fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=fma1_type)
         reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
@@ -89,7 +91,7 @@ def _make_dot(qtype, vnni, repacked):
 
         def row_block(w, i, acc, summs):  # one row's block i added to its sums and its Q4_1 offset sums
             blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
-            prefetch_block(builder, blk, qtype)
+            prefetch_block(builder, blk, qtype, ahead)
             y = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
             if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
                 q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
@@ -300,13 +302,17 @@ def _make_block_tile(qtype, vnni, repacked):
 DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = None
 
 
-def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
+def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
+    """Or (`per_part`) -> [1, N]: part p's rows times X[p], each as one token's product (one token's experts,
+    parts of whole quads)."""
     T, K = X.shape
     N, nb = starts[-1], K // 32
     xq = np.empty((T, K), np.int8)
     xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side
     xs = np.empty((nb, T), np.float32)
     quantize_q8(X, xq, xd, xs)
+    if per_part:  # each part's token's d and s in a row of their own
+        xd, xs, T = np.ascontiguousarray(xd.T), np.ascontiguousarray(xs.T), 1
     out = np.empty((T, N), np.float32)
     if T == 1:
         n_quads = (N + N_READ - 1) // N_READ
@@ -316,7 +322,9 @@ def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first row
             # (taken before it, Numba may free xq once its last named use has passed)
             x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
             for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
-                sums = DOTS(row_quad(bases, starts, q, N, nb * ROW_BYTES), x0, d0, s0, nb)
+                p = part_of(starts, N_READ * q) if per_part else 0
+                sums = DOTS(row_quad(bases, starts, q, N, nb * ROW_BYTES), x0 + p * K, d0 + p * nb * 4,
+                            s0 + p * nb * 4, nb)
                 for i in range(N_READ):
                     out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
@@ -377,4 +385,8 @@ class NumbaGgmlMatrix(GgmlBlocks):
 
     def matmul(self, x):  # [T, K] -> [T, N]
         return kernel(self.qtype, self.vnni, self.repacked)(np.ascontiguousarray(x, dtype=np.float32), self.bases,
-                                                            self.starts)
+                                                            self.starts, False)
+
+    def matmul_parts(self, X):  # [P, K] -> [1, N]: part p's rows times X[p], each as one token's product
+        return kernel(self.qtype, self.vnni, self.repacked)(np.ascontiguousarray(X, dtype=np.float32), self.bases,
+                                                            self.starts, True)

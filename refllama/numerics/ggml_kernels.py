@@ -4,6 +4,7 @@ Q5_1), and the steps between the products as Numba kernels: SwiGLU, the attentio
 float16 sums. The same arithmetic as numerics.ggml_numerics, held bit-equal to it by the tests.
 """
 
+import math
 from functools import partial
 
 import numpy as np
@@ -16,6 +17,7 @@ from ..layers import Ops
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import (
+    F32Matrix,
     GgmlPlacement,
     cos_sin,
     geglu,
@@ -26,7 +28,6 @@ from .ggml_numerics import (
     silu,
     softcap,
 )
-from .ggml_numerics import softmax as router_softmax
 from .ir import I64, counted_loop, load, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer, mul_mat_id
@@ -241,6 +242,66 @@ def _mix_f16(p, vf):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, 
     return out
 
 
+f32_dot16, f32_dot64 = _kq_dot(16, fused=True), _kq_dot(64, fused=True)  # tinyBLAS's and vec_dot_f32's sums
+
+
+@njit(parallel=True, cache=True)
+def _f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: ggml_numerics.f32_dots (which says whose sums these are)
+    T, K = x.shape
+    N = w.shape[0]
+    many = T > 1 and K % 16 == 0 and N % 4 == 0
+    body = K if many else K - K % 64
+    out = np.empty((T, N), np.float32)
+    for n in prange(N):
+        for t in range(T):
+            xt, wn = x[t:], w[n:]  # taken in the loop: the arrays stay alive
+            total = np.float32(0.0)
+            if many:
+                total = f32_dot16(xt.ctypes.data, wn.ctypes.data, K // 16)
+            elif body:
+                total = f32_dot64(xt.ctypes.data, wn.ctypes.data, body // 64)
+            for i in range(body, K):
+                total = total + x[t, i] * w[n, i]
+            out[t, n] = total
+    return out
+
+
+class NumbaF32Matrix(F32Matrix):
+    """A float32 matrix (a router) whose products are _f32_dots: llama.cpp's sums, without NumPy's passes."""
+
+    def __init__(self, w):
+        super().__init__(np.ascontiguousarray(w, dtype=np.float32))
+
+    def matmul(self, x):
+        return _f32_dots(np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w)
+
+
+@njit(cache=True)
+def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_numerics.softmax (which says whose steps these are)
+    T, n = x.shape
+    body = n - n % 16
+    out = np.empty_like(x)
+    group = np.empty(16, np.float32)
+    for t in range(T):
+        top = x[t].max()
+        total = 0.0  # float64, as ggml_float
+        for g in range(0, body, 16):
+            for lane in range(16):
+                group[lane] = out[t, g + lane] = expf(x[t, g + lane] - top)
+            total += _reduce16(group)
+        for i in range(body, n):
+            out[t, i] = math.exp(x[t, i] - top)  # float32: the C library's expf
+            total += out[t, i]
+        scale = np.float32(1.0 / total)
+        for i in range(n):
+            out[t, i] *= scale
+    return out
+
+
+def router_softmax(x):  # [..., n] f32 -> [..., n]
+    return _router_softmax(np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
 # ggml_numerics' four elementwise and attention steps, as Numba kernels (this module's OPS table; tests/test_ops.py
 # and tests/test_ggml_numerics.py hold them bit-equal to the NumPy forms)
 def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]
@@ -267,7 +328,7 @@ def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> 
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True,
-          softmax=router_softmax, silu=silu,  # a router's, a gate's few values: the NumPy emulation
+          softmax=router_softmax, silu=silu,  # a gate's few values: the NumPy emulation
           mul_mat_id=partial(mul_mat_id, concat=concat_blocks, product=id_product))
 
 
@@ -284,7 +345,9 @@ class GgmlNumbaPlacement(GgmlPlacement):
             for qtype in set(qtypes) & {*BLOCK_BYTES, *K_QUANTS}:  # each matrix class this placement makes,
                 for rows in (1, 8):  # in both forms where a type is repacked (8 rows)
                     w = QuantizedTensor(np.zeros(byte_shape((rows, 256), qtype), np.uint8), qtype, (rows, 256))
-                    _ = x @ self(w).T
+                    _ = x @ self(w).T, x[:1] @ self(w).T
+            _ = x @ NumbaF32Matrix(np.zeros((4, 256), np.float32)).T, x[:1] @ NumbaF32Matrix(x).T  # F32: both forms
+            router_softmax(x)
             warm_up_steps(OPS, cfg.head_dim)
             cos_sin(x)
         release_loader_pages()
@@ -294,7 +357,8 @@ class GgmlNumbaPlacement(GgmlPlacement):
             m = (NumbaGgmlMatrix if a.qtype in BLOCK_BYTES else NumbaKQuantMatrix)([a.raw], a.qtype, a.shape[1])
             m.repacked = self.repack and repacked(a.qtype, a.shape)
             return m
-        return super().__call__(a)
+        m = super().__call__(a)
+        return NumbaF32Matrix(m.w) if isinstance(m, F32Matrix) else m
 
     def layer(self, lw):
         fuse_layer(lw, concat_blocks)

@@ -4,7 +4,7 @@ Activations are quantized to Q8_K in Numba; a batch runs as lane tiles, 16 token
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import prange, types
 from numba.extending import intrinsic
 
 from ..formats.ggml_types import BLOCK_SIZES
@@ -20,6 +20,7 @@ from .block_ir import (
     prefetch_block,
     q3_k_scales,
     q6_k_codes,
+    rows_ahead,
 )
 from .ggml_blocks import MAGIC, V8F32, V8I32, V16F32, V16I32, VNNI, GgmlBlocks, _dpbusd16, _lanes
 from .ggml_numerics import (
@@ -27,12 +28,12 @@ from .ggml_numerics import (
 )
 from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
-from .quant import LANES, N_READ, put_tile, row_address, row_quad, to_lanes
+from .quant import LANES, N_READ, part_of, put_tile, row_address, row_quad, to_lanes
 
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def _kblock_sums(builder, blk, qtype, vnni, x, bs):
+def _kblock_sums(builder, blk, qtype, vnni, x, bs, ahead):
     """IR of one K-quant block of 256 weights at blk against a token's Q8_K block: its int8 codes at x and their
     int32 sums of 16 at bs. -> (d, dmin, lanes, mins, mins8), exact int32 sums of the codes' products times their
     sub-block scales: `lanes` <8 x i32>, element e of the block in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's
@@ -41,7 +42,7 @@ def _kblock_sums(builder, blk, qtype, vnni, x, bs):
     times x's sums, by 64 elements (Q4_K/Q5_K/Q2_K; zero for Q6_K and Q3_K) and `mins8` Q2_K's by 32 (its
     vec_dot's 8 lanes; None for the others)."""
     v4, v8, v16 = ir.VectorType(I32, 4), V8I32, ir.VectorType(I32, 16)
-    prefetch_block(builder, blk, qtype)
+    prefetch_block(builder, blk, qtype, ahead)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
     dmin, mins = ir.Constant(F32, 0.0), None
     # Q2_K, Q3_K, Q6_K: 16 sub-blocks of 16, so chunk c of 32 has lanes 0-3 in sub-block 2c, lanes 4-7 in 2c + 1
@@ -145,27 +146,29 @@ def _kunits(builder, blk, qtype):
     return d, dmin, codes, scales, mins
 
 
-def _make_lane_tile(qtype, vnni, repacked):
+def _make_lane_tile(qtype, vnni, form):
     """An intrinsic (ws, xt, bt, bf, dt, nb, out): the ROWS rows at addresses ws, nb blocks each, against LANES
     tokens, the tokens in the lanes of a vector. xt: the tokens' Q8_K codes, 4 at a time ([K/4, LANES] words); bt,
     bf: their sums of 16 ([K/16, LANES], int32 and float32); dt: their scales ([nb, LANES] float32); out: the
     [ROWS, LANES] float32 results. Each weight's 4 codes are broadcast to every lane and one vpdpbusd adds their
     products with all the tokens' (the codes unsigned, x signed: a code's offset is taken back from x's sums), so
     no sum is ever reduced across lanes; each vector of x is read once for the ROWS rows. Each token's float steps
-    are its own lane's: the repacked gemm's (fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm) every
-    GEMM_STEP sub-blocks of 32, then acc - accm) or the tiled kernel's (per block r = isum * d_w, r = fma(-dmin_w,
-    msum, r), acc = fma(r, d_x, acc)). A step's integer sums times their scales are added in float32 where every
-    partial sum stays below 2^24 (exact: an FMA instead of a 32-bit multiply; each vpdpbusd sum then starts from
-    MAGIC, so that its float32 value is its bits minus 1.5 * 2^23, a subtraction either FMA unit takes instead of
-    a conversion only one does), else in int32; msum always is."""
+    are its own lane's, by `form`: the repacked "gemm"'s (fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x,
+    accm) every GEMM_STEP sub-blocks of 32, then acc - accm), the repacked "gemv"'s (the same, once a block) or the
+    "tiled" kernel's (per block r = isum * d_w, r = fma(-dmin_w, msum, r), acc = fma(r, d_x, acc)). A step's
+    integer sums times their scales are added in float32 where every partial sum stays below 2^24 (exact: an FMA
+    instead of a 32-bit multiply; each vpdpbusd sum then starts from MAGIC, so that its float32 value is its bits
+    minus 1.5 * 2^23, a subtraction either FMA unit takes instead of a conversion only one does), else in int32;
+    msum always is."""
     size = BLOCK_SIZES[qtype][1]
-    step = 32 * GEMM_STEP.get(qtype, 8) if repacked else 256  # values per float step
+    step = 32 * GEMM_STEP[qtype] if form == "gemm" else 256  # values per float step
     n, top, scale_top = UNIT_BOUNDS[qtype]
     in_float = step // n * n * top * 127 * scale_top < 2 ** 24  # a step's scaled sums exact in float32
 
     def codegen(context, builder, signature, args):
         ws, xt, bt, bf, dt, nb, out = args
         rows = [builder.extract_value(ws, r) for r in range(ROWS)]
+        ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), ROWS)
         fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
         zero, fzero = ir.Constant(V16I32, None), ir.Constant(V16F32, None)
         magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
@@ -186,7 +189,7 @@ def _make_lane_tile(qtype, vnni, repacked):
             blocks = []
             for w in rows:
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                prefetch_block(builder, blk, qtype)
+                prefetch_block(builder, blk, qtype, ahead)
                 d, dmin, codes, scales, mins = _kunits(builder, blk, qtype)
                 if in_float:  # converted once a block
                     scales = builder.sitofp(scales, ir.VectorType(F32, scales.type.count))
@@ -218,7 +221,7 @@ def _make_lane_tile(qtype, vnni, repacked):
                     if (u + 1) * n % step:
                         continue
                     isum = isums[r] if in_float else builder.sitofp(isums[r], V16F32)
-                    if repacked:  # the gemm's float step
+                    if form != "tiled":  # the repacked gemm's or gemv's float step
                         accs[2 * r] = builder.call(fma, [isum, builder.fmul(fsplat(d), dx), accs[2 * r]])
                         accs[2 * r + 1] = builder.call(fma, [msums[r], builder.fmul(fsplat(dmin), dx),
                                                              accs[2 * r + 1]])
@@ -253,6 +256,7 @@ def _make_krow(qtype, vnni, n_rows, repacked):
     def codegen(context, builder, signature, args):
         ws, x, bs, dx, nb = args
         rows = [builder.extract_value(ws, r) for r in range(n_rows)]
+        ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), n_rows)
         fma = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
         fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
         fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
@@ -267,7 +271,7 @@ def _make_krow(qtype, vnni, n_rows, repacked):
             for r, w in enumerate(rows):
                 acc, accm = accs[2 * r], accs[2 * r + 1]
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, vnni, xi, bsi)
+                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, vnni, xi, bsi, ahead)
                 if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
                     isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
                     acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
@@ -312,11 +316,11 @@ def _make_krow(qtype, vnni, n_rows, repacked):
     return krow
 
 
-LTILE = KROW = KROWS = None  # one K-quant type's intrinsics (ROWS rows against a lane tile; one token's row, four)
+LTILE = GTILE = KROW = KROWS = None  # one K-quant type's intrinsics: ROWS rows against a lane tile (the form's; the
+# repacked gemv's), one token's row, four
 REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
 
 
-@njit(parallel=True, cache=True)
 def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/256] f32, bsums [rows, K/16] i32
     """ggml_numerics.quantize_q8_K (which says why each step is as it is), the first `four` tokens in fours; rows
     past T are zeros."""
@@ -347,13 +351,20 @@ def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/2
     return q, d, bsums
 
 
-def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv):  # Q8_K x [>=T, K], parts' addresses, first rows -> [T, N]
-    """llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROW (the gemv, or
-    vec_dot); a repacked matrix's tokens in fours through the gemm (float steps every GEMM_STEP sub-blocks), the
-    rest through the gemv (every token, with `gemv`: mul_mat_id's form); 8 or more tokens of a matrix not repacked
-    through the tiled kernel (float steps per block); fewer, vec_dot each. The gemm and the tiled kernel run as lane
-    tiles (LTILE: LANES tokens against ROWS rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past
-    the T tokens, results dropped)."""
+quantize_q8_K_many = specialize(_quantize_q8_K, "quantize_q8_K_many")
+quantize_q8_K_one = specialize(_quantize_q8_K, "quantize_q8_K_one", parallel=False)  # a thread pool's start costs
+# more than one token's quantization
+
+
+def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [>=T, K], the parts' addresses and
+    """first rows -> [T, N]. llama.cpp's path for each token, as GgmlMatrix.matmul picks it: one token through KROWS
+    (the gemv, or vec_dot), or (`per_part`, T = 1) each part's rows through it with their own row of x (one token's
+    experts, parts of whole quads); a repacked matrix's tokens in fours through the gemm (float steps every
+    GEMM_STEP sub-blocks), the rest through the gemv, or (`gemv`: mul_mat_id's form) every token through the gemv's
+    float steps; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per block); fewer,
+    vec_dot each. The gemm, the tiled kernel and a batch's gemv run as lane tiles (LTILE, GTILE: LANES tokens
+    against ROWS rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past the T tokens, results
+    dropped)."""
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
@@ -363,11 +374,13 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv):  # Q8_K x [>=T, K], p
         for c in prange(n_chunks):
             x0, b0, d0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
             for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
-                sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0, b0, d0, nb)
+                p = part_of(starts, N_READ * q) if per_part else 0
+                sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0 + p * K, b0 + p * (K // 16) * 4,
+                             d0 + p * nb * 4, nb)
                 for i in range(N_READ):
                     out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
-    tiled = 0 if gemv else T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
+    tiled = T if gemv else T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     n_tiles = (tiled + LANES - 1) // LANES
     xt, bt, dt = to_lanes(xq.view(np.int32), n_tiles), to_lanes(bsums, n_tiles), to_lanes(dx, n_tiles)
     bf = bt.astype(np.float32)
@@ -383,7 +396,10 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv):  # Q8_K x [>=T, K], p
                 w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
             ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
             for j in range(n_tiles):
-                LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
+                if gemv:  # every token through the gemv's float steps, as lanes
+                    GTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
+                else:
+                    LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
                 put_tile(out, res, j * LANES, n0, rows, min(LANES, tiled - j * LANES))
             for t in range(tiled, T):
                 for i in range(rows):
@@ -397,7 +413,9 @@ KERNELS = {}  # (qtype, vnni, repacked) -> compiled _kquant_matmul, made on firs
 def kquant_kernel(qtype, vnni=VNNI, repacked=False):
     key = (qtype, vnni, repacked)
     if key not in KERNELS:
-        consts = dict(LTILE=_make_lane_tile(qtype, vnni, repacked), KROW=_make_krow(qtype, vnni, 1, repacked),
+        tile = _make_lane_tile(qtype, vnni, "gemm" if repacked else "tiled")
+        consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, vnni, "gemv") if repacked else tile,
+                      KROW=_make_krow(qtype, vnni, 1, repacked),
                       KROWS=_make_krow(qtype, vnni, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
@@ -411,9 +429,16 @@ class NumbaKQuantMatrix(GgmlBlocks):
     def matmul(self, x, gemv=False):  # [T, K] -> [T, N]
         T, K = x.shape
         # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
-        xq, dx, bsums = _quantize_q8_K(np.ascontiguousarray(x, dtype=np.float32),
+        quantize = quantize_q8_K_one if T == 1 else quantize_q8_K_many
+        xq, dx, bsums = quantize(np.ascontiguousarray(x, dtype=np.float32),
                                        T - T % 4 if self.repacked and not gemv else 0, T if T == 1 else T + -T % LANES)
-        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts, gemv)
+        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts, gemv,
+                                                                   False)
 
     def matmul_id(self, x):  # [T, K] -> [T, N]: llama.cpp's mul_mat_id (a repacked matrix: the gemv on each row)
         return self.matmul(x, gemv=self.repacked)
+
+    def matmul_parts(self, X):  # [P, K] -> [1, N]: part p's rows times X[p], each as one token's product
+        xq, dx, bsums = quantize_q8_K_one(np.ascontiguousarray(X, dtype=np.float32), 0, len(X))
+        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, 1, self.bases, self.starts, True,
+                                                                   True)

@@ -10,12 +10,13 @@ I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTy
 V32I8, V32F32 = ir.VectorType(I8, 32), ir.VectorType(F32, 32)
 
 
-def specialize(fn, name, **constants):
-    """A parallel Numba kernel compiled from a copy of fn whose globals add `constants` (an intrinsic, a size), under
-    a name of its own: each copy is cached apart by Numba, which cannot key its cache on closure variables."""
+def specialize(fn, name, parallel=True, **constants):
+    """A Numba kernel (parallel unless told) compiled from a copy of fn whose globals add `constants` (an intrinsic,
+    a size), under a name of its own: each copy is cached apart by Numba, which cannot key its cache on closure
+    variables."""
     copy = types.FunctionType(fn.__code__, {**fn.__globals__, **constants}, name)
     copy.__qualname__ = name
-    return njit(parallel=True, cache=True)(copy)
+    return njit(parallel=parallel, cache=True)(copy)
 
 
 def splat(builder, value, vtype):

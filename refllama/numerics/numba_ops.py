@@ -115,12 +115,12 @@ ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, in
 V64F32 = ir.VectorType(F32, 64)
 
 
-def _kq_dot(width):
+def _kq_dot(width, fused=False):
     """An intrinsic (q, k, n) -> float: one key's score with `width` lanes over n chunks of `width` values, as ggml
     sums it: 64 for one token (ggml_vec_dot_f16, AVX-512: the four 16-lane accumulators then added as
     (0 + 2) + (1 + 3)), 16 for a batch (tinyBLAS); then _mm512_reduce_add_ps's halving. q and k are addresses of
     float32 values (in numerics ggml holding float16 ones, so each product is exact and fma and multiply-add
-    agree)."""
+    agree). `fused`: each chunk added with one fma (ggml_vec_dot_f32's and tinyBLAS's sums of float32 values)."""
     vtype = ir.VectorType(F32, width)
 
     @intrinsic
@@ -128,16 +128,26 @@ def _kq_dot(width):
         def codegen(context, builder, signature, args):
             q, k, n = args
 
-            def product(c):
+            def operands(c):
                 at = builder.mul(c, ir.Constant(I64, 4 * width))
-                return builder.fmul(load(builder, builder.add(q, at), vtype), load(builder, builder.add(k, at), vtype))
+                return load(builder, builder.add(q, at), vtype), load(builder, builder.add(k, at), vtype)
+
+            def product(c):
+                return builder.fmul(*operands(c))
+
+            def add_product(acc, c):
+                if fused:
+                    fma = builder.module.declare_intrinsic(f"llvm.fma.v{width}f32", fnty=ir.FunctionType(
+                        vtype, [vtype] * 3))
+                    return builder.call(fma, [*operands(c), acc])
+                return builder.fadd(acc, product(c))
 
             entry, loop, done = builder.block, builder.append_basic_block("loop"), builder.append_basic_block("done")
             first = product(ir.Constant(I64, 0))
             builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 1)), loop, done)
             builder.position_at_end(loop)
             c, acc = builder.phi(I64), builder.phi(vtype)
-            new, c1 = builder.fadd(acc, product(c)), builder.add(c, ir.Constant(I64, 1))
+            new, c1 = add_product(acc, c), builder.add(c, ir.Constant(I64, 1))
             c.add_incoming(ir.Constant(I64, 1), entry)
             c.add_incoming(c1, loop)
             acc.add_incoming(first, entry)

@@ -18,7 +18,7 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
-from .block_ir import AHEAD, GROUPS, broadcast_lane, groups, prefetch_block
+from .block_ir import GROUPS, broadcast_lane, groups, prefetch_block, rows_ahead
 from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
@@ -40,6 +40,7 @@ def _row_dot(qtype):
     def row_dot(typingctx, ws, x, xsum, nb):
         def codegen(context, builder, signature, args):
             ws, x, xsum, nb = args
+            ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), N_READ)
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
             fma_per = builder.module.declare_intrinsic(f"llvm.fma.v{per}f32", fnty=ir.FunctionType(vper, [vper] * 3))
 
@@ -48,7 +49,7 @@ def _row_dot(qtype):
                 for r in range(N_READ):
                     w, acc, off = builder.extract_value(ws, r), *sums[2 * r:2 * r + 2]
                     blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                    prefetch_block(builder, blk, qtype)
+                    prefetch_block(builder, blk, qtype, ahead)
                     items, offsets = groups(builder, qtype, blk)
                     first = builder.mul(i, ir.Constant(I64, per))  # the block's first group
                     for g, (codes, scale) in enumerate(items):
@@ -101,10 +102,16 @@ def _row_values(qtype):
 
 
 @njit(inline="always")
-def row_address(bases, starts, r, row_bytes):  # row r of a matrix held in parts: part p has rows starts[p] ..
+def part_of(starts, r):  # the part holding row r of a matrix held in parts: part p has rows starts[p] ..
     p = 0
     while r >= starts[p + 1]:
         p += 1
+    return p
+
+
+@njit(inline="always")
+def row_address(bases, starts, r, row_bytes):  # row r of a matrix held in parts
+    p = part_of(starts, r)
     return bases[p] + (r - starts[p]) * row_bytes
 
 
@@ -137,19 +144,25 @@ CHUNKS = 64  # rows are split into this many chunks across threads
 ROW_DOT = ROW_VALUES = BLOCK = SIZE = None  # one type's intrinsics and block sizes, in each copy's globals (KERNELS)
 
 
-def _matvec(x, bases, starts):  # [K] f32, the parts' addresses and first rows -> [N] = W @ x
-    K, N = x.shape[0], starts[-1]
-    xsum = np.zeros(K // 32, np.float32)  # x summed over each group, for the offsets
-    for g in range(K // 32):
-        for j in range(32):
-            xsum[g] += x[g * 32 + j]
+def _matvec(X, bases, starts):  # [P, K] f32, the parts' addresses and first rows -> [N] = W @ x
+    """One token's product: every row times X[0] (P = 1), or each part's rows times its own row of X (P parts of
+    whole quads: a token's experts, each with its own input)."""
+    P, K = X.shape
+    N = starts[-1]
+    xsum = np.zeros((P, K // 32), np.float32)  # x summed over each group, for the offsets
+    for p in range(P):
+        for g in range(K // 32):
+            for j in range(32):
+                xsum[p, g] += X[p, g * 32 + j]
     out = np.empty(N, np.float32)
     n_quads = (N + N_READ - 1) // N_READ
     n_chunks = min(n_quads, CHUNKS)
     for c in prange(n_chunks):
-        x0, xs0 = x.ctypes.data, xsum.ctypes.data  # taken in the loop: the arrays stay alive
+        x0, xs0 = X.ctypes.data, xsum.ctypes.data  # taken in the loop: the arrays stay alive
         for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
-            sums = ROW_DOT(row_quad(bases, starts, q, N, K // BLOCK * SIZE), x0, xs0, K // BLOCK)
+            p = 0 if P == 1 else part_of(starts, N_READ * q)
+            sums = ROW_DOT(row_quad(bases, starts, q, N, K // BLOCK * SIZE), x0 + p * K * 4, xs0 + p * (K // 32) * 4,
+                           K // BLOCK)
             for i in range(N_READ):
                 out[min(N_READ * q + i, N - 1)] = sums[i]
     return out
@@ -247,6 +260,9 @@ class Blocks(WeightMatrix):
     def nbytes(self):
         return sum(p.nbytes for p in self.parts)
 
+    def in_quads(self):  # whether every part's rows are whole quads: matmul_parts' condition
+        return all(len(p) % N_READ == 0 for p in self.parts)
+
     def raw_rows(self, rows):  # [T] checked ids -> [T, row bytes]: those rows' blocks
         part = np.searchsorted(self.starts, rows, side="right") - 1
         return np.stack([self.parts[p][r - self.starts[p]] for p, r in zip(part, rows)]) if len(rows) else \
@@ -278,7 +294,10 @@ class QuantMatrix(Blocks):
         x = np.ascontiguousarray(x, dtype=np.float32)
         if len(x) > 1:
             return self.matmul_many(x, self.bases, self.starts)
-        return self.matvec(x[0], self.bases, self.starts)[None]
+        return self.matvec(x, self.bases, self.starts)[None]
+
+    def matmul_parts(self, X):  # [P, K] -> [1, N]: part p's rows times X[p] (one token's experts)
+        return self.matvec(np.ascontiguousarray(X, dtype=np.float32), self.bases, self.starts)[None]
 
     def __getitem__(self, rows):  # embedding lookup: [T] -> [T, K] float32
         rows = self.row_ids(rows)
@@ -298,6 +317,7 @@ def _half_dot(bf16):
         def codegen(context, builder, signature, args):
             ws, x, _, n = args
             rows = [builder.extract_value(ws, r) for r in range(N_READ)]
+            ahead = rows_ahead(builder, builder.mul(n, ir.Constant(I64, 64)), N_READ)
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
 
             def chunk(i, accs):
@@ -305,7 +325,7 @@ def _half_dot(bf16):
                 out = []
                 for w, acc in zip(rows, accs):
                     at = builder.add(w, builder.mul(i, ir.Constant(I64, 64)))
-                    prefetch(builder, builder.add(at, ir.Constant(I64, AHEAD)))
+                    prefetch(builder, builder.add(at, ahead))
                     bits = load(builder, at, v32i16)
                     if bf16:  # the top half of a float32
                         v = builder.bitcast(builder.shl(builder.zext(bits, v32i32), ir.Constant(v32i32, [16] * 32)),
@@ -341,7 +361,7 @@ class HalfMatrix(FileMatrix):
     def matmul(self, x):  # [T, K] -> [T, N]
         if len(x) > 1 or self.shape[1] % 32:
             return super().matmul(x)
-        return self.matvec(np.ascontiguousarray(x[0], dtype=np.float32), self.bases, self.starts)[None]
+        return self.matvec(np.ascontiguousarray(x, dtype=np.float32), self.bases, self.starts)[None]
 
 
 class NumbaPlacement(FilePlacement):
