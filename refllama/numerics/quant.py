@@ -10,6 +10,8 @@ product uses is the float32 one gguf-py's dequantize gives; only the order of th
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
 """
 
+import copy
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -276,8 +278,11 @@ def concat_blocks(ms):
     if not all(isinstance(m, Blocks) and type(m) is type(first) and m.qtype == first.qtype
                and m.shape[1] == first.shape[1] and m.repacked == first.repacked for m in ms):
         return None
-    whole = type(first)([p for m in ms for p in m.parts], first.qtype, first.shape[1])
-    whole.repacked = first.repacked
+    whole = copy.copy(first)  # its class, type, form and kernels; the parts were checked when each was made
+    whole.parts = [p for m in ms for p in m.parts]
+    whole.bases = np.concatenate([m.bases for m in ms])
+    whole.starts = np.cumsum([0] + [len(p) for p in whole.parts]).astype(np.int64)
+    whole.shape = (int(whole.starts[-1]), first.shape[1])
     return whole
 
 
