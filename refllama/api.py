@@ -20,7 +20,7 @@ from .check.dump import DumpWriter, model_sha256, storage_plan
 from .config import ModelConfig
 from .errors import RefllamaError, shown
 from .loader import load_gguf, load_hf
-from .numerics import ops_for, placement
+from .numerics import cpu_paths, ops_for, placement
 from .sampling import Sampler, SamplingParams
 from .trace import recording
 from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy, version
@@ -54,14 +54,16 @@ DEFAULT_CTX = 4096  # as the CLI's -c: a model's full training context can be fa
 
 def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: int | None = None,
          threads: int | None = None, numerics: str = "float32", weights_in_file: bool | None = None,
-         repack: bool = True) -> "Model":
+         repack: bool = True, cpu_path: str | None = None) -> "Model":
     """Load a model onto a backend ("numpy", "numba" or "cupy"): a GGUF file, an HF directory (config.json +
     safetensors), or None for the installed SmolLM2. `numerics`: "float32" (every product in float32 on the
     dequantized weights), or "ggml" (a GGUF file only: llama.cpp's CPU arithmetic, refllama.numerics: activations
     rounded to 8 bits before each quantized product, K/V and attention operands in float16). `repack` (numerics
     "ggml"): multiply the Q4_K matrices as llama.cpp's x86 build does by default, in the interleaved form it repacks
     them to at load (its CPU_REPACK buffers); False as `llama-cli --no-repack` (use_extra_bufts off) or a build
-    without GGML_CPU_REPACK, each product one vec_dot (docs/ggml-numerics.md). `n_ctx`: the context
+    without GGML_CPU_REPACK, each product one vec_dot (docs/ggml-numerics.md). `cpu_path` (numerics "ggml"): which
+    of llama.cpp's CPU paths to reproduce (refllama.numerics.cpu_paths); None for the host's, or the nearest that
+    refllama reproduces, with a notice on stderr where they differ. `n_ctx`: the context
     size; None for DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as
     `refllama.set_threads`; None sets the idle cores, as the CLI does, unless the caller already set this backend's
     threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down).
@@ -81,6 +83,16 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if numerics == "ggml" and os.path.isdir(path):
         raise RefllamaError(f"{path}: numerics 'ggml' reproduces llama.cpp on a GGUF file's quantized weights; "
                             "an HF directory runs in float32")
+    if cpu_path is not None and numerics != "ggml":
+        raise RefllamaError(f"cpu path {cpu_path!r} goes with numerics 'ggml' (it picks which of llama.cpp's CPU "
+                            "paths to reproduce)")
+    if numerics == "ggml":
+        try:
+            cpu_path, notice = cpu_paths.choose(cpu_path)
+        except ValueError as e:
+            raise RefllamaError(str(e)) from None
+        if notice:
+            print(f"refllama: {notice}", file=sys.stderr)
     xp = backend_module(backend)
     if threads is not None or backend not in THREADS_SET:
         set_threads(threads, backend)
@@ -92,7 +104,8 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics, repack)
+    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics, repack,
+              cpu_path)
     if m.n_ctx > cfg.n_ctx_train:  # as llama.cpp: allowed, but positions past training are unlike any it has seen
         print(f"refllama: context size {m.n_ctx} exceeds the {cfg.n_ctx_train} tokens the model was trained on; "
               "text past that may degrade", file=sys.stderr)
@@ -155,14 +168,16 @@ class Generation:
 
 class Model:
     """A loaded model: config (the model file's hyper-parameters), tokenizer, weights on a backend, the run-time
-    choices apart from them (backend, numerics and, in numerics "ggml", llama.cpp's repack; context size; `ops`, the
-    operations table they pick), and one cache reused across calls."""
+    choices apart from them (backend, numerics and, in numerics "ggml", llama.cpp's repack and CPU path; context
+    size; `ops`, the operations table they pick), and one cache reused across calls."""
 
     def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
-                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", repack: bool = True):
+                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", repack: bool = True,
+                 cpu_path: str | None = None):
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
         self.repack = numerics == "ggml" and repack
+        self.cpu_path = cpu_path if numerics == "ggml" else None
         self.arch = archs.get(config.arch)
         self.ops = ops_for(backend, numerics, self.arch)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
@@ -257,7 +272,7 @@ class Model:
                 "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
                 "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
                 "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
-                "repack": self.repack,
+                "repack": self.repack, **({"cpu_path": self.cpu_path} if self.cpu_path else {}),
                 "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
                 "tokens_from": None if tokens_from is None else os.path.abspath(tokens_from),
             }

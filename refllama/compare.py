@@ -23,13 +23,14 @@ from .check.logits import exit_code, logits_verdict, print_logits
 from .check.metrics import spans
 from .cli import parser
 from .errors import RefllamaError
+from .numerics.cpu_paths import EMULATED
 
 
 def find_model(path, mine, ref, numerics=None, backend="numba"):
     """The model both dumps ran (its sha256 is the one they record): `path`, else a `model_path` they give, else
     the installed SmolLM2. None, with the reason, when none is found. It re-runs stages in numerics "ggml" when
-    both dumps compute llama.cpp's arithmetic (MINE's as `numerics` says, if given; repacked or not as REF's
-    manifest says), else in float32; on `backend`
+    both dumps compute llama.cpp's arithmetic (MINE's as `numerics` says, if given; repacked or not, and on the
+    CPU path, as REF's manifest says, where refllama reproduces that path), else in float32; on `backend`
     (numba: its kernels, the same arithmetic in its own order of float32 sums, far inside every local tolerance,
     and fast at 8B; numpy: the readable forward)."""
     want = {str(d.manifest.get("model_sha256") or "") for d in (ref, mine)} - {""}
@@ -43,8 +44,9 @@ def find_model(path, mine, ref, numerics=None, backend="numba"):
         if path or not want or model_sha256(c) in want:
             n_ctx = max(len(ref.token_ids), len(mine.token_ids), 256, int(ref.manifest.get("n_ctx") or 0))
             both_ggml = (numerics or mine.numerics) == ref.numerics == "ggml" and not os.path.isdir(c)
+            path = ref.cpu_path if both_ggml and ref.cpu_path in EMULATED else None  # REF's, where reproduced
             return api.load(c, backend=backend, n_ctx=n_ctx, numerics="ggml" if both_ggml else "float32",
-                            repack=ref.repack), None
+                            repack=ref.repack, cpu_path=path), None
     return None, "no model with the dumps' sha256 found (give -m MODEL)"
 
 def plot(rows, path, first=None):

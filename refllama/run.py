@@ -9,6 +9,7 @@ import time
 
 from .cli import SCRIPTS, add_gpu_layers, gpu_layers, parser
 from .errors import RefllamaError
+from .numerics import cpu_paths
 from .xp import BACKENDS, NUMERICS, threads_notice
 
 
@@ -45,6 +46,9 @@ def parse_args(argv):
     p.add_argument("--no-repack", action="store_true",
                    help="with --numerics ggml: as llama.cpp run with --no-repack (or built without GGML_CPU_REPACK): "
                         "Q4_K products by vec_dot, not x86's repacked gemv/gemm (docs/ggml-numerics.md)")
+    p.add_argument("--cpu-path", choices=list(cpu_paths.PATHS), default=None,
+                   help="with --numerics ggml: which of llama.cpp's CPU paths to reproduce (default: this host's; "
+                        f"reproduced now: {', '.join(cpu_paths.EMULATED)})")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
                         "(default, see README)")
@@ -72,6 +76,8 @@ def parse_args(argv):
         p.error("--system goes with --chat (a plain prompt has no system message)")
     if args.no_repack and args.numerics != "ggml":
         p.error("--no-repack goes with --numerics ggml (it picks which of llama.cpp's x86 paths to reproduce)")
+    if args.cpu_path and args.numerics != "ggml":
+        p.error("--cpu-path goes with --numerics ggml (it picks which of llama.cpp's CPU paths to reproduce)")
     if args.n_predict < -1:
         p.error(f"-n/--n-predict must be -1 (until the end), 0 (with --dump-dir) or more, got {args.n_predict}")
     gpu_layers(args, p)
@@ -109,7 +115,7 @@ def run(args, prompt):
         print(f"refllama: {busy}", file=sys.stderr)
     t0 = time.perf_counter()
     m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size, numerics=args.numerics,
-                 repack=not args.no_repack)
+                 repack=not args.no_repack, cpu_path=args.cpu_path)
     t_load = time.perf_counter() - t0
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []
@@ -155,7 +161,7 @@ def run(args, prompt):
     n_gen = tokens.n
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
-    path = " --no-repack" if m.numerics == "ggml" and not m.repack else ""  # which of llama.cpp's x86 paths
+    path = f", cpu path {m.cpu_path}{' --no-repack' if not m.repack else ''}" if m.cpu_path else ""
     print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}{path}, threads={threads}) | "
           f"prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
           f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)

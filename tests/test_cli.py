@@ -27,7 +27,7 @@ def test_numerics_ggml_runs_llamacpps_arithmetic_on_both_backends():
     args = ("-p", "The capital of France is", "-n", "8", "--temp", "0", "--numerics", "ggml")
     numpy_run, numba_run = cli(*args), cli(*args, "--backend", "numba")
     assert numpy_run.returncode == 0 and numba_run.returncode == 0, numpy_run.stderr + numba_run.stderr
-    assert numpy_run.stdout == numba_run.stdout and "numerics ggml" in numba_run.stderr
+    assert numpy_run.stdout == numba_run.stdout and "numerics ggml, cpu path " in numba_run.stderr
 
 
 def test_prompt_from_file_and_chat_mode(tmp_path):
@@ -68,6 +68,7 @@ def test_a_prompt_too_long_is_refused_before_it_is_echoed():
 @pytest.mark.parametrize("args, fragment", [
     (("--system", "be brief", "-p", "hi"), "--system goes with --chat"),
     (("--no-repack", "-p", "hi"), "--no-repack goes with --numerics ggml"),
+    (("--cpu-path", "avx2", "-p", "hi"), "--cpu-path goes with --numerics ggml"),
     (("-n", "-2",), "-n/--n-predict must be -1"),
     (("--backend", "cupy", "-ngl", "0"), "-ngl 0 with --backend cupy"),
 ])

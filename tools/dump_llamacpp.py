@@ -27,6 +27,7 @@ from refllama import arch as archs
 from refllama.api import default_model_path
 from refllama.check.dump import ROUTED_STAGES, add_tool_args, file_sha256, plan_from_args, write_dump
 from refllama.formats.gguf_loader import GGUFFile
+from refllama.numerics.cpu_paths import llamacpp_path
 
 _GGML = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so"))
 _GGML.ggml_op_desc.restype = ctypes.c_char_p
@@ -259,7 +260,7 @@ def main(argv=None):
     provenance = {
         "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off"
                     f"{'' if repack else ', no repack'})",
-        "repack": repack,
+        "repack": repack, "cpu_path": llamacpp_path(llama_cpp.llama_print_system_info().decode()),
         "model": os.path.basename(model_path), "model_sha256": file_sha256(model_path),
         "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids,
         "arch": arch.NAME,

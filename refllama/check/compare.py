@@ -180,6 +180,10 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
                              "its stages are not re-run")
             else:
                 forced[side] = Forced(model, d)
+    paths = {side: d.cpu_path for side, d in (("MINE", mine), ("REF", ref)) if d.cpu_path}
+    if paths:  # which of llama.cpp's CPU paths each side computes: its float steps differ in the last bits
+        notes.append("cpu path: " + (f"{ref.cpu_path} (both)" if len(set(paths.values())) == 1 and len(paths) == 2
+                                      else ", ".join(f"{side} {p}" for side, p in paths.items())))
     same = len(os.path.commonprefix([mine.token_ids, ref.token_ids]))  # positions with the same history
     if same < min(len(mine.token_ids), len(ref.token_ids)):
         notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")

@@ -18,6 +18,7 @@ import numpy as np
 from .. import arch as archs
 from ..arch import LAYOUTS, QK_STAGES, permute_qk
 from ..errors import RefllamaError
+from ..numerics.cpu_paths import PATHS
 from ..trace import stage_name
 from ..xp import to_numpy
 
@@ -319,6 +320,9 @@ class Dump:
         self.repack = m.get("repack", True)  # numerics "ggml": llama.cpp's repacked x86 products, or vec_dot's
         if not isinstance(self.repack, bool):
             _fail(self.dir, f"'repack' must be true or false, got {self.repack!r}")
+        self.cpu_path = m.get("cpu_path")  # numerics "ggml": which of llama.cpp's CPU paths (cpu_paths.PATHS)
+        if self.cpu_path is not None and self.cpu_path not in PATHS:
+            _fail(self.dir, f"'cpu_path' must be one of {', '.join(PATHS)}, got {self.cpu_path!r}")
         self.records = {}  # name -> its entries, in position order
         for e in raw:
             stage, layer = split_name(e["name"])

@@ -1,0 +1,65 @@
+"""llama.cpp's CPU paths: which arithmetic its CPU backend computes on a host, and which of them numerics "ggml"
+reproduces. ggml-cpu picks each kernel's form at build time by the instruction sets the build targets (its
+`#if defined(__AVX512F__)`, `__AVX2__`, `__ARM_NEON` branches: lane counts of the float32 and float16 sums,
+ggml_v_expf's ending, the tiled and repacked kernels' float steps), and a native build targets its host, so the
+path is the host's. The integer sums are exact on every path; the float steps between them are not."""
+
+import platform
+
+# name -> (what a host needs, in LLVM's feature names; what llama.cpp's build for it computes differently)
+PATHS = {
+    "avx512-vnni": (("avx512f", "avx512bw", "avx512vl", "avx512vnni"),
+                    "16-lane float sums, ggml_v_expf's AVX-512 scaling, the tiled K-quant kernel's VNNI form"),
+    "avx512": (("avx512f", "avx512bw", "avx512vl"), "as avx512-vnni, but the tiled kernels without VNNI"),
+    "avx2": (("avx2", "fma", "f16c"), "8-lane float sums, ggml_v_expf's AVX2 ending, the AVX2 tiled kernels"),
+    "neon-i8mm": (("neon", "dotprod", "i8mm"), "ARM's 4-lane sums, its repacked Q4_0/Q4_K forms with i8mm"),
+    "neon-dotprod": (("neon", "dotprod"), "ARM's 4-lane sums (Apple M1 and up), its repacked forms with dotprod"),
+}
+EMULATED = ("avx512-vnni",)  # the paths numerics "ggml" computes, to the bit
+NEAREST = {"avx512": "avx512-vnni"}  # a path not emulated -> the emulated one that differs from it least
+BUILT = {  # name -> the flags llama_print_system_info() shows "= 1" for a build that takes it
+    "avx512-vnni": ("AVX512", "AVX512_VNNI"), "avx512": ("AVX512",), "avx2": ("AVX2", "FMA", "F16C"),
+    "neon-i8mm": ("NEON", "DOTPROD", "MATMUL_INT8"), "neon-dotprod": ("NEON", "DOTPROD"),
+}
+
+
+def llamacpp_path(system_info):
+    """The path a llama.cpp build computes, from its llama_print_system_info() ("CPU : SSE3 = 1 | AVX2 = 1 | ...");
+    None for one it does not name."""
+    on = {flag.split("=")[0].strip() for flag in system_info.split("|") if flag.split("=")[-1].strip() == "1"}
+    on = {flag.rsplit(" : ", 1)[-1] for flag in on}  # the first flag follows the backend's name
+    return next((name for name, flags in BUILT.items() if all(f in on for f in flags)), None)
+
+
+def host_path(features=None, machine=None):
+    """The path a native llama.cpp build takes on this host (or on one with `features`, LLVM's names, and
+    `machine`, platform.machine()'s), the most capable first; None where it has no SIMD path ggml-cpu names."""
+    if features is None:
+        import llvmlite.binding as llvm  # here: LLVM's library maps ~60 MB, which numerics float32 never needs
+
+        features = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    machine = (machine or platform.machine()).lower()
+    arm = machine.startswith(("arm", "aarch64"))
+    for name, (needs, _) in PATHS.items():
+        if name.startswith("neon") == arm and all(f in features for f in needs):
+            return name
+    return None
+
+
+def choose(cpu_path=None):
+    """-> (the path numerics "ggml" computes, a notice or None). `cpu_path` None: the host's, where emulated, else
+    the nearest emulated one, with a notice saying so; a name: that path, which must be emulated."""
+    host = host_path()
+    if cpu_path is not None:
+        if cpu_path not in PATHS:
+            raise ValueError(f"unknown cpu path {cpu_path!r}: llama.cpp's paths are {', '.join(PATHS)}")
+        if cpu_path not in EMULATED:
+            raise ValueError(f"cpu path {cpu_path!r} is not one numerics 'ggml' reproduces yet (it differs in: "
+                             f"{PATHS[cpu_path][1]}); it reproduces {', '.join(EMULATED)}")
+        return cpu_path, None
+    if host in EMULATED:
+        return host, None
+    chosen = NEAREST.get(host, EMULATED[0])
+    seen = f"this host's llama.cpp takes the {host} path" if host else "this host has no SIMD path of llama.cpp's"
+    return chosen, (f"{seen}, which numerics 'ggml' does not reproduce yet; it computes {chosen}'s arithmetic, so "
+                    "llama.cpp built here differs from it in the last bits")

@@ -1,0 +1,79 @@
+"""llama.cpp's CPU paths: which one a host's llama.cpp takes, which one numerics "ggml" computes, and every place
+that says so (run's timing line, the dump manifest, compare's notes)."""
+
+import json
+
+import pytest
+
+import refllama
+from refllama.check.compare import compare
+from refllama.check.dump import Dump
+from refllama.numerics import cpu_paths
+
+X86 = {"avx", "avx2", "fma", "f16c"}
+AVX512 = X86 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
+SYSTEM_INFO = {  # llama_print_system_info() of the two wheels in ../shared/wheels, and of an ARM build
+    "avx512-vnni": "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | AVX512 = 1 | "
+                   "AVX512_VBMI = 1 | AVX512_VNNI = 1 | AVX512_BF16 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ",
+    "avx2": "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | LLAMAFILE = 1 | "
+            "OPENMP = 1 | REPACK = 1 | ",
+    "neon-i8mm": "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | MATMUL_INT8 = 1 | DOTPROD = 1 | REPACK = 1 | ",
+    "neon-dotprod": "CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | REPACK = 1 | ",
+}
+
+
+@pytest.mark.parametrize("features, machine, path", [
+    (AVX512 | {"avx512vnni"}, "x86_64", "avx512-vnni"),
+    (AVX512, "x86_64", "avx512"),
+    (X86, "x86_64", "avx2"),  # AMD Zen 2/3, Intel's client CPUs since Alder Lake
+    ({"avx", "sse4.2"}, "x86_64", None),
+    ({"neon", "dotprod", "i8mm"}, "aarch64", "neon-i8mm"),
+    ({"neon", "dotprod"}, "arm64", "neon-dotprod"),  # Apple M1
+])
+def test_the_host_path_is_the_most_capable_one_it_can_run(features, machine, path):
+    assert cpu_paths.host_path(features, machine) == path
+
+
+@pytest.mark.parametrize("path", list(SYSTEM_INFO))
+def test_a_llamacpp_builds_path_is_read_from_its_system_info(path):
+    assert cpu_paths.llamacpp_path(SYSTEM_INFO[path]) == path
+
+
+def test_a_host_path_not_reproduced_takes_the_nearest_with_a_notice(monkeypatch):
+    monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx2")
+    path, notice = cpu_paths.choose()
+    assert path in cpu_paths.EMULATED and "avx2 path" in notice and f"computes {path}'s" in notice
+    monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx512")
+    assert cpu_paths.choose()[0] == "avx512-vnni"
+    monkeypatch.setattr(cpu_paths, "host_path", lambda: cpu_paths.EMULATED[0])
+    assert cpu_paths.choose() == (cpu_paths.EMULATED[0], None)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(numerics="ggml", cpu_path="avx2"), "cpu path 'avx2' is not one numerics 'ggml' reproduces yet"),
+    (dict(numerics="ggml", cpu_path="sse"), "unknown cpu path 'sse'"),
+    (dict(cpu_path="avx512-vnni"), "goes with numerics 'ggml'"),
+])
+def test_a_path_that_cannot_be_computed_is_refused_by_name(kwargs, message):
+    with pytest.raises(refllama.RefllamaError, match=message):
+        refllama.load(**kwargs)
+
+
+def test_the_dump_and_compare_say_which_path(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx2")
+    m = refllama.load(numerics="ggml", n_ctx=32)
+    assert "this host's llama.cpp takes the avx2 path" in capsys.readouterr().err
+    ids = m.tokenize("The capital of France is")
+    d = m.dump(ids, tmp_path / "mine")
+    assert Dump(d).cpu_path == m.cpu_path == "avx512-vnni"
+    assert "cpu path: avx512-vnni (both)" in compare(d, d).notes
+    other = tmp_path / "ref"
+    (other / "manifest.json").parent.mkdir()
+    for f in d.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((other / "manifest.json").read_text())
+    (other / "manifest.json").write_text(json.dumps({**manifest, "cpu_path": "avx2"}))
+    assert "cpu path: MINE avx512-vnni, REF avx2" in compare(d, other).notes
+    (other / "manifest.json").write_text(json.dumps({**manifest, "cpu_path": "avx3"}))
+    with pytest.raises(refllama.RefllamaError, match="'cpu_path' must be one of avx512-vnni, .*got 'avx3'"):
+        Dump(other)
