@@ -88,7 +88,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
                             "paths to reproduce)")
     if numerics == "ggml":
         try:
-            cpu_path, notice = cpu_paths.choose(cpu_path)
+            cpu_path, notice = cpu_paths.choose(cpu_path, backend)
         except ValueError as e:
             raise RefllamaError(str(e)) from None
         if notice:
@@ -96,7 +96,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     xp = backend_module(backend)
     if threads is not None or backend not in THREADS_SET:
         set_threads(threads, backend)
-    where = placement(backend, xp, numerics, weights_in_file, repack)
+    where = placement(backend, xp, numerics, weights_in_file, repack, cpu_path)
     loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
     for notice in loaded.notices:
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
@@ -179,7 +179,7 @@ class Model:
         self.repack = numerics == "ggml" and repack
         self.cpu_path = cpu_path if numerics == "ggml" else None
         self.arch = archs.get(config.arch)
-        self.ops = ops_for(backend, numerics, self.arch)
+        self.ops = ops_for(backend, numerics, self.arch, self.cpu_path)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
         self.cache = Cache(config, self.n_ctx, self.ops, xp, archs.freq_factors(weights, config, self.n_ctx))
 

@@ -48,7 +48,7 @@ def parse_args(argv):
                         "Q4_K products by vec_dot, not x86's repacked gemv/gemm (docs/ggml-numerics.md)")
     p.add_argument("--cpu-path", choices=list(cpu_paths.PATHS), default=None,
                    help="with --numerics ggml: which of llama.cpp's CPU paths to reproduce (default: this host's; "
-                        f"reproduced now: {', '.join(cpu_paths.EMULATED)})")
+                        f"reproduced: {'; '.join(f'{b}: ' + ', '.join(p) for b, p in cpu_paths.EMULATED.items())})")
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
                         "(default, see README)")

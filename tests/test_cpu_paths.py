@@ -3,12 +3,16 @@ that says so (run's timing line, the dump manifest, compare's notes)."""
 
 import json
 
+import numpy as np
 import pytest
 
 import refllama
 from refllama.check.compare import compare
 from refllama.check.dump import Dump
 from refllama.numerics import cpu_paths
+from refllama.numerics import ggml_numerics as gn
+
+RNG = np.random.default_rng(20261126)
 
 X86 = {"avx", "avx2", "fma", "f16c"}
 AVX512 = X86 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -39,18 +43,22 @@ def test_a_llamacpp_builds_path_is_read_from_its_system_info(path):
     assert cpu_paths.llamacpp_path(SYSTEM_INFO[path]) == path
 
 
-def test_a_host_path_not_reproduced_takes_the_nearest_with_a_notice(monkeypatch):
+def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypatch):
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx2")
-    path, notice = cpu_paths.choose()
-    assert path in cpu_paths.EMULATED and "avx2 path" in notice and f"computes {path}'s" in notice
+    assert cpu_paths.choose(None, "numpy") == ("avx2", None)
+    path, notice = cpu_paths.choose(None, "numba")
+    assert path == "avx512-vnni" and "takes the avx2 path" in notice and "(it does on numpy)" in notice
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx512")
     assert cpu_paths.choose()[0] == "avx512-vnni"
-    monkeypatch.setattr(cpu_paths, "host_path", lambda: cpu_paths.EMULATED[0])
-    assert cpu_paths.choose() == (cpu_paths.EMULATED[0], None)
+    monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
+    path, notice = cpu_paths.choose()
+    assert path == "avx512-vnni" and "neon-dotprod path, which numerics 'ggml' does not reproduce on numpy" in notice
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(numerics="ggml", cpu_path="avx2"), "cpu path 'avx2' is not one numerics 'ggml' reproduces yet"),
+    (dict(numerics="ggml", cpu_path="avx2", backend="numba"),
+     "cpu path 'avx2' is not one numerics 'ggml' reproduces on numba .* and avx2 on numpy"),
+    (dict(numerics="ggml", cpu_path="neon-i8mm"), "'neon-i8mm' is not one numerics 'ggml' reproduces on numpy"),
     (dict(numerics="ggml", cpu_path="sse"), "unknown cpu path 'sse'"),
     (dict(cpu_path="avx512-vnni"), "goes with numerics 'ggml'"),
 ])
@@ -60,9 +68,9 @@ def test_a_path_that_cannot_be_computed_is_refused_by_name(kwargs, message):
 
 
 def test_the_dump_and_compare_say_which_path(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx2")
+    monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
     m = refllama.load(numerics="ggml", n_ctx=32)
-    assert "this host's llama.cpp takes the avx2 path" in capsys.readouterr().err
+    assert "this host's llama.cpp takes the neon-dotprod path" in capsys.readouterr().err
     ids = m.tokenize("The capital of France is")
     d = m.dump(ids, tmp_path / "mine")
     assert Dump(d).cpu_path == m.cpu_path == "avx512-vnni"
@@ -77,3 +85,17 @@ def test_the_dump_and_compare_say_which_path(tmp_path, capsys, monkeypatch):
     (other / "manifest.json").write_text(json.dumps({**manifest, "cpu_path": "avx3"}))
     with pytest.raises(refllama.RefllamaError, match="'cpu_path' must be one of avx512-vnni, .*got 'avx3'"):
         Dump(other)
+
+
+def test_the_avx2_path_differs_from_avx512s_where_llamacpps_builds_do():
+    """The two paths' float steps on the same values: AVX2's expf ends differently (agreeing with AVX-512's to 1 ulp,
+    finite up to 88.7 and 0 below -103 as the true exp), its vec_dot reduces 8 lanes by two hadds; each path's
+    kq sums differ in their last bits."""
+    x = np.linspace(-103, 88.7, 200001, dtype=np.float32)
+    a, b = gn.expf(x), gn.expf_avx2(x)
+    assert (a != b).any() and np.all(np.abs(a.view(np.int32) - b.view(np.int32)) <= 1)
+    assert np.isfinite(b).all() and gn.expf_avx2(np.float32([-110, 100])).tolist() == [0.0, np.inf]
+    q = gn.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
+    k = gn.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
+    one = {p: gn.f16_dots(q, k, False, False, p) for p in gn.LANES}
+    assert (one["avx2"] != one["avx512-vnni"]).any()

@@ -1,8 +1,10 @@
-"""numerics "ggml" against llama.cpp to the bit, on both of its x86 paths (tests/data/llamacpp_exact.json, made by
-tools/make_llamacpp_exact.py with llama-cpp-python 0.3.36): the CPU repack on (its default: Q4_K by the repacked
-gemv/gemm) and off (--no-repack: ggml_vec_dot and the tiled K-quant kernel). Every prompt position's logits have
-llama.cpp's SHA-256, and the 32 greedy tokens are its own, on numpy (the readable emulation) and numba; on Gemma 3
-also past its sliding window (a prompt of 632 tokens, its local layers' oldest keys cut).
+"""numerics "ggml" against llama.cpp to the bit, on two of its CPU paths (tests/data/llamacpp_exact.json from the
+AVX-512 VNNI build, llamacpp_exact_avx2.json from the AVX2 one, both made by tools/make_llamacpp_exact.py with
+llama-cpp-python 0.3.36), each with the CPU repack on (its default: Q4_K by the repacked gemv/gemm) and off
+(--no-repack: ggml_vec_dot and the tiled K-quant kernel). Every prompt position's logits have llama.cpp's SHA-256,
+and the 32 greedy tokens are its own, on every backend that reproduces the path (numpy, the readable emulation: both;
+numba: avx512-vnni); on Gemma 3 also past its sliding window (a prompt of 632 tokens, its local layers' oldest keys
+cut).
 
 The models: Gemma 3 270M Q4_K_M (Q4_K, Q6_K, Q5_0, Q8_0; skipped, with the reason, when its wheel is not installed)
 a tiny Qwen2 in Q4_K_M, Q5_K_M, Q4_0, Q3_K_M and Q2_K, and tiny mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE,
@@ -17,13 +19,17 @@ import pytest
 
 import refllama
 from refllama.api import gemma3_path
+from refllama.numerics.cpu_paths import EMULATED, llamacpp_path
 
 DATA = Path(__file__).parent / "data"
-REF = json.loads((DATA / "llamacpp_exact.json").read_text())
+REFS = {"avx512-vnni": json.loads((DATA / "llamacpp_exact.json").read_text()),
+        "avx2": json.loads((DATA / "llamacpp_exact_avx2.json").read_text())}
+REF = REFS["avx512-vnni"]  # the models and prompts, the same in both
 NUMPY_TOKENS = 64  # a longer prompt (Gemma 3's past its window of 512) runs on numba only: NumPy's would take minutes
-CASES = [(model, prompt, path, backend) for model, r in REF["models"].items() for prompt, case in r["prompts"].items()
-         for path in REF["paths"] for backend in ("numpy", "numba")
-         if backend == "numba" or len(case["ids"]) <= NUMPY_TOKENS]
+CASES = [(model, prompt, cpu, path, backend) for model, r in REF["models"].items()
+         for prompt, case in r["prompts"].items() for cpu in REFS for path in REF["paths"]
+         for backend in ("numpy", "numba") if cpu in EMULATED[backend]
+         and (backend == "numba" or len(case["ids"]) <= NUMPY_TOKENS)]
 
 
 def model_file(name):
@@ -36,21 +42,21 @@ def model_file(name):
                REF["models"][name]["model"])
 
 
-@pytest.mark.parametrize("name, prompt, path, backend", CASES, ids=["-".join(c) for c in CASES])
-def test_logits_and_greedy_tokens_are_llamacpps(name, prompt, path, backend):
+@pytest.mark.parametrize("name, prompt, cpu, path, backend", CASES, ids=["-".join(c) for c in CASES])
+def test_logits_and_greedy_tokens_are_llamacpps(name, prompt, cpu, path, backend):
     """Every position's logits to the bit; then llama.cpp's 32 greedy tokens (last position's logits only, as
     llama-cli asks for them), up to the end-of-generation token where refllama stops. The NumPy emulation takes
     the greedy steps on the first prompt of each model (about a second a step on Gemma 3), numba on every one."""
-    case = REF["models"][name]["prompts"][prompt]
-    m = refllama.load(model_file(name), backend=backend, numerics="ggml", repack=path == "repack")
+    case = REFS[cpu]["models"][name]["prompts"][prompt]
+    m = refllama.load(model_file(name), backend=backend, numerics="ggml", repack=path == "repack", cpu_path=cpu)
     assert m.tokenize(case["text"], parse_special=case["parse_special"]) == case["ids"]
     logits = np.asarray(m.logits(case["ids"]), dtype=np.float32)
     want = case[path]
     for t, row in enumerate(logits):
         if hashlib.sha256(row.tobytes()).hexdigest() != want["logits_sha256"][t]:
             top = np.asarray(want["top_ids"][t])
-            pytest.fail(f"position {t}: logits are not llama.cpp's ({path}); at its top ids {top.tolist()} refllama "
-                        f"has {row[top].tolist()}, llama.cpp {want['top_logits'][t]}")
+            pytest.fail(f"position {t}: logits are not llama.cpp's ({cpu}, {path}); at its top ids {top.tolist()} "
+                        f"refllama has {row[top].tolist()}, llama.cpp {want['top_logits'][t]}")
     if backend == "numpy" and prompt != next(iter(REF["models"][name]["prompts"])):
         return
     mine, theirs = list(m.generate(case["ids"], max_tokens=32, temperature=0)), want["greedy"]
@@ -60,5 +66,7 @@ def test_logits_and_greedy_tokens_are_llamacpps(name, prompt, path, backend):
 
 
 def test_the_references_name_their_paths_and_machine():
-    assert set(REF["paths"]) == {"repack", "no_repack"} and "llama-cpp-python 0.3.36" in REF["llama.cpp"]
-    assert "AVX512_VNNI = 1" in REF["machine"]  # the tiled kernel's VNNI form, which refllama follows
+    for cpu, ref in REFS.items():
+        assert set(ref["paths"]) == {"repack", "no_repack"} and "llama-cpp-python 0.3.36" in ref["llama.cpp"]
+        assert llamacpp_path(ref["machine"].split(": ", 1)[1]) == cpu  # the build that made them took that path
+        assert ref["models"].keys() == REF["models"].keys()

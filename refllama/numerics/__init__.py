@@ -28,28 +28,31 @@ OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps;
 }
 
 
-def ops_for(backend, numerics, arch):
+def ops_for(backend, numerics, arch, cpu_path=None):
     """The operations table (refllama.layers.Ops) of a backend and numerics for an architecture, chosen once, at
     load: the forwards call every step whose arithmetic a numerics sets through it. A numerics module is imported
-    only when chosen; one that follows llama.cpp's graph scales q first only where that architecture's graph does."""
+    only when chosen; one that follows llama.cpp's graph scales q first only where that architecture's graph does;
+    `cpu_path` (numerics "ggml" on numpy): which of llama.cpp's CPU paths its float steps take."""
     if (backend, numerics) not in OPS:
         return FLOAT32
-    ops = importlib.import_module(OPS[backend, numerics]).OPS
+    module = importlib.import_module(OPS[backend, numerics])
+    ops = module.path_ops(cpu_path) if cpu_path and hasattr(module, "path_ops") else module.OPS
     return ops._replace(q_first=False) if ops.q_first and not getattr(arch, "LLAMACPP_Q_SCALED", False) else ops
 
 
-def placement(backend, xp, numerics="float32", in_file=None, repack=True):
+def placement(backend, xp, numerics="float32", in_file=None, repack=True, cpu_path=None):
     """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read.
     `in_file`: numpy's choice between file-form and float32 matrices (None: by the model's size, FilePlacement);
-    `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms (ggml_numerics.REPACK) or its vec_dot."""
+    `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms (ggml_numerics.REPACK) or its vec_dot;
+    `cpu_path`: its float steps' CPU path (refllama.numerics.cpu_paths)."""
     if numerics == "ggml":
         if backend == "numba":
             from .ggml_kernels import GgmlNumbaPlacement
 
             return GgmlNumbaPlacement(xp, repack)
-        from .ggml_numerics import GgmlPlacement
+        from .ggml_numerics import AVX512, GgmlPlacement
 
-        return GgmlPlacement(xp, repack)
+        return GgmlPlacement(xp, repack, cpu_path or AVX512)
     if backend == "numba":
         from .quant import NumbaPlacement
 

@@ -9,13 +9,15 @@ import platform
 # name -> (what a host needs, in LLVM's feature names; what llama.cpp's build for it computes differently)
 PATHS = {
     "avx512-vnni": (("avx512f", "avx512bw", "avx512vl", "avx512vnni"),
-                    "16-lane float sums, ggml_v_expf's AVX-512 scaling, the tiled K-quant kernel's VNNI form"),
-    "avx512": (("avx512f", "avx512bw", "avx512vl"), "as avx512-vnni, but the tiled kernels without VNNI"),
-    "avx2": (("avx2", "fma", "f16c"), "8-lane float sums, ggml_v_expf's AVX2 ending, the AVX2 tiled kernels"),
+                    "16-lane float sums, ggml_v_expf's AVX-512 scaling, Q2_K repacked"),
+    "avx512": (("avx512f", "avx512bw", "avx512vl"),
+               "avx512-vnni's float sums, but the kernels with a VNNI form (the tiled K-quant one) without it"),
+    "avx2": (("avx2", "fma", "f16c"), "8-lane float sums, ggml_v_expf's AVX2 ending, Q2_K not repacked"),
     "neon-i8mm": (("neon", "dotprod", "i8mm"), "ARM's 4-lane sums, its repacked Q4_0/Q4_K forms with i8mm"),
     "neon-dotprod": (("neon", "dotprod"), "ARM's 4-lane sums (Apple M1 and up), its repacked forms with dotprod"),
 }
-EMULATED = ("avx512-vnni",)  # the paths numerics "ggml" computes, to the bit
+EMULATED = {"numpy": ("avx512-vnni", "avx2"), "numba": ("avx512-vnni",),  # backend -> the paths numerics "ggml"
+            "cupy": ("avx512-vnni",)}  # computes there, to the bit
 NEAREST = {"avx512": "avx512-vnni"}  # a path not emulated -> the emulated one that differs from it least
 BUILT = {  # name -> the flags llama_print_system_info() shows "= 1" for a build that takes it
     "avx512-vnni": ("AVX512", "AVX512_VNNI"), "avx512": ("AVX512",), "avx2": ("AVX2", "FMA", "F16C"),
@@ -46,20 +48,25 @@ def host_path(features=None, machine=None):
     return None
 
 
-def choose(cpu_path=None):
-    """-> (the path numerics "ggml" computes, a notice or None). `cpu_path` None: the host's, where emulated, else
-    the nearest emulated one, with a notice saying so; a name: that path, which must be emulated."""
-    host = host_path()
+def choose(cpu_path=None, backend="numpy"):
+    """-> (the path numerics "ggml" computes on `backend`, a notice or None). `cpu_path` None: the host's, where
+    reproduced, else the nearest reproduced one, with a notice saying so; a name: that path, which must be
+    reproduced on that backend."""
+    host, emulated = host_path(), EMULATED[backend]
     if cpu_path is not None:
         if cpu_path not in PATHS:
             raise ValueError(f"unknown cpu path {cpu_path!r}: llama.cpp's paths are {', '.join(PATHS)}")
-        if cpu_path not in EMULATED:
-            raise ValueError(f"cpu path {cpu_path!r} is not one numerics 'ggml' reproduces yet (it differs in: "
-                             f"{PATHS[cpu_path][1]}); it reproduces {', '.join(EMULATED)}")
+        if cpu_path not in emulated:
+            elsewhere = [b for b, paths in EMULATED.items() if cpu_path in paths]
+            raise ValueError(f"cpu path {cpu_path!r} is not one numerics 'ggml' reproduces on {backend} (it differs "
+                             f"in: {PATHS[cpu_path][1]}); it reproduces {', '.join(emulated)} there"
+                             + (f", and {cpu_path} on {', '.join(elsewhere)}" if elsewhere else ""))
         return cpu_path, None
-    if host in EMULATED:
+    if host in emulated:
         return host, None
-    chosen = NEAREST.get(host, EMULATED[0])
+    chosen = NEAREST.get(host, emulated[0])
     seen = f"this host's llama.cpp takes the {host} path" if host else "this host has no SIMD path of llama.cpp's"
-    return chosen, (f"{seen}, which numerics 'ggml' does not reproduce yet; it computes {chosen}'s arithmetic, so "
-                    "llama.cpp built here differs from it in the last bits")
+    elsewhere = [b for b, paths in EMULATED.items() if host in paths]
+    return chosen, (f"{seen}, which numerics 'ggml' does not reproduce on {backend}"
+                    + (f" (it does on {', '.join(elsewhere)})" if elsewhere else "")
+                    + f"; it computes {chosen}'s arithmetic, so llama.cpp built here differs from it in the last bits")

@@ -15,6 +15,7 @@ differ from llama.cpp, and those in the order of float32 additions. refllama.num
 import ctypes
 import ctypes.util
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -34,18 +35,20 @@ Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
 VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
                 QT.Q2_K: Q8_K, QT.Q3_K: Q8_K, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
 EMULATED = frozenset(VEC_DOT_TYPE)
-# x86 repacks these at load into interleaved forms, if their rows are a multiple of 8 (Q4_0 and Q4_K with AVX2 and
-# up, Q2_K with AVX-512: the machine llama.cpp's references here come from)
-REPACK = {QT.Q4_0: "q4_0_8x8_q8_0", QT.Q4_K: "q4_K_8x8_q8_K", QT.Q2_K: "q2_K_8x8_q8_K"}
+AVX512 = "avx512-vnni"  # the CPU path (refllama.numerics.cpu_paths) a call takes unless told
+# x86 repacks these at load into interleaved forms, if their rows are a multiple of 8, on these paths (Q4_0 and Q4_K
+# with AVX2 and up, Q2_K with AVX-512 only: ggml_repack_get_optimal_repack_type)
+REPACK = {QT.Q4_0: ("q4_0_8x8_q8_0", (AVX512, "avx2")), QT.Q4_K: ("q4_K_8x8_q8_K", (AVX512, "avx2")),
+          QT.Q2_K: ("q2_K_8x8_q8_K", (AVX512,))}
 GEMM_STEP = {QT.Q4_K: 2, QT.Q2_K: 4}  # a repacked gemm's float step, in sub-blocks of 32 (the gemv's: a block)
 GROUP = {QT.Q2_K: 16, QT.Q3_K: 16, QT.Q6_K: 16}  # values per integer sum: 32, but sub-blocks of 16 in these
 SUPER = {QT.Q2_K: 256, QT.Q3_K: 256, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per d: 32, the K-quants' 256
 
 
-def repacked(qtype, shape):
-    """Whether llama.cpp's x86 CPU backend (AVX2 and up, its CPU_REPACK buffers on) multiplies this matrix in an
-    interleaved form: ggml_repack_get_optimal_repack_type."""
-    return qtype in REPACK and shape[0] % 8 == 0
+def repacked(qtype, shape, path=AVX512):
+    """Whether llama.cpp's x86 CPU backend on a path (its CPU_REPACK buffers on) multiplies this matrix in an
+    interleaved form."""
+    return qtype in REPACK and path in REPACK[qtype][1] and shape[0] % 8 == 0
 
 
 def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
@@ -70,15 +73,54 @@ def expf(x):  # [...] f32 -> [...] f32: ggml_v_expf (ggml-cpu/vec.h), its AVX-51
         return np.where(np.abs(n) > 192, np.where(n <= 0, f(0), f(np.inf)), res).astype(np.float32)
 
 
+def expf_avx2(x):  # [...] f32 -> [...] f32: ggml_v_expf's AVX2 form
+    """The same n, b and polynomial, but the scaling done in integers: k = 2^n as the bits (z << 23) + bits(1.0), the
+    result k + k * (p(b) - 1) (p's constant term left out of the polynomial); |n| > 126 splits 2^n in two factors,
+    |n| > 192 is 0 or inf."""
+    f, t, u32 = np.float32, ggml_tables, np.uint32
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        z = fma(x, t.EXPF_LOG2E, t.EXPF_R)
+        n = z - t.EXPF_R
+        b = fma(-n, t.EXPF_LN2_LO, fma(-n, t.EXPF_LN2_HI, x))
+        e = z.view(u32) << u32(23)
+        k = (e + f(1.0).view(u32)).view(f)
+        u = b * b
+        j = fma(fma(fma(t.EXPF_C5, b, t.EXPF_C4), u, fma(t.EXPF_C3, b, t.EXPF_C2)), u, t.EXPF_C1 * b)
+        g = np.where(n <= 0, u32(0x82000000), u32(0))
+        s1, s2 = (g + u32(0x7F000000)).view(f), (e - g).view(f)
+        big = np.abs(n)
+        return np.where(big > 192, s1 * s1, np.where(big > 126, fma(s2, j, s2) * s1, fma(k, j, k))).astype(f)
+
+
+def reduce_halves(a):  # [..., w] f32 -> [...] f32 (w a power of 2): the high half added to the low one until one
+    """lane is left: _mm512_reduce_add_ps for 16 lanes, an __m256's hsum (extract, movehl, movehdup) for 8."""
+    while a.shape[-1] > 1:
+        a = a[..., a.shape[-1] // 2:] + a[..., :a.shape[-1] // 2]
+    return a[..., 0]
+
+
+def reduce_hadd8(a):  # [..., 8] f32 -> [...] f32: GGML_F32x8_REDUCE's end, the halves added, then two _mm_hadd_ps
+    t = a[..., :4] + a[..., 4:]
+    return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
+
+
+class Lanes(NamedTuple):
+    """What a CPU path's float kernels look like (refllama.numerics.cpu_paths): `width` float32 lanes a vector;
+    ggml_v_expf's form; how GGML_F32_VEC_REDUCE sums a vector's lanes at the end of a vec_dot (4 vectors of
+    accumulators, added (0 + 2) + (1 + 3) first). A single vector's sum (tinyBLAS's hsum, softmax's groups) halves
+    on every x86 path."""
+
+    width: int
+    expf: Callable
+    reduce: Callable
+
+
+LANES = {AVX512: Lanes(16, expf, reduce_halves), "avx2": Lanes(8, expf_avx2, reduce_hadd8)}
+
+
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
 _LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
-
-
-def reduce_add16(a):  # [..., 16] f32 -> [...] f32: _mm512_reduce_add_ps, halves added until one lane is left
-    a = a[..., 8:] + a[..., :8]
-    a = a[..., 4:] + a[..., :4]
-    a = a[..., 2:] + a[..., :2]
-    return a[..., 1] + a[..., 0]
 
 
 @njit(cache=True)
@@ -128,9 +170,8 @@ def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_geglu_f32, gelu(gate)
     return gelu(gate) * up
 
 
-def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(x) = x / (1 + expf(-x)) in 16 lanes
-    """F a multiple of 16 (every model here); a remainder would take libm's expf in llama.cpp."""
-    return gate / (np.float32(1) + expf(-gate)) * up
+def swiglu(gate, up, path=AVX512):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_f32, silu(gate) * up
+    return silu(gate, path) * up
 
 
 def libm_expf(x):  # [...] f32 -> [...] f32: the C library's expf, value by value (it is not correctly rounded)
@@ -138,48 +179,54 @@ def libm_expf(x):  # [...] f32 -> [...] f32: the C library's expf, value by valu
     return np.array([f(v) for v in x.ravel().tolist()], np.float32).reshape(x.shape)
 
 
-def silu(x):  # [..., n] f32 -> [..., n]: ggml_vec_silu_f32, x / (1 + expf(-x)): 16 lanes, the n % 16 left by libm
-    body = x.shape[-1] - x.shape[-1] % 16
-    e = np.concatenate([expf(-x[..., :body]), libm_expf(-x[..., body:])], axis=-1)
-    return x / (np.float32(1) + e)
+def lanes_expf(x, path):  # [..., n] f32 -> [..., n]: the path's ggml_v_expf on whole vectors, libm's on the rest
+    lanes = LANES[path]
+    body = x.shape[-1] - x.shape[-1] % lanes.width
+    return np.concatenate([lanes.expf(x[..., :body]), libm_expf(x[..., body:])], axis=-1)
 
 
-def softmax(x):  # [..., n] f32 -> [..., n]: ggml's soft_max (no mask, scale 1), ggml_vec_soft_max_f32's sums
-    """Whole groups of 16: ggml_v_expf, each group reduced in float32, accumulated in float64; the n % 16 left: the
-    C library's expf, added one by one in float64; then every e times float32(1 / sum)."""
-    body = x.shape[-1] - x.shape[-1] % 16
-    d = x - x.max(axis=-1, keepdims=True)
-    e = np.concatenate([expf(d[..., :body]), libm_expf(d[..., body:])], axis=-1)
-    total = reduce_add16(e[..., :body].reshape(*e.shape[:-1], -1, 16)).astype(np.float64).sum(axis=-1)
+def silu(x, path=AVX512):  # [..., n] f32 -> [..., n]: ggml_vec_silu_f32, x / (1 + expf(-x)), a vector at a time
+    return x / (np.float32(1) + lanes_expf(-x, path))
+
+
+def softmax(x, path=AVX512):  # [..., n] f32 -> [..., n]: ggml's soft_max (no mask, scale 1), ggml_vec_soft_max_f32
+    """Whole vectors (16 lanes, AVX2's 8): ggml_v_expf, each vector's sum in float32, accumulated in float64; the
+    rest: the C library's expf, added one by one in float64; then every e times float32(1 / sum)."""
+    w = LANES[path].width
+    body = x.shape[-1] - x.shape[-1] % w
+    e = lanes_expf(x - x.max(axis=-1, keepdims=True), path)
+    total = reduce_halves(e[..., :body].reshape(*e.shape[:-1], -1, w)).astype(np.float64).sum(axis=-1)
     for i in range(body, x.shape[-1]):
         total = total + e[..., i].astype(np.float64)
     return e * (1.0 / total)[..., None].astype(np.float32)
 
 
-def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml's soft_max of kq * scale + mask
-    """x = kq * float32(scale) + mask; e = expf(x - max); the sum of e in 16-lane groups (each group reduced in
-    float32) accumulated in float64; e times float32(1 / sum). Rows are padded with zeros to whole groups, as
-    llama.cpp's masked padding is."""
+def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H, T, S]: ggml's soft_max of kq * scale
+    """+ mask. x = kq * float32(scale) + mask; e = expf(x - max); the sum of e a vector at a time (each vector's
+    sum in float32) accumulated in float64; e times float32(1 / sum). Rows are padded with zeros to whole vectors,
+    as llama.cpp's masked padding is."""
+    lanes = LANES[path]
     x = kq * np.float32(scale) + mask
     S = x.shape[-1]
-    e = expf(x - x.max(axis=-1, keepdims=True))
-    pad = np.zeros((*e.shape[:-1], -S % 16), np.float32)
-    groups = reduce_add16(np.concatenate([e, pad], axis=-1).reshape(*e.shape[:-1], -1, 16))
+    e = lanes.expf(x - x.max(axis=-1, keepdims=True))
+    pad = np.zeros((*e.shape[:-1], -S % lanes.width), np.float32)
+    groups = reduce_halves(np.concatenate([e, pad], axis=-1).reshape(*e.shape[:-1], -1, lanes.width))
     inv = (1.0 / groups.astype(np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
     return e * inv
 
 
-def f16_dots(a, b, many, padded):  # [..., n] f32, [..., n] f32 (float16 values) -> [...]: sum of a * b as ggml sums
-    """A float16 product's sums. Products of float16 values are exact in float32, so only the order of additions
-    matters. `many` (a batch of 2+ tokens): llamafile's tinyBLAS, 16 lanes, lane l adding elements 16c + l over c,
-    then _mm512_reduce_add_ps. One token (or n not a multiple of 16, which tinyBLAS declines): ggml_vec_dot_f16,
-    4 x 16 lanes per 64 elements, lanes (0+2)+(1+3), the same reduction, then the n % 64 leftovers added in
-    float64, unless the row is `padded`: llama.cpp's KV view is 256 cells long, zeros past the keys in use, so the
-    sums over S (kqv) fill whole lanes."""
+def f16_dots(a, b, many, padded, path=AVX512):  # [..., n] f32, [..., n] f32 (float16 values) -> [...]: sum of
+    """a * b as ggml sums a float16 product. Products of float16 values are exact in float32, so only the order of
+    additions matters. With w the path's lanes (16; AVX2's 8): `many` (a batch of 2+ tokens): llamafile's tinyBLAS,
+    lane l adding elements w c + l over c, then the vector's sum (halves). One token (or n not a multiple of w,
+    which tinyBLAS declines): ggml_vec_dot_f16, 4 x w lanes per 4 w elements, lanes (0+2)+(1+3), GGML_F32_VEC_REDUCE's
+    end, then the n % 4w leftovers added in float64, unless the row is `padded`: llama.cpp's KV view is 256 cells
+    long, zeros past the keys in use, so the sums over S (kqv) fill whole lanes."""
+    lanes = LANES[path]
     n = a.shape[-1]
-    many = many and (padded or n % 16 == 0)
-    width = 16 if many else 64
-    body = n if many or padded else n - n % 64
+    many = many and (padded or n % lanes.width == 0)
+    width = lanes.width if many else 4 * lanes.width
+    body = n if many or padded else n - n % width
     p = a * b
     head = np.concatenate([p[..., :body], np.zeros((*p.shape[:-1], -body % width), np.float32)], axis=-1)
     chunks = head.reshape(*p.shape[:-1], -1, width)
@@ -187,9 +234,9 @@ def f16_dots(a, b, many, padded):  # [..., n] f32, [..., n] f32 (float16 values)
     for c in range(1, chunks.shape[-2]):
         acc = acc + chunks[..., c, :]
     if not many:
-        acc = acc.reshape(*acc.shape[:-1], 4, 16)
+        acc = acc.reshape(*acc.shape[:-1], 4, lanes.width)
         acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-    total = reduce_add16(acc).astype(np.float64)
+    total = (reduce_halves(acc) if many else lanes.reduce(acc)).astype(np.float64)
     for i in range(body, n):
         total = total + p[..., i]
     return total.astype(np.float32)
@@ -211,19 +258,19 @@ def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, 
 ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, interleaved=False)}  # as layers.ROPE
 
 
-def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] f32 (float16 values) -> [H, T, S]: kq, llama.cpp's way
+def attention_scores(q, k, path=AVX512):  # [T, H, HD], [KVH, S, HD] f32 (float16 values) -> [H, T, S]: kq
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     qh = round_f16(q).transpose(1, 0, 2).reshape(KVH, H // KVH, T, 1, HD)
-    return f16_dots(qh, k[:, None, None], T > 1, False).reshape(H, T, S)
+    return f16_dots(qh, k[:, None, None], T > 1, False, path).reshape(H, T, S)
 
 
-def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] f32 (float16 values) -> [T, H*HD]: kqv, llama.cpp's way
+def attention_mix(p, v, path=AVX512):  # [H, T, S], [KVH, S, HD] f32 (float16 values) -> [T, H*HD]: kqv
     H, T, S = p.shape
     KVH, _, HD = v.shape
     ph = round_f16(p).reshape(KVH, H // KVH, T, 1, S)
     vt = v.transpose(0, 2, 1)[:, None, None]  # [KVH, 1, 1, HD, S]
-    return f16_dots(ph, vt, T > 1, True).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
+    return f16_dots(ph, vt, T > 1, True, path).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
 
 
 def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope computes them (sincosf of float32 angles)
@@ -369,14 +416,14 @@ def block_sums(xq, codes_t, group):  # [T, K] int8, [K/group, group, N] f32 -> [
 
 class GgmlMatrix(WeightMatrix):
     """A quantized [N, K] matrix that multiplies as llama.cpp's CPU backend does. `x @ w.T` quantizes x to the
-    type's vec-dot type and sums as ggml_vec_dot_* (or, `repack` and a type x86 repacks, as the repacked form's
-    gemv/gemm); `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
+    type's vec-dot type and sums as ggml_vec_dot_* (or, `repack` and a type x86 repacks on the CPU `path`, as the
+    repacked form's gemv/gemm); `w[rows]` dequantizes rows (llama.cpp's get_rows)."""
 
     ROWS_PER_PASS = 1 << 22  # lane sums per pass: the [K/4, T, N] sums of one pass stay under 16 MB
 
-    def __init__(self, raw, qtype, shape, xp=np, repack=True):
+    def __init__(self, raw, qtype, shape, xp=np, repack=True, path=AVX512):
         self.qtype, self.shape, self.xp = qtype, tuple(shape), xp
-        self.repacked = repack and repacked(qtype, shape)
+        self.repacked = repack and repacked(qtype, shape, path)
         w = int_weights(raw, qtype, shape)
         group = GROUP.get(qtype, 32)
         N, K = shape
@@ -544,14 +591,15 @@ def id_product(rows, w):  # [n, K], an expert's matrix -> [n, N]: as llama.cpp's
     return w.matmul_id(rows) if hasattr(w, "matmul_id") else linear(rows, w)
 
 
-def f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama.cpp sums an F32 matrix's products
-    """A batch (2+ tokens, K a multiple of 16, N of 4): llamafile's tinyBLAS, 16 lanes, lane l a fused multiply-add
-    over elements 16c + l, then _mm512_reduce_add_ps. One token (or a shape tinyBLAS declines): ggml_vec_dot_f32,
-    4 x 16 lanes of FMAs per 64 elements, lanes (0+2)+(1+3), the same reduction, then the K % 64 leftovers' products
-    added one by one in float32."""
+def f32_dots(x, w, path=AVX512):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama.cpp sums an F32
+    """matrix's products. With w the path's lanes (16; AVX2's 8): a batch (2+ tokens, K a multiple of w, N of 4):
+    llamafile's tinyBLAS, lane l a fused multiply-add over elements w c + l, then the vector's sum (halves). One
+    token (or a shape tinyBLAS declines): ggml_vec_dot_f32, 4 x w lanes of FMAs per 4 w elements, lanes
+    (0+2)+(1+3), GGML_F32_VEC_REDUCE's end, then the K % 4w leftovers' products added one by one in float32."""
+    lanes = LANES[path]
     T, K = x.shape
-    many = T > 1 and K % 16 == 0 and len(w) % 4 == 0
-    width = 16 if many else 64
+    many = T > 1 and K % lanes.width == 0 and len(w) % 4 == 0
+    width = lanes.width if many else 4 * lanes.width
     body = K if many else K - K % 64
     out = np.empty((T, len(w)), np.float32)
     step = max(1, (1 << 22) // (T * width))  # rows a pass: the lanes of T x step products at a time
@@ -561,9 +609,9 @@ def f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama
         for c in range(0, body, width):
             acc = fma(x[:, None, c:c + width], wa[None, :, c:c + width], acc)
         if not many:
-            acc = acc.reshape(T, len(wa), 4, 16)
+            acc = acc.reshape(T, len(wa), 4, lanes.width)
             acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-        total = reduce_add16(acc)
+        total = reduce_halves(acc) if many else lanes.reduce(acc)
         for i in range(body, K):
             total = total + x[:, None, i] * wa[None, :, i]
         out[:, a:a + step] = total
@@ -571,14 +619,15 @@ def f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama
 
 
 class F32Matrix(WeightMatrix):
-    """A float32 matrix (a router, an F32 file's matrices): its products summed in llama.cpp's order (f32_dots)."""
+    """A float32 matrix (a router, an F32 file's matrices): its products summed in llama.cpp's order on a CPU path
+    (f32_dots)."""
 
-    def __init__(self, w):
-        self.w = np.asarray(w, dtype=np.float32)
+    def __init__(self, w, path=AVX512):
+        self.w, self.path = np.asarray(w, dtype=np.float32), path
         self.shape = self.w.shape
 
     def matmul(self, x):
-        return f32_dots(np.asarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w)
+        return f32_dots(np.asarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w, self.path)
 
     def __getitem__(self, rows):
         return self.w[rows]
@@ -590,9 +639,9 @@ class GgmlPlacement(Placement):
 
     keep = EMULATED | {QT.F16}
 
-    def __init__(self, xp=np, repack=True):
+    def __init__(self, xp=np, repack=True, path=AVX512):
         super().__init__(xp)
-        self.repack = repack
+        self.repack, self.path = repack, path
 
     def prepare(self, qtypes, cfg):
         unsupported = {t for t in qtypes if t not in self.keep and t not in (QT.F32,)}
@@ -607,9 +656,9 @@ class GgmlPlacement(Placement):
                 from gguf.quants import dequantize as deq
 
                 return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
-            return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp, self.repack)
+            return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp, self.repack, self.path)
         if getattr(a, "ndim", 0) == 2 and self.xp is np:
-            return F32Matrix(a)
+            return F32Matrix(a, self.path)
         return super().__call__(a)
 
 
@@ -618,3 +667,9 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
           silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product))
+
+
+def path_ops(path):
+    """OPS on a CPU path (LANES): its float steps' lanes and expf."""
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu)
+    return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps}) if path != AVX512 else OPS
