@@ -45,9 +45,9 @@ def test_a_llamacpp_builds_path_is_read_from_its_system_info(path):
 
 def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypatch):
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx2")
-    assert cpu_paths.choose(None, "numpy") == ("avx2", None)
-    path, notice = cpu_paths.choose(None, "numba")
-    assert path == "avx512-vnni" and "takes the avx2 path" in notice and "(it does on numpy)" in notice
+    assert cpu_paths.choose(None, "numpy") == cpu_paths.choose(None, "numba") == ("avx2", None)
+    path, notice = cpu_paths.choose(None, "cupy")
+    assert path == "avx512-vnni" and "takes the avx2 path" in notice and "(it does on numpy, numba)" in notice
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx512")
     assert cpu_paths.choose()[0] == "avx512-vnni"
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
@@ -56,8 +56,8 @@ def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypat
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(numerics="ggml", cpu_path="avx2", backend="numba"),
-     "cpu path 'avx2' is not one numerics 'ggml' reproduces on numba .* and avx2 on numpy"),
+    (dict(numerics="ggml", cpu_path="avx2", backend="cupy"),
+     "cpu path 'avx2' is not one numerics 'ggml' reproduces on cupy .* and avx2 on numpy, numba"),
     (dict(numerics="ggml", cpu_path="neon-i8mm"), "'neon-i8mm' is not one numerics 'ggml' reproduces on numpy"),
     (dict(numerics="ggml", cpu_path="sse"), "unknown cpu path 'sse'"),
     (dict(cpu_path="avx512-vnni"), "goes with numerics 'ggml'"),

@@ -32,7 +32,7 @@ def ops_for(backend, numerics, arch, cpu_path=None):
     """The operations table (refllama.layers.Ops) of a backend and numerics for an architecture, chosen once, at
     load: the forwards call every step whose arithmetic a numerics sets through it. A numerics module is imported
     only when chosen; one that follows llama.cpp's graph scales q first only where that architecture's graph does;
-    `cpu_path` (numerics "ggml" on numpy): which of llama.cpp's CPU paths its float steps take."""
+    `cpu_path` (numerics "ggml"): which of llama.cpp's CPU paths its float steps take."""
     if (backend, numerics) not in OPS:
         return FLOAT32
     module = importlib.import_module(OPS[backend, numerics])
@@ -49,10 +49,10 @@ def placement(backend, xp, numerics="float32", in_file=None, repack=True, cpu_pa
         if backend == "numba":
             from .ggml_kernels import GgmlNumbaPlacement
 
-            return GgmlNumbaPlacement(xp, repack)
-        from .ggml_numerics import AVX512, GgmlPlacement
+            return GgmlNumbaPlacement(xp, repack, cpu_path or "avx512-vnni")
+        from .ggml_numerics import GgmlPlacement
 
-        return GgmlPlacement(xp, repack, cpu_path or AVX512)
+        return GgmlPlacement(xp, repack, cpu_path or "avx512-vnni")
     if backend == "numba":
         from .quant import NumbaPlacement
 

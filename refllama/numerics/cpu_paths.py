@@ -16,8 +16,8 @@ PATHS = {
     "neon-i8mm": (("neon", "dotprod", "i8mm"), "ARM's 4-lane sums, its repacked Q4_0/Q4_K forms with i8mm"),
     "neon-dotprod": (("neon", "dotprod"), "ARM's 4-lane sums (Apple M1 and up), its repacked forms with dotprod"),
 }
-EMULATED = {"numpy": ("avx512-vnni", "avx2"), "numba": ("avx512-vnni",),  # backend -> the paths numerics "ggml"
-            "cupy": ("avx512-vnni",)}  # computes there, to the bit
+EMULATED = {"numpy": ("avx512-vnni", "avx2"), "numba": ("avx512-vnni", "avx2"),  # backend -> the paths numerics
+            "cupy": ("avx512-vnni",)}  # "ggml" computes there, to the bit
 NEAREST = {"avx512": "avx512-vnni"}  # a path not emulated -> the emulated one that differs from it least
 BUILT = {  # name -> the flags llama_print_system_info() shows "= 1" for a build that takes it
     "avx512-vnni": ("AVX512", "AVX512_VNNI"), "avx512": ("AVX512",), "avx2": ("AVX2", "FMA", "F16C"),

@@ -14,9 +14,11 @@ from numba.extending import intrinsic
 
 from ..formats.ggml_types import QuantizedTensor, byte_shape
 from ..layers import Ops
+from . import ggml_numerics
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import (
+    AVX512,
     F32Matrix,
     GgmlPlacement,
     cos_sin,
@@ -332,9 +334,21 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
           mul_mat_id=partial(mul_mat_id, concat=concat_blocks, product=id_product))
 
 
+def path_ops(path):
+    """OPS on a CPU path: the AVX-512 one's small steps are this module's kernels; another path's (its lanes and
+    expf: ggml_numerics.LANES) are the NumPy emulation's, around the same Numba products."""
+    if path == AVX512:
+        return OPS
+    steps = ggml_numerics.path_ops(path)
+    return OPS._replace(**{name: getattr(steps, name) for name in (
+        "attention_scores", "attention_weights", "attention_mix", "swiglu", "softmax", "silu")})
+
+
 class GgmlNumbaPlacement(GgmlPlacement):
     """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
-    NumbaKQuantMatrix, Q5_1 as GgmlMatrix."""
+    NumbaKQuantMatrix, Q5_1 as GgmlMatrix; F32 matrices as NumbaF32Matrix on the AVX-512 path, F32Matrix (its lanes
+    in NumPy) on another. Quantized products are the same on every x86 path: their integer sums are exact, their
+    float steps are the same code."""
 
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's matrix types, of a step's small steps and of the cache's RoPE angles
@@ -355,10 +369,10 @@ class GgmlNumbaPlacement(GgmlPlacement):
     def __call__(self, a):
         if isinstance(a, QuantizedTensor) and a.qtype in {*BLOCK_BYTES, *K_QUANTS}:
             m = (NumbaGgmlMatrix if a.qtype in BLOCK_BYTES else NumbaKQuantMatrix)([a.raw], a.qtype, a.shape[1])
-            m.repacked = self.repack and repacked(a.qtype, a.shape)
+            m.repacked = self.repack and repacked(a.qtype, a.shape, self.path)
             return m
         m = super().__call__(a)
-        return NumbaF32Matrix(m.w) if isinstance(m, F32Matrix) else m
+        return NumbaF32Matrix(m.w) if isinstance(m, F32Matrix) and self.path == AVX512 else m
 
     def layer(self, lw):
         fuse_layer(lw, concat_blocks)
