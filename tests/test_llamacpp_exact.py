@@ -30,7 +30,9 @@ NUMPY_TOKENS = 64  # a longer prompt (Gemma 3's past its window of 512) runs whe
 CASES = [(model, prompt, cpu, path, backend) for model, r in REF["models"].items()
          for prompt, case in r["prompts"].items() for cpu in REFS for path in REF["paths"]
          for backend in ("numpy", "numba") if cpu in EMULATED[backend]
-         and ((backend, cpu) == ("numba", "avx512-vnni") or len(case["ids"]) <= NUMPY_TOKENS)]
+         and ((backend, cpu) == ("numba", "avx512-vnni") or len(case["ids"]) <= NUMPY_TOKENS)
+         and not (model == "gemma3-270m" and backend == "numpy" and cpu != "avx512-vnni")]  # ~80 s: on numba the
+# AVX2 steps are these NumPy functions already, around the kernels' products (equal to NumPy's on every path)
 
 
 def model_file(name):
