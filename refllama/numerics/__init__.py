@@ -10,9 +10,10 @@ the formulas are refllama.layers; with numerics "float32" on numpy every step is
     numpy/cupy, ggml      ggml_numerics.OPS           ggml_numerics.GgmlMatrix: llama.cpp's integer dot products
     numba, ggml           ggml_kernels.OPS            the same as Numba / LLVM IR kernels
 
-Shared facts: ggml_tables (block layouts, float16, expf's constants), ir (LLVM IR helpers), block_ir (GGUF blocks
-unpacked in IR), matrices (the weight-matrix protocol, fused matrices, file-form matrices), kernel_pages (kernels
-loaded before the loader's pages are released).
+Shared facts: cpu_paths (llama.cpp's CPU paths, the host's, which ones numerics "ggml" reproduces), ggml_tables
+(block layouts, float16, expf's constants), ir (LLVM IR helpers), block_ir (GGUF blocks unpacked in IR), matrices
+(the weight-matrix protocol, fused matrices, file-form matrices), kernel_pages (kernels loaded before the loader's
+pages are released).
 """
 
 import importlib
@@ -36,7 +37,7 @@ def ops_for(backend, numerics, arch, cpu_path=None):
     if (backend, numerics) not in OPS:
         return FLOAT32
     module = importlib.import_module(OPS[backend, numerics])
-    ops = module.path_ops(cpu_path) if cpu_path and hasattr(module, "path_ops") else module.OPS
+    ops = module.path_ops(cpu_path) if cpu_path else module.OPS  # a path: numerics "ggml" only
     return ops._replace(q_first=False) if ops.q_first and not getattr(arch, "LLAMACPP_Q_SCALED", False) else ops
 
 

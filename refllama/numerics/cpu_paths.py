@@ -1,8 +1,9 @@
 """llama.cpp's CPU paths: which arithmetic its CPU backend computes on a host, and which of them numerics "ggml"
 reproduces. ggml-cpu picks each kernel's form at build time by the instruction sets the build targets (its
 `#if defined(__AVX512F__)`, `__AVX2__`, `__ARM_NEON` branches: lane counts of the float32 and float16 sums,
-ggml_v_expf's ending, the tiled and repacked kernels' float steps), and a native build targets its host, so the
-path is the host's. The integer sums are exact on every path; the float steps between them are not."""
+ggml_v_expf's ending, which types it repacks), and a native build targets its host, so the path is the host's. The
+integer sums are exact on every path; the float steps around them are not (docs/ggml-numerics.md, "Which CPU
+path", lists what differs between the two x86 paths reproduced here)."""
 
 import platform
 
