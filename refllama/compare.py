@@ -44,9 +44,9 @@ def find_model(path, mine, ref, numerics=None, backend="numba"):
         if path or not want or model_sha256(c) in want:
             n_ctx = max(len(ref.token_ids), len(mine.token_ids), 256, int(ref.manifest.get("n_ctx") or 0))
             both_ggml = (numerics or mine.numerics) == ref.numerics == "ggml" and not os.path.isdir(c)
-            path = ref.cpu_path if both_ggml and ref.cpu_path in EMULATED[backend] else None  # REF's, if reproduced
+            cpu = ref.cpu_path if both_ggml and ref.cpu_path in EMULATED[backend] else None  # REF's, if reproduced
             return api.load(c, backend=backend, n_ctx=n_ctx, numerics="ggml" if both_ggml else "float32",
-                            repack=ref.repack, cpu_path=path), None
+                            repack=ref.repack, cpu_path=cpu), None
     return None, "no model with the dumps' sha256 found (give -m MODEL)"
 
 def plot(rows, path, first=None):

@@ -336,8 +336,9 @@ def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, r
     product = gn.id_product if hasattr(experts[0], "vnni") else linear
     x = activations(1, 256)
     rows = activations(3, 256)[None]  # [1, K, in]
+    assert experts[0].join([experts[e] for e in ids[0]]).in_quads()  # the down products take matmul_parts
     for inputs in (x, rows):
-        got = mul_mat_id(inputs, experts, ids, concat=concat_blocks, product=product)
+        got = mul_mat_id(inputs, experts, ids, product=product)
         want = [product((inputs[:, k] if inputs.ndim == 3 else inputs), experts[e]) for k, e in enumerate(ids[0])]
         np.testing.assert_array_equal(got, np.stack(want, axis=1))
 

@@ -10,7 +10,6 @@ from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32F32, V32I8, load, load_f16, prefetch, splat
 
 V16I8 = ir.VectorType(I8, 16)
-AHEAD = 1024  # bytes: how far ahead of the block in use its row's stream is prefetched (one thread's row, in order)
 GROUPS = {QT.Q4_0: 1, QT.Q4_1: 1, QT.Q5_0: 1, QT.Q8_0: 1, QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}  # 32s per block
 
 
@@ -149,9 +148,8 @@ def groups(builder, qtype, blk):
             for j in range(8)], offsets
 
 
-def prefetch_block(builder, blk, qtype, ahead=None):  # a hint to fetch the cache lines of the bytes `ahead` (IR
-    size = BLOCK_SIZES[qtype][1]  # i64, rows_ahead; AHEAD if None: a batch's tiles) past this block's
-    ahead = ir.Constant(I64, AHEAD) if ahead is None else ahead
+def prefetch_block(builder, blk, qtype, ahead):  # a hint to fetch the cache lines of the bytes `ahead` (IR i64:
+    size = BLOCK_SIZES[qtype][1]  # rows_ahead) past this block's
     for line in range(0, size, 64) if size >= 64 else [0]:
         prefetch(builder, builder.add(blk, builder.add(ahead, ir.Constant(I64, line))))
 

@@ -331,7 +331,7 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True,
           softmax=router_softmax, silu=silu,  # a gate's few values: the NumPy emulation
-          mul_mat_id=partial(mul_mat_id, concat=concat_blocks, product=id_product))
+          mul_mat_id=partial(mul_mat_id, product=id_product))
 
 
 def path_ops(path):

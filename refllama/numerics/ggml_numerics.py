@@ -182,6 +182,8 @@ def libm_expf(x):  # [...] f32 -> [...] f32: the C library's expf, value by valu
 def lanes_expf(x, path):  # [..., n] f32 -> [..., n]: the path's ggml_v_expf on whole vectors, libm's on the rest
     lanes = LANES[path]
     body = x.shape[-1] - x.shape[-1] % lanes.width
+    if body == x.shape[-1]:  # every model's feed-forward width; the array stays in its module (cupy)
+        return lanes.expf(x)
     return np.concatenate([lanes.expf(x[..., :body]), libm_expf(x[..., body:])], axis=-1)
 
 

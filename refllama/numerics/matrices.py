@@ -73,13 +73,14 @@ class FusedPart(WeightMatrix):
 FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # a layer's products of one input
 
 
-def mul_mat_id(x, mats, ids, concat=None, product=linear):  # [T, K, in] or [T, in], E matrices, [T, K] ids
-    """layers.mul_mat_id, but one token's K experts' matrices joined by `concat` (their blocks side by side, by
-    reference) and multiplied in one kernel call, not K: by its one row where the K slots read it (x [1, in]: the
-    gate and up products), else each expert's rows by its slot's own row (x [1, K, in]: the down products), where
-    the joined matrix can (`matmul_parts`). Each row's products are those of its own matrix, in any form."""
-    if concat is not None and len(x) == 1:
-        whole = concat([mats[int(e)] for e in ids[0]])
+def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matrices, [T, K] ids -> [T, K, out]
+    """layers.mul_mat_id, but one token's K experts' matrices joined, where they can be (`join`: their blocks side by
+    side, by reference), and multiplied in one kernel call, not K: by its one row where the K slots read it
+    (x [1, in]: the gate and up products), else each expert's rows by its slot's own row (x [1, K, in]: the down
+    products), where the joined matrix can (`matmul_parts`). Each row's products are those of its own matrix."""
+    join = getattr(mats[0], "join", None)
+    if join is not None and len(x) == 1:
+        whole = join([mats[int(e)] for e in ids[0]])
         if whole is not None and x.ndim == 2:
             return product(x, whole).reshape(1, ids.shape[1], -1)
         if whole is not None and hasattr(whole, "matmul_parts") and whole.in_quads():

@@ -257,15 +257,9 @@ def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD]
 
 
 # SwiGLU and GELU stay NumPy's (its tanh is vectorized); so do the RoPE tables, computed once
-def mul_mat_id(x, mats, ids):  # [T, K, in], E matrices, [T, K] ids -> [T, K, out]: a token's K joined in one call
-    from .quant import concat_blocks  # quant imports this module
-
-    return matrices.mul_mat_id(x, mats, ids, concat=concat_blocks)
-
-
 OPS = layers.Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=layers.rope_cos_sin, attention_scores=attention_scores,
                  attention_weights=attention_weights, attention_mix=attention_mix, swiglu=layers.swiglu,
                  gelu=layers.gelu_tanh, geglu=layers.geglu, softcap=layers.softcap, kv_f16=False,
-                 q_first=False, mul_mat_id=mul_mat_id)
+                 q_first=False, mul_mat_id=matrices.mul_mat_id)
 
 

@@ -262,6 +262,9 @@ class Blocks(WeightMatrix):
     def nbytes(self):
         return sum(p.nbytes for p in self.parts)
 
+    def join(self, ms):  # several matrices' rows as one (concat_blocks), or None: matrices.mul_mat_id's experts
+        return concat_blocks(ms)
+
     def in_quads(self):  # whether every part's rows are whole quads: matmul_parts' condition
         return all(len(p) % N_READ == 0 for p in self.parts)
 
