@@ -3,17 +3,18 @@
 import numpy as np
 
 from refllama.layers import linear
+from refllama.xp import to_numpy
 
 NEAR_TIE = 0.25  # llama.cpp's best token may differ from ours only if ours rates it within this many logits
 
 
-def our_logits(case, mode):
+def our_logits(case, mode):  # -> [P, V] NumPy, whatever the backend computes on
     if mode == "end_to_end":
         return case.ours("result_output")
     pos = case.rows("result_output")
     norm_pos = case.rows("result_norm")
     h = case.ref["result_norm"][[norm_pos.index(p) for p in pos]]  # [P, D] at the logit positions
-    return linear(h, case.w["output"])
+    return to_numpy(linear(h, case.w["output"]))
 
 
 def test_logits(case, mode):

@@ -4,9 +4,10 @@ Models for SmolLM2's references: "gguf-numpy", "gguf-numba" (quantized weights, 
 (skipped with a reason when CuPy or a GPU is missing) load its GGUF file; "hf-numpy" is the same model exported by
 `refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
 transformers references; "ggml-numpy" and "ggml-numba" load the GGUF in numerics "ggml" and are checked against
-the llama.cpp references in the table's ggml column. Each tiny family's references check "f32-numpy", its F32
-GGUF. A test module that sets `NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets
-`DECODE = True`, only on the references that hold decode steps.
+the llama.cpp references in the table's ggml column. Each tiny family's references check its F32 GGUF on numpy,
+"f32-numpy", and on cupy, "f32-cupy" (skipped with a reason where CuPy or a GPU is missing). A test module that
+sets `NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets `DECODE = True`, only on
+the references that hold decode steps.
 """
 
 import harness
@@ -20,7 +21,7 @@ CASES = ([(i, f"gguf-{b}") for b in BACKENDS for i, r in enumerate(harness.REFS)
          + [(i, "hf-numpy") for i, r in enumerate(harness.REFS) if r.model == "smollm2" and r.source == "hf"]
          + [(i, f"ggml-{b}") for b in ("numpy", "numba") for i, r in enumerate(harness.REFS)
             if r.model == "smollm2" and r.source == "llamacpp"]
-         + [(i, "f32-numpy") for i, r in enumerate(harness.REFS) if r.model != "smollm2"])
+         + [(i, f"f32-{b}") for b in ("numpy", "cupy") for i, r in enumerate(harness.REFS) if r.model != "smollm2"])
 
 
 def case_name(case_id):
@@ -83,7 +84,10 @@ def case(request, case_id):
     i, which = case_id
     ref = harness.REFS[i]
     if ref.model != "smollm2":
-        return harness.Case(harness.family_model(ref.model), ref)
+        try:
+            return harness.Case(harness.family_model(ref.model, which.split("-")[1]), ref)
+        except refllama.RefllamaError as e:
+            pytest.skip(f"{which} unavailable here: {e}")
     models = {"gguf-numpy": lambda: request.getfixturevalue("model"),
               "gguf-numba": lambda: request.getfixturevalue("numba_model"),
               "gguf-cupy": lambda: request.getfixturevalue("cupy_model"),

@@ -66,8 +66,8 @@ def stored_layers(ref):
 
 
 @lru_cache(maxsize=None)
-def family_model(family):
-    return refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=FAMILY_N_CTX)
+def family_model(family, backend="numpy"):
+    return refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=FAMILY_N_CTX, backend=backend)
 
 
 @lru_cache(maxsize=None)

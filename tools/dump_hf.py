@@ -54,7 +54,7 @@ def capture(hf, ids, decode_steps=0):
     KVH = getattr(hf.config, "num_key_value_heads", None) or H
 
     def keep(name, t, heads=None, heads_first=False):
-        a = t.detach().float().numpy()[0]  # drop the batch axis
+        a = t.detach().float().cpu().numpy()[0]  # drop the batch axis
         a = a.transpose(1, 0, 2) if heads_first else a  # [H, T, HD] -> [T, H, HD]
         stages[name] = a.reshape(a.shape[0], heads, -1) if heads else a
 
@@ -97,13 +97,15 @@ def capture(hf, ids, decode_steps=0):
     decode, decode_ids = [], []
     with torch.no_grad():  # a cache of every key on every layer (no config: no sliding-window layers that drop keys),
         # so that a decode step's scores span every position as refllama's do; the window is the mask's
-        out = hf(torch.tensor([ids]), past_key_values=DynamicCache(), use_cache=True)
+        device = next(hf.parameters()).device  # the CPU here; a GPU in tools/gpu_check.py
+        out = hf(torch.tensor([ids], device=device), past_key_values=DynamicCache(), use_cache=True)
         keep("result_output", out.logits)
         prefill = dict(stages)
         for _ in range(decode_steps):
             decode_ids.append(int(out.logits[0, -1].argmax()))
             stages.clear()
-            out = hf(torch.tensor([decode_ids[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            out = hf(torch.tensor([decode_ids[-1:]], device=device), past_key_values=out.past_key_values,
+                     use_cache=True)
             keep("result_output", out.logits)
             decode.append(dict(stages))
     for h in hooks:

@@ -29,6 +29,7 @@ class WeightMatrix:
 
 class _Transposed:
     __array_ufunc__ = None  # makes `ndarray @ this` defer to __rmatmul__
+    __array_priority__ = 1000  # and CuPy's
 
     def __init__(self, w):
         self.w = w

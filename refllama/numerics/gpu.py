@@ -1,0 +1,432 @@
+"""The GPU's own kernels (CUDA C, compiled by CuPy) for a decode step and for 16-bit weights, each beside its NumPy
+mirror: the same arithmetic on NumPy arrays, written into the same output buffers. The mirrors are what the CPU
+tests run (a decode step built from them is held to refllama.layers' forward); on a GPU each kernel is held to its
+mirror (tests/test_gpu.py, tools/gpu_check.py). Hand-written because a decode step of one token is a few hundred
+small launches that CuPy's array operations cannot fuse or put in a CUDA graph without allocating.
+
+Shape letters as refllama.layers; QKV = (H + 2 KVH) HD, a layer's q, k and v projections side by side; R the
+rotated dims of a head. `pos` and `token` are one-element int32 arrays on the device, so that a captured graph
+reads the step's position and token rather than baking them in.
+"""
+
+import numpy as np
+
+from .. import layers
+from ..formats.ggml_types import GGMLType, QuantizedTensor
+from ..xp import Placement
+from .matrices import SCRATCH_VALUES, WeightMatrix
+
+WARPS = 8  # a gemv block's warps, one output row each
+HALF = {GGMLType.F16: "f16", GGMLType.BF16: "bf16"}  # the 16-bit types kept as stored on the GPU
+
+SOURCE = r"""
+#define WARPS 8
+#define NEG_INF __int_as_float(0xff800000u)
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// a block's sum (or max) of v, handed to every thread; blockDim.x a multiple of 32
+__device__ float block_reduce(float v, float* sh, bool is_max) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = l < nw ? sh[l] : (is_max ? NEG_INF : 0.0f);
+        v = is_max ? warp_max(v) : warp_sum(v);
+        if (l == 0) sh[0] = v;
+    }
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+__device__ __forceinline__ float f16(unsigned int h) {
+    float f;
+    unsigned short s = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s));
+    return f;
+}
+__device__ __forceinline__ float bf16(unsigned int b) { return __uint_as_float((b & 0xffffu) << 16); }
+
+// out[r] = res[r] + W[r] . x + bias[r] (res, bias: null for none); one warp a row
+#define GEMV_HEAD(NAME, T)                                                                                  \
+extern "C" __global__ void NAME(const T* __restrict__ W, const float* __restrict__ x, const float* bias,    \
+                                const float* res, float* out, int N, int K) {                               \
+    int r = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;                                 \
+    if (r >= N) return;                                                                                     \
+    const T* w = W + (long long)r * K;                                                                         \
+    float acc = 0.0f;
+#define GEMV_TAIL                                                                                           \
+    acc = warp_sum(acc);                                                                                    \
+    if (lane == 0) {                                                                                        \
+        if (bias) acc += bias[r];                                                                           \
+        if (res) acc += res[r];                                                                             \
+        out[r] = acc;                                                                                       \
+    }                                                                                                       \
+}
+
+GEMV_HEAD(gemv_f32, float)
+    if ((K & 3) == 0) {
+        const float4* w4 = (const float4*)w;
+        const float4* x4 = (const float4*)x;
+        #pragma unroll 4
+        for (int k = lane; k < K / 4; k += 32) {
+            float4 a = w4[k], b = x4[k];
+            acc += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) acc += w[k] * x[k];
+    }
+GEMV_TAIL
+
+#define GEMV_HALF(NAME, CVT)                                                                                \
+GEMV_HEAD(NAME, unsigned short)                                                                             \
+    if ((K & 7) == 0) {                                                                                     \
+        const uint4* w8 = (const uint4*)w;                                                                  \
+        const float4* x4 = (const float4*)x;                                                                \
+        _Pragma("unroll 4")                                                                                 \
+        for (int k = lane; k < K / 8; k += 32) {                                                            \
+            uint4 a = w8[k];                                                                                \
+            float4 b = x4[2 * k], c = x4[2 * k + 1];                                                        \
+            acc += CVT(a.x) * b.x + CVT(a.x >> 16) * b.y + CVT(a.y) * b.z + CVT(a.y >> 16) * b.w            \
+                 + CVT(a.z) * c.x + CVT(a.z >> 16) * c.y + CVT(a.w) * c.z + CVT(a.w >> 16) * c.w;           \
+        }                                                                                                   \
+    } else {                                                                                                \
+        for (int k = lane; k < K; k += 32) acc += CVT(w[k]) * x[k];                                         \
+    }                                                                                                       \
+GEMV_TAIL
+GEMV_HALF(gemv_f16, f16)
+GEMV_HALF(gemv_bf16, bf16)
+
+// 16-bit values to float32 (exact): n of them
+extern "C" __global__ void widen_f16(const unsigned short* src, float* dst, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = f16(src[i]);
+}
+extern "C" __global__ void widen_bf16(const unsigned short* src, float* dst, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = bf16(src[i]);
+}
+
+// one row of x [rows, D] a block: x * 1/sqrt(mean(x^2) + eps) * w
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int D, float eps) {
+    __shared__ float sh[32];
+    const float* xr = x + (long long)blockIdx.x * D;
+    float s = 0.0f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) s += xr[d] * xr[d];
+    float scale = 1.0f / sqrtf(block_reduce(s, sh, false) / D + eps);
+    for (int d = threadIdx.x; d < D; d += blockDim.x) out[(long long)blockIdx.x * D + d] = xr[d] * scale * w[d];
+}
+
+// a block per head of qkv [QKV]: q and k normed per head where qn/kn are given (Qwen3), rotated by position *pos in
+// the pair layout (half: (i, i + R/2); else (2i, 2i + 1)), q to q_out [H*HD], k and v to the caches [KVH, n_ctx, HD]
+extern "C" __global__ void rope_store(const float* qkv, const float* cos_t, const float* sin_t, const int* pos_p,
+                                      float* q_out, float* k_cache, float* v_cache, const float* qn, const float* kn,
+                                      float eps, int H, int KVH, int HD, int R, int n_ctx, int half) {
+    __shared__ float v[1024];
+    __shared__ float sh[32];
+    int b = blockIdx.x, d = threadIdx.x, pos = *pos_p;
+    bool in = d < HD;
+    float val = in ? qkv[(long long)b * HD + d] : 0.0f;
+    if (b >= H + KVH) {
+        if (in) v_cache[((long long)(b - H - KVH) * n_ctx + pos) * HD + d] = val;
+        return;
+    }
+    const float* nw = b < H ? qn : kn;
+    if (nw) {
+        float scale = 1.0f / sqrtf(block_reduce(val * val, sh, false) / HD + eps);
+        val = in ? val * scale * nw[d] : 0.0f;
+    }
+    v[d] = val;
+    __syncthreads();
+    float o = val;
+    if (d < R) {
+        int h2 = R / 2;
+        bool first = half ? d < h2 : (d % 2) == 0;
+        int i = half ? (first ? d : d - h2) : d / 2;
+        int partner = half ? (first ? d + h2 : d - h2) : (first ? d + 1 : d - 1);
+        float c = cos_t[(long long)pos * h2 + i], s = sin_t[(long long)pos * h2 + i];
+        float x0 = first ? val : v[partner], x1 = first ? v[partner] : val;
+        o = first ? x0 * c - x1 * s : x0 * s + x1 * c;
+    }
+    if (!in) return;
+    if (b < H) q_out[(long long)b * HD + d] = o;
+    else k_cache[((long long)(b - H) * n_ctx + pos) * HD + d] = o;
+}
+
+// a block per query head: softmax(scale * q.k) over keys lo..pos (lo: the sliding window's first), times v
+extern "C" __global__ void attention(const float* q, const float* k_cache, const float* v_cache, const int* pos_p,
+                                     float* scores, float* out, float scale, int H, int KVH, int HD, int n_ctx,
+                                     int window) {
+    __shared__ float sh[32];
+    int h = blockIdx.x, g = h / (H / KVH), pos = *pos_p;
+    int lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    const float* qh = q + (long long)h * HD;
+    const float* K = k_cache + (long long)g * n_ctx * HD;
+    const float* V = v_cache + (long long)g * n_ctx * HD;
+    float* sc = scores + (long long)h * n_ctx;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (int s = lo + warp; s <= pos; s += nw) {
+        const float* ks = K + (long long)s * HD;
+        float a = 0.0f;
+        for (int d = lane; d < HD; d += 32) a += qh[d] * ks[d];
+        a = warp_sum(a);
+        if (lane == 0) sc[s] = a * scale;
+    }
+    __syncthreads();
+    float m = NEG_INF;
+    for (int s = lo + threadIdx.x; s <= pos; s += blockDim.x) m = fmaxf(m, sc[s]);
+    m = block_reduce(m, sh, true);
+    float total = 0.0f;
+    for (int s = lo + threadIdx.x; s <= pos; s += blockDim.x) {
+        float e = expf(sc[s] - m);
+        sc[s] = e;
+        total += e;
+    }
+    total = block_reduce(total, sh, false);
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+        float a = 0.0f;
+        for (int s = lo; s <= pos; ++s) a += sc[s] * V[(long long)s * HD + d];
+        out[(long long)h * HD + d] = a / total;
+    }
+}
+
+// gu [2F]: its gate's SiLU times its up half, into out [F]
+extern "C" __global__ void swiglu(const float* gu, float* out, int F) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < F) {
+        float g = gu[i];
+        out[i] = g * (0.5f + 0.5f * tanhf(0.5f * g)) * gu[F + i];
+    }
+}
+
+// the embedding row of token *tok, to float32
+extern "C" __global__ void embed_f32(const int* tok, const float* W, float* out, int D) {
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d < D) out[d] = W[(long long)*tok * D + d];
+}
+extern "C" __global__ void embed_f16(const int* tok, const unsigned short* W, float* out, int D) {
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d < D) out[d] = f16(W[(long long)*tok * D + d]);
+}
+extern "C" __global__ void embed_bf16(const int* tok, const unsigned short* W, float* out, int D) {
+    int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d < D) out[d] = bf16(W[(long long)*tok * D + d]);
+}
+"""
+
+NULL = np.uint64(0)  # a null pointer argument
+
+
+def widen_numpy(bits, kind, out=None):  # [..] uint16 -> [..] float32, exactly
+    """float16 or bfloat16 bits as float32 (bfloat16 is a float32's top half)."""
+    out = np.empty(bits.shape, np.float32) if out is None else out
+    if kind == "bf16":
+        np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
+    else:
+        np.copyto(out, bits.view(np.float16))
+    return out
+
+
+def stored(w):  # a weight -> (its array, its kind: "f32", "f16", "bf16")
+    return (w.bits, w.kind) if isinstance(w, HalfMatrix) else (w, "f32")
+
+
+class NumpyKernels:
+    """The mirrors: each kernel's arithmetic on NumPy arrays, writing its output buffer in place."""
+
+    xp = np
+
+    def gemv(self, w, x, out, bias=None, res=None):  # [N, K] . [K] (+ bias, + res) -> out [N]
+        a, kind = stored(w)
+        y = (widen_numpy(a, kind) if kind != "f32" else a) @ x
+        if bias is not None:
+            y = y + bias
+        out[...] = y if res is None else res + y
+
+    def widen(self, bits, kind, out):
+        widen_numpy(bits, kind, out)
+
+    def rms_norm(self, x, w, eps, out):  # [rows, D] -> out
+        out[...] = layers.rms_norm(x, w, eps)
+
+    def rope_store(self, qkv, cos, sin, pos, q_out, k_cache, v_cache, qn, kn, eps, heads, layout):
+        H, KVH, HD = heads
+        p = int(pos[0])
+        q, k, v = np.split(qkv.reshape(H + 2 * KVH, HD), (H, H + KVH))  # [H, HD], [KVH, HD], [KVH, HD]
+        if qn is not None:
+            q, k = layers.rms_norm(q, qn, eps), layers.rms_norm(k, kn, eps)
+        rope = layers.ROPE[layout]
+        q_out[...] = rope(q[None], cos[p:p + 1], sin[p:p + 1]).reshape(-1)
+        k_cache[:, p] = rope(k[None], cos[p:p + 1], sin[p:p + 1])[0]
+        v_cache[:, p] = v
+
+    def attention(self, q, k_cache, v_cache, pos, scores, out, scale, heads, window):
+        H, KVH, HD = heads
+        p = int(pos[0])
+        lo = max(0, p - window + 1) if window else 0
+        kq = layers.attention_scores(q.reshape(1, H, HD), k_cache[:, lo:p + 1])  # [H, 1, S]
+        probs = layers.softmax(kq * np.float32(scale))
+        scores[:, lo:p + 1] = probs[:, 0]
+        out[...] = layers.attention_mix(probs, v_cache[:, lo:p + 1]).reshape(-1)
+
+    def swiglu(self, gu, out):  # [2F] -> out [F]
+        g, u = np.split(gu, 2)
+        out[...] = layers.swiglu(g, u)
+
+    def embed(self, token, w, out):  # the row of token[0] -> out [D]
+        a, kind = stored(w)
+        row = a[int(token[0])]
+        out[...] = widen_numpy(row, kind) if kind != "f32" else row
+
+
+class CudaKernels:
+    """The kernels, compiled once a process by CuPy (NVRTC) from SOURCE, launched on the current stream."""
+
+    def __init__(self):
+        import cupy
+
+        self.xp = cupy
+        self.module = cupy.RawModule(code=SOURCE, options=("--std=c++17",))
+        self.fn = {}
+
+    def _f(self, name):
+        if name not in self.fn:
+            self.fn[name] = self.module.get_function(name)
+        return self.fn[name]
+
+    def gemv(self, w, x, out, bias=None, res=None):
+        a, kind = stored(w)
+        N, K = a.shape
+        self._f(f"gemv_{kind}")(((N + WARPS - 1) // WARPS,), (32 * WARPS,),
+                                (a, x, NULL if bias is None else bias, NULL if res is None else res, out,
+                                 np.int32(N), np.int32(K)))
+
+    def widen(self, bits, kind, out):
+        n = bits.size
+        self._f(f"widen_{kind}")(((n + 255) // 256,), (256,), (bits, out, np.int64(n)))
+
+    def rms_norm(self, x, w, eps, out):
+        D = x.shape[-1]
+        self._f("rms_norm")((x.size // D,), (min(1024, 32 * ((D + 31) // 32)),), (x, w, out, np.int32(D),
+                                                                                 np.float32(eps)))
+
+    def rope_store(self, qkv, cos, sin, pos, q_out, k_cache, v_cache, qn, kn, eps, heads, layout):
+        H, KVH, HD = heads
+        self._f("rope_store")((H + 2 * KVH,), (32 * ((HD + 31) // 32),), (
+            qkv, cos, sin, pos, q_out, k_cache, v_cache, NULL if qn is None else qn, NULL if kn is None else kn,
+            np.float32(eps), np.int32(H), np.int32(KVH), np.int32(HD), np.int32(2 * cos.shape[1]),
+            np.int32(k_cache.shape[1]), np.int32(layout == "half")))
+
+    def attention(self, q, k_cache, v_cache, pos, scores, out, scale, heads, window):
+        H, KVH, HD = heads
+        self._f("attention")((H,), (256,), (q, k_cache, v_cache, pos, scores, out, np.float32(scale), np.int32(H),
+                                            np.int32(KVH), np.int32(HD), np.int32(k_cache.shape[1]),
+                                            np.int32(window or 0)))
+
+    def swiglu(self, gu, out):
+        F = out.size
+        self._f("swiglu")(((F + 255) // 256,), (256,), (gu, out, np.int32(F)))
+
+    def embed(self, token, w, out):
+        a, kind = stored(w)
+        D = a.shape[1]
+        self._f(f"embed_{kind}")(((D + 255) // 256,), (256,), (token, a, out, np.int32(D)))
+
+
+_CUDA = []
+
+
+def kernels(xp):
+    """The kernel set of an array module: the mirrors for NumPy, the CUDA kernels (compiled once) for CuPy."""
+    if xp is np:
+        return NumpyKernels()
+    if not _CUDA:
+        _CUDA.append(CudaKernels())
+    return _CUDA[0]
+
+
+class Scratch:
+    """One float32 buffer on the device that the 16-bit matrices widen into for a product of several tokens, at the
+    size of the largest (at most SCRATCH_VALUES) and reused by every product."""
+
+    def __init__(self, xp):
+        self.xp, self.buf = xp, xp.empty(0, xp.float32)
+
+    def take(self, shape):
+        n = shape[0] * shape[1]
+        if n > self.buf.size:
+            self.buf = None  # freed before the larger one is allocated
+            self.buf = self.xp.empty(n, self.xp.float32)
+        return self.buf[:n].reshape(shape)
+
+
+class HalfMatrix(WeightMatrix):
+    """A [N, K] float16 or bfloat16 weight kept as its 16-bit bits on the device: half a float32 copy's memory and
+    reads. One token's product (decode) reads the bits in the gemv kernel, each value widened exactly to float32
+    and accumulated in float32; a product of several tokens widens blocks of rows into the scratch and multiplies
+    them there (cuBLAS): the values multiplied are those of a float32 copy either way."""
+
+    def __init__(self, bits, kind, scratch):
+        self.bits, self.kind, self.scratch = bits, kind, scratch
+        self.shape = tuple(bits.shape)
+        self.xp = scratch.xp
+        self.k = kernels(self.xp)
+
+    @property
+    def array_module(self):
+        return self.xp
+
+    def rows(self, a, b):  # rows a:b, still 16-bit (a view)
+        return HalfMatrix(self.bits[a:b], self.kind, self.scratch)
+
+    def float32(self, a, b, out=None):  # rows a:b -> [b - a, K] float32
+        out = self.scratch.take((b - a, self.shape[1])) if out is None else out
+        self.k.widen(self.bits[a:b], self.kind, out)
+        return out
+
+    def matmul(self, x):  # [T, K] -> [T, N]
+        xp, (N, K) = self.xp, self.shape
+        x = xp.ascontiguousarray(x, dtype=xp.float32)
+        if len(x) == 1:
+            out = xp.empty((1, N), xp.float32)
+            self.k.gemv(self, x[0], out[0])
+            return out
+        block = max(1, min(N, SCRATCH_VALUES // K))
+        out = xp.empty((len(x), N), xp.float32)
+        for a in range(0, N, block):
+            b = min(a + block, N)
+            out[:, a:b] = x @ self.float32(a, b).T
+        return out
+
+    def __getitem__(self, rows):  # embedding rows: [T] -> [T, K] float32
+        bits = self.bits[rows]
+        out = self.xp.empty(bits.shape, self.xp.float32)
+        self.k.widen(bits, self.kind, out)
+        return out
+
+
+class GpuPlacement(Placement):
+    """Weights for the cupy backend: float32 arrays on the device, but for float16/bfloat16 matrices, which stay in
+    their 16-bit form (HalfMatrix) unless `in_file` is False: then they are widened to float32 on the device, where
+    it is fast, not on the CPU. The products are the same either way. Other types are converted to float32 at
+    load, as the loaders convert them."""
+
+    def __init__(self, xp, in_file=None):
+        super().__init__(xp)
+        self.keep = frozenset(HALF)
+        self.in_file = in_file is not False
+        self.scratch = Scratch(xp)
+
+    def __call__(self, a):
+        if not isinstance(a, QuantizedTensor):
+            return self.xp.asarray(a)
+        m = HalfMatrix(self.xp.asarray(np.ascontiguousarray(a.raw).view(np.uint16).reshape(a.shape)), HALF[a.qtype],
+                       self.scratch)
+        return m if self.in_file else m.float32(0, m.shape[0], self.xp.empty(m.shape, self.xp.float32))

@@ -1,0 +1,146 @@
+"""A decode step on the GPU as one CUDA graph: blocks.pre_norm_forward for one token, written as a fixed sequence
+of kernels (refllama.numerics.gpu) on buffers allocated once, captured once and replayed for every token. The step
+reads its token and position from two device scalars and attends over the keys up to that position, so one graph
+serves every position; nothing waits for the GPU until the caller reads the logits. Traces and dumps take the
+ungraphed forward (refllama.arch), which this step equals within float32 rounding (tests/test_gpu.py).
+
+On NumPy the same sequence runs on the kernels' NumPy mirrors, uncaptured: that is how the CPU tests check it.
+"""
+
+import sys
+from typing import NamedTuple
+
+from ..arch import blocks
+from ..xp import array_module
+from .gpu import HalfMatrix, kernels
+
+QKV, GATE_UP = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
+
+
+def eligible(model):
+    """Whether the graph reproduces this model's decode step: float32 arithmetic, a pre-norm forward (Llama,
+    Mistral, Qwen2, Qwen3, Phi-3), no experts, q/k norms (if any) per head."""
+    cfg, lw = model.config, model.weights["layers"][0]
+    per_head = "attn_q_norm" not in lw or lw["attn_q_norm"].shape[0] == cfg.head_dim
+    return (model.numerics == "float32" and model.arch.forward is blocks.pre_norm_forward and per_head
+            and cfg.head_dim <= 1024 and not any(cfg.is_moe(i) for i in range(cfg.n_layer)))
+
+
+def join_rows(lw, names):  # -> [sum of N, K]: the matrices `names` of a layer, rows stacked
+    """One matrix for the step's one product where the forward has several; each name of the layer becomes a view
+    of its rows of it, so the model holds no second copy. A float32 array, or a HalfMatrix where all are."""
+    parts = [lw[n] for n in names]
+    starts = [0]
+    for p in parts:
+        starts.append(starts[-1] + p.shape[0])
+    if all(isinstance(p, HalfMatrix) and p.kind == parts[0].kind for p in parts):
+        whole = HalfMatrix(parts[0].xp.concatenate([p.bits for p in parts]), parts[0].kind, parts[0].scratch)
+        lw.update((n, whole.rows(a, b)) for n, a, b in zip(names, starts, starts[1:]))
+    else:
+        xp = array_module(parts[0])
+        whole = xp.concatenate([p if not isinstance(p, HalfMatrix) else p.float32(0, p.shape[0]) for p in parts])
+        lw.update((n, whole[a:b]) for n, a, b in zip(names, starts, starts[1:]))
+    return whole
+
+
+def joined_bias(lw, names, xp):  # -> [sum of N] or None: the matrices' biases side by side, zeros where one has none
+    if not any(n + "_bias" in lw for n in names):
+        return None
+    return xp.concatenate([lw.get(n + "_bias", xp.zeros(lw[n].shape[0], xp.float32)) for n in names])
+
+
+class Layer(NamedTuple):
+    """A block's weights as the step reads them."""
+
+    attn_norm: object  # [D]
+    qkv: object  # [QKV, D]
+    qkv_bias: object  # [QKV] or None
+    q_norm: object  # [HD] or None (Qwen3)
+    k_norm: object
+    attn_output: object  # [D, H*HD]
+    attn_output_bias: object
+    ffn_norm: object  # [D]
+    gate_up: object  # [2F, D]
+    gate_up_bias: object
+    ffn_down: object  # [D, F]
+    ffn_down_bias: object
+
+
+class GraphDecoder:
+    """The decode step of a loaded model (one whose `eligible` is true), its buffers and, on a GPU, its graph.
+    `step(token, pos)` -> [1, V] logits, the cache's K/V written at `pos` as the forward writes them."""
+
+    def __init__(self, model):
+        cfg, w, cache, xp = model.config, model.weights, model.cache, model.xp
+        self.k, self.xp, self.cfg, self.cache = kernels(xp), xp, cfg, cache
+        self.heads = (cfg.n_head, cfg.n_head_kv, cfg.head_dim)
+        self.layers = [Layer(lw["attn_norm"], join_rows(lw, QKV), joined_bias(lw, QKV, xp), lw.get("attn_q_norm"),
+                             lw.get("attn_k_norm"), lw["attn_output"], lw.get("attn_output_bias"), lw["ffn_norm"],
+                             join_rows(lw, GATE_UP), joined_bias(lw, GATE_UP, xp), lw["ffn_down"],
+                             lw.get("ffn_down_bias")) for lw in w["layers"]]
+        self.embd, self.out_norm, self.output = w["token_embd"], w["output_norm"], w["output"]
+        H, KVH, HD = self.heads
+        f32, i32 = xp.float32, xp.int32
+        self.token, self.pos = xp.zeros(1, i32), xp.zeros(1, i32)
+        self.x, self.h = xp.zeros(cfg.n_embd, f32), xp.zeros(cfg.n_embd, f32)  # the residual, a norm's output
+        self.qkv, self.q, self.attn = xp.zeros((H + 2 * KVH) * HD, f32), xp.zeros(H * HD, f32), xp.zeros(H * HD, f32)
+        self.scores = xp.zeros((H, cache.n_ctx), f32)
+        self.gu, self.act = xp.zeros(2 * cfg.n_ff, f32), xp.zeros(cfg.n_ff, f32)
+        self.logits = xp.zeros((1, self.output.shape[0]), f32)
+        self.graph = self.stream = None
+
+    def run(self):
+        """The step, kernel by kernel: pre_norm_block for each layer, then the final norm and the logits."""
+        k, cfg, cache = self.k, self.cfg, self.cache
+        k.embed(self.token, self.embd, self.x)  # x [D]
+        for i, L in enumerate(self.layers):
+            k.rms_norm(self.x, L.attn_norm, cfg.rms_eps, self.h)
+            k.gemv(L.qkv, self.h, self.qkv, bias=L.qkv_bias)  # [QKV]
+            k.rope_store(self.qkv, cache.cos, cache.sin, self.pos, self.q, cache.k[i], cache.v[i], L.q_norm,
+                         L.k_norm, cfg.rms_eps, self.heads, cfg.rope_layout)  # q [H*HD]; k, v into the cache
+            k.attention(self.q, cache.k[i], cache.v[i], self.pos, self.scores, self.attn, cfg.kq_scale, self.heads,
+                        cfg.sliding_window)  # [H*HD]
+            k.gemv(L.attn_output, self.attn, self.x, bias=L.attn_output_bias, res=self.x)  # x += attn_out
+            k.rms_norm(self.x, L.ffn_norm, cfg.rms_eps, self.h)
+            k.gemv(L.gate_up, self.h, self.gu, bias=L.gate_up_bias)  # [2F]
+            k.swiglu(self.gu, self.act)  # [F]
+            k.gemv(L.ffn_down, self.act, self.x, bias=L.ffn_down_bias, res=self.x)  # x += ffn_out
+        k.rms_norm(self.x, self.out_norm, cfg.rms_eps, self.h)
+        k.gemv(self.output, self.h, self.logits[0])
+
+    def step(self, token, pos):  # -> [1, V] logits (a new array)
+        if self.xp.__name__ != "cupy":
+            self.token[0], self.pos[0] = token, pos
+            self.run()
+            return self.logits.copy()
+        cupy = self.xp
+        if self.stream is None:
+            self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream.wait_event(cupy.cuda.get_current_stream().record())  # after the prefill's kernels
+        with self.stream:
+            self.token.fill(token)
+            self.pos.fill(pos)
+            if self.graph is None:
+                self.capture()
+            if self.graph:
+                self.graph.launch(self.stream)
+            else:
+                self.run()
+            logits = self.logits.copy()
+        self.stream.synchronize()
+        return logits
+
+    def capture(self):
+        """Record run() into a CUDA graph, after one run uncaptured (the kernels compiled, nothing left to allocate)
+        that writes the K/V this step writes again. Where CUDA refuses the capture, the step runs its kernels one
+        launch at a time, and says so once."""
+        self.run()
+        self.stream.begin_capture()
+        try:
+            self.run()
+            self.graph = self.stream.end_capture()
+        except Exception as e:  # a capture CUDA refused (an operation not allowed in one, a driver without graphs)
+            if self.stream.is_capturing():
+                self.stream.end_capture()
+            self.graph = False
+            print(f"refllama: decode runs without a CUDA graph: the capture failed ({e})", file=sys.stderr)

@@ -1,0 +1,230 @@
+"""The GPU path (refllama.numerics.gpu, gpu_decode): on the CPU, the decode step built from the kernels' NumPy
+mirrors against the forward, and the 16-bit matrices against float32 products; with a GPU (CuPy and a device), each
+CUDA kernel against its mirror and the graphed decode against the forward on the device. tools/gpu_check.py runs the
+GPU half with the speed and memory figures."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine import write_safetensors_bf16
+from safetensors.numpy import load_file
+
+import refllama
+from refllama.api import Model
+from refllama.layers import rope_cos_sin
+from refllama.loader import load_hf
+from refllama.numerics import gpu
+from refllama.numerics.gpu_decode import GraphDecoder, eligible
+from refllama.xp import to_numpy
+
+DATA = Path(__file__).parent / "data"
+PROMPT, STEPS = [1, 5, 9, 2, 7], [3, 11, 4, 8]
+MODELS = {"llama-gguf": DATA / "gguf-llama" / "llama-f32.gguf", **{f: DATA / f"tiny-{f}" for f in (
+    "llama", "mistral", "qwen2", "qwen3", "phi3")}}
+
+
+def rel(got, want):
+    got, want = np.asarray(got), np.asarray(want)
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def forward_steps(m, steps):  # -> the logits of each decode step after PROMPT, and the cache's K/V after them
+    m.cache.reset()
+    m.forward(PROMPT)
+    out = [m.forward([t], len(PROMPT) + k) for k, t in enumerate(steps)]
+    n = len(PROMPT) + len(steps)
+    return [to_numpy(o) for o in out], [to_numpy(c[:, :n]).copy() for c in m.cache.k]
+
+
+def decoder_steps(m, decoder, steps):
+    m.cache.reset()
+    m.forward(PROMPT)
+    out = [decoder.step(t, len(PROMPT) + k) for k, t in enumerate(steps)]
+    n = len(PROMPT) + len(steps)
+    return [to_numpy(o) for o in out], [to_numpy(c[:, :n]).copy() for c in m.cache.k]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_decode_step_equals_the_forward(name):
+    """The graph's kernel sequence (their mirrors, on NumPy) gives each step's logits and K/V as the forward does,
+    for both pair layouts, biases (Qwen2), per-head q/k norms (Qwen3), a sliding window shorter than the context
+    (tiny Mistral's 5), Phi-3's fused matrices."""
+    m = refllama.load(MODELS[name], n_ctx=32)
+    assert eligible(m)
+    want_logits, want_k = forward_steps(m, STEPS)
+    got_logits, got_k = decoder_steps(m, GraphDecoder(m), STEPS)
+    for got, want in zip(got_logits, want_logits):
+        assert got.shape == want.shape == (1, m.config.vocab_size)
+        assert rel(got, want) < 1e-5
+    for got, want in zip(got_k, want_k):
+        assert rel(got, want) < 1e-5
+    assert [int(g.argmax()) for g in got_logits] == [int(w.argmax()) for w in want_logits]
+
+
+def test_the_decode_step_joins_a_layers_matrices_without_a_copy():
+    m = refllama.load(MODELS["qwen2"], n_ctx=32)
+    q = m.weights["layers"][0]["attn_q"].copy()
+    d = GraphDecoder(m)
+    lw = m.weights["layers"][0]
+    assert np.shares_memory(lw["attn_q"], d.layers[0].qkv) and np.shares_memory(lw["attn_v"], d.layers[0].qkv)
+    np.testing.assert_array_equal(lw["attn_q"], q)
+    assert d.layers[0].qkv_bias.shape == (d.layers[0].qkv.shape[0],)  # Qwen2's q/k/v biases, side by side
+
+
+def test_models_the_graph_does_not_reproduce_are_not_taken():
+    """Gemma 3's forward has stages of its own; numerics ggml rounds where the kernels do not: both stay ungraphed."""
+    assert not eligible(refllama.load(DATA / "tiny-gemma3"))
+    assert not eligible(refllama.load(MODELS["llama-gguf"], numerics="ggml"))
+
+
+def bits(rng, shape, kind):  # random 16-bit weights' bits, finite, of either kind
+    x = rng.standard_normal(shape).astype(np.float32)
+    return x.astype(np.float16).view(np.uint16) if kind == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("kind", ("f16", "bf16"))
+@pytest.mark.parametrize("K", (64, 36))  # whole 8-value loads, and a tail
+def test_16bit_matrices_multiply_as_their_float32_values(kind, K):
+    rng = np.random.default_rng(0)
+    b = bits(rng, (40, K), kind)
+    w32 = gpu.widen_numpy(b, kind)
+    if kind == "bf16":
+        np.testing.assert_array_equal(w32.view(np.uint32) & 0xFFFF, 0)
+    else:
+        np.testing.assert_array_equal(w32, b.view(np.float16).astype(np.float32))
+    m = gpu.HalfMatrix(b, kind, gpu.Scratch(np))
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    np.testing.assert_allclose(x[:1] @ m.T, x[:1] @ w32.T, rtol=1e-5, atol=1e-5)  # one token: the gemv
+    np.testing.assert_array_equal(x @ m.T, x @ w32.T)  # several: widened, then the same product
+    np.testing.assert_array_equal(m[np.array([4, 0])], w32[[4, 0]])
+    np.testing.assert_array_equal(m.rows(3, 9).float32(0, 6), w32[3:9])
+
+
+def bf16_copy(name, tmp_path):  # a tiny family's HF directory with its tensors in bfloat16
+    d = tmp_path / f"{name}-bf16"
+    shutil.copytree(DATA / f"tiny-{name}", d)
+    write_safetensors_bf16(d / "model.safetensors", load_file(DATA / f"tiny-{name}" / "model.safetensors"), {})
+    return d
+
+
+@pytest.mark.parametrize("in_file", (None, False))
+def test_a_bfloat16_model_on_the_gpu_placement_computes_its_float32_values(tmp_path, in_file):
+    """The cupy backend's weights (here on NumPy): bfloat16 matrices kept so (HalfMatrix) or widened at load, and
+    either way the logits of the float32 arithmetic on the same values, prefill and decode step."""
+    d = bf16_copy("qwen2", tmp_path)
+    loaded = load_hf(d, gpu.GpuPlacement(np, in_file))
+    assert isinstance(loaded.weights["layers"][0]["attn_q"], gpu.HalfMatrix) == (in_file is None)
+    m = Model(str(d), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, 32)
+    want = refllama.load(d, n_ctx=32)  # numpy: the bfloat16 values converted to float32 at load
+    np.testing.assert_allclose(m.logits(PROMPT), want.logits(PROMPT), rtol=0, atol=1e-5)
+    got_logits, _ = decoder_steps(m, GraphDecoder(m), STEPS)
+    want_logits, _ = forward_steps(want, STEPS)
+    assert max(rel(g, w) for g, w in zip(got_logits, want_logits)) < 1e-5
+
+
+# --- on a GPU: each kernel against its mirror, the graph against the forward (skipped without one) ---
+
+def cupy_or_skip():
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return cupy
+    except Exception as e:  # CuPy absent, or no driver
+        pytest.skip(f"no CUDA GPU here ({type(e).__name__})")
+    pytest.skip("no CUDA GPU here")
+
+
+def test_each_cuda_kernel_equals_its_mirror():
+    cp = cupy_or_skip()
+    cuda, mirror, rng = gpu.kernels(cp), gpu.NumpyKernels(), np.random.default_rng(1)
+
+    def both(name, *args, out):  # run a kernel and its mirror on the same inputs; compare the outputs
+        outs = []
+        for k, xp in ((cuda, cp), (mirror, np)):
+            o = [xp.asarray(a.copy()) for a in out]
+            a = [xp.asarray(v) if isinstance(v, np.ndarray) else v for v in args]
+            getattr(k, name)(*a, *o)
+            outs.append([to_numpy(v) for v in o])
+        for g, w in zip(*outs):
+            assert rel(g, w) < 2e-6, name
+
+    f32 = np.float32
+    for K in (256, 37):
+        W, x = rng.standard_normal((70, K)).astype(f32), rng.standard_normal(K).astype(f32)
+        both("gemv", W, x, out=[np.zeros(70, f32)])
+        for kind in ("f16", "bf16"):
+            b = bits(rng, (70, K), kind)
+            outs = []
+            for k, xp in ((cuda, cp), (mirror, np)):
+                o = xp.zeros(70, xp.float32)
+                k.gemv(gpu.HalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), xp.asarray(x), o,
+                       bias=xp.asarray(x[:1].repeat(70)), res=xp.asarray(W[:, 0].copy()))
+                outs.append(to_numpy(o))
+            assert rel(*outs) < 2e-6, kind
+    x, w = rng.standard_normal((3, 200)).astype(f32), rng.standard_normal(200).astype(f32)
+    both("rms_norm", x, w, 1e-5, out=[np.zeros((3, 200), f32)])
+    H, KVH, HD, n_ctx = 4, 2, 48, 16
+    cos, sin = rope_cos_sin(n_ctx, 32, 10000.0)  # a partial rotary: 32 of 48 dims
+    for layout in ("half", "interleaved"):
+        for norms in (None, (rng.standard_normal(HD).astype(f32), rng.standard_normal(HD).astype(f32))):
+            qkv = rng.standard_normal((H + 2 * KVH) * HD).astype(f32)
+            caches = [rng.standard_normal((KVH, n_ctx, HD)).astype(f32) for _ in range(2)]
+            outs = []
+            for k, xp in ((cuda, cp), (mirror, np)):
+                q, kc, vc = xp.zeros(H * HD, xp.float32), xp.asarray(caches[0]), xp.asarray(caches[1])
+                qn, kn = (None, None) if norms is None else map(xp.asarray, norms)
+                k.rope_store(xp.asarray(qkv), xp.asarray(cos), xp.asarray(sin), xp.asarray(np.array([7], np.int32)),
+                             q, kc, vc, qn, kn, 1e-6, (H, KVH, HD), layout)
+                outs.append([to_numpy(a) for a in (q, kc, vc)])
+            for g, w in zip(*outs):
+                assert rel(g, w) < 2e-6, layout
+    for window in (None, 4):
+        q = rng.standard_normal(H * HD).astype(f32)
+        kc, vc = (rng.standard_normal((KVH, n_ctx, HD)).astype(f32) for _ in range(2))
+        outs = []
+        for k, xp in ((cuda, cp), (mirror, np)):
+            o = xp.zeros(H * HD, xp.float32)
+            k.attention(xp.asarray(q), xp.asarray(kc), xp.asarray(vc), xp.asarray(np.array([9], np.int32)),
+                        xp.zeros((H, n_ctx), xp.float32), o, 0.125, (H, KVH, HD), window)
+            outs.append(to_numpy(o))
+        assert rel(*outs) < 2e-6, window
+    gu = rng.standard_normal(2 * 300).astype(f32) * 8
+    both("swiglu", gu, out=[np.zeros(300, f32)])
+    for kind in ("f16", "bf16"):
+        b = bits(rng, (5, 40), kind)
+        outs = []
+        for k, xp in ((cuda, cp), (mirror, np)):
+            o = xp.zeros(40, xp.float32)
+            k.embed(xp.asarray(np.array([3], np.int32)), gpu.HalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), o)
+            outs.append(to_numpy(o))
+        np.testing.assert_array_equal(*outs)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_graphed_decode_equals_the_forward_on_the_gpu(name):
+    cupy_or_skip()
+    m = refllama.load(MODELS[name], backend="cupy", n_ctx=32)
+    m.graph = False
+    want_logits, want_k = forward_steps(m, STEPS)
+    m.graph = True
+    got_logits, got_k = forward_steps(m, STEPS)
+    assert m.decoder and m.decoder.graph, "the decode step was not captured as a graph"
+    assert max(rel(g, w) for g, w in zip(got_logits, want_logits)) < 1e-5
+    assert max(rel(g, w) for g, w in zip(got_k, want_k)) < 1e-5
+    assert [int(g.argmax()) for g in got_logits] == [int(w.argmax()) for w in want_logits]
+
+
+def test_bfloat16_weights_stay_16_bit_on_the_gpu(tmp_path):
+    cp = cupy_or_skip()
+    d = bf16_copy("llama", tmp_path)
+    m = refllama.load(d, backend="cupy", n_ctx=32)
+    w = m.weights["layers"][0]["ffn_down"]
+    assert isinstance(w, gpu.HalfMatrix) and w.bits.dtype == cp.uint16
+    want = refllama.load(d, n_ctx=32)
+    assert rel(m.logits(PROMPT), want.logits(PROMPT)) < 1e-5
+    got, _ = forward_steps(m, STEPS)
+    ref, _ = forward_steps(want, STEPS)
+    assert max(rel(g, r) for g, r in zip(got, ref)) < 1e-5
