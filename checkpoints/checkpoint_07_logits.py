@@ -22,7 +22,7 @@ def test_logits(case, mode):
 
 
 def test_top1(case, mode):
-    got, want = our_logits(case, mode), case.ref["result_output"]
+    got, want = our_logits(case, mode), case.dump["result_output"]
     ref_best = want.argmax(axis=1)
     gap = got.max(axis=1) - got[np.arange(len(got)), ref_best]  # 0 where the best tokens agree
     if case.exact:
@@ -34,7 +34,7 @@ def test_top1(case, mode):
 def test_top5_agreement(case, mode):
     """The reference's 5 best tokens are ours too: all 5 for a float32 reference, at least 4 for llama.cpp on
     quantized weights."""
-    got, want = our_logits(case, mode), case.ref["result_output"]
+    got, want = our_logits(case, mode), case.dump["result_output"]
     need = 5 if case.exact else 4
     for row, (g, w) in enumerate(zip(got, want)):
         shared = len(set(np.argsort(-g)[:5]) & set(np.argsort(-w)[:5]))

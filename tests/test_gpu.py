@@ -191,8 +191,11 @@ def test_each_cuda_kernel_equals_its_mirror():
                         xp.zeros((H, n_ctx), xp.float32), o, 0.125, (H, KVH, HD), window)
             outs.append(to_numpy(o))
         assert rel(*outs) < 2e-6, window
-    gu = rng.standard_normal(2 * 300).astype(f32) * 8
-    both("swiglu", gu, out=[np.zeros(300, f32)])
+    g, u = (rng.standard_normal((3, 100)).astype(f32) * 8 for _ in range(2))
+    both("swiglu", g, u, out=[np.zeros((3, 100), f32)])
+    kq = rng.standard_normal((4, 3, 40)).astype(f32) * 5
+    both("softmax_rows", kq, refllama.layers.causal_mask(37, 3, 40, np, window=30), 0.3,
+         out=[np.zeros((4, 3, 40), f32)])
     for kind in ("f16", "bf16"):
         b = bits(rng, (5, 40), kind)
         outs = []

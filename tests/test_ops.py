@@ -8,12 +8,13 @@ import pytest
 
 from refllama import arch as archs
 from refllama.layers import FLOAT32, Ops, causal_mask
-from refllama.numerics import ggml_kernels, ggml_numerics, numba_ops, ops_for
+from refllama.numerics import ggml_kernels, ggml_numerics, gpu, numba_ops, ops_for
 
-TABLES = {"float32": FLOAT32, "float32-numba": numba_ops.OPS, "ggml": ggml_numerics.OPS, "ggml-numba": ggml_kernels.OPS}
+TABLES = {"float32": FLOAT32, "float32-numba": numba_ops.OPS, "ggml": ggml_numerics.OPS, "ggml-numba": ggml_kernels.OPS,
+          "float32-cupy": gpu.OPS}  # here on NumPy: the CUDA kernels' host code around their mirrors
 # worst |table - float32| over the largest |float32|: float32 sums in another order (float32-numba); operands rounded
 # to float16 (q, softmax weights, GELU's table) and ggml's expf (ggml)
-TOLERANCE = {"float32": 0.0, "float32-numba": 1e-5, "ggml": 4e-3, "ggml-numba": 4e-3}
+TOLERANCE = {"float32": 0.0, "float32-numba": 1e-5, "ggml": 4e-3, "ggml-numba": 4e-3, "float32-cupy": 0.0}
 H, KVH, HD, D, F, CTX = 8, 2, 64, 128, 256, 16
 
 
@@ -67,7 +68,7 @@ def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step):
 
 def test_a_table_is_chosen_once_from_backend_and_numerics():
     llama, gemma3 = archs.get("llama"), archs.get("gemma3")
-    assert ops_for("numpy", "float32", llama) is FLOAT32 and ops_for("cupy", "float32", gemma3) is FLOAT32
+    assert ops_for("numpy", "float32", llama) is FLOAT32 and ops_for("cupy", "float32", gemma3) is gpu.OPS
     assert ops_for("numba", "float32", gemma3) is numba_ops.OPS
     for backend, table in (("numpy", ggml_numerics.OPS), ("numba", ggml_kernels.OPS)):
         assert ops_for(backend, "ggml", gemma3) == table and ops_for(backend, "ggml", gemma3).q_first
@@ -76,7 +77,7 @@ def test_a_table_is_chosen_once_from_backend_and_numerics():
         assert isinstance(table, Ops) and set(table.rope) == {"interleaved", "half"}
         steps = [f for name, f in table._asdict().items() if name not in ("rope", "kv_f16", "q_first")]
         assert all(callable(f) for f in [*steps, *table.rope.values()]) and isinstance(table.kv_f16, bool)
-    assert [t.kv_f16 for t in TABLES.values()] == [False, False, True, True]  # llama.cpp's float16 cache
+    assert [t.kv_f16 for t in TABLES.values()] == [False, False, True, True, False]  # llama.cpp's float16 cache
 
 
 def test_the_model_computes_through_its_table(model):

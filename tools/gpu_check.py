@@ -122,9 +122,9 @@ def tests():
     out = {}
     for name, cmd, limit in (("tests/test_gpu.py", ["tests/test_gpu.py"], 180),
                              ("checkpoints --backend cupy", ["checkpoints", "--backend", "cupy", "-k", "cupy"], 240)):
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", *cmd], cwd=ROOT,
-                           env=env, capture_output=True, text=True, timeout=limit)
-        tail = (r.stdout + r.stderr).strip().splitlines()[-15:]
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", *cmd],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        tail = (r.stdout + r.stderr).strip().splitlines()[-25:]
         print("\n".join(tail), flush=True)
         out[name] = tail[-1] if tail else "?"
         if r.returncode != 0:
@@ -271,8 +271,7 @@ def shape_check(report, name, directory, peak):
         print(f"   {engine} {weights}: prefill {prefill:.0f} tok/s, decode {decode:.1f} tok/s, peak {gib(mem)}",
               flush=True)
 
-    saved = getattr(torch, SHAPES[name]["dtype"])
-    for dtype in (saved, torch.bfloat16 if saved == torch.float32 else torch.float32):  # float32 keeps the values
+    for dtype in (torch.float32, torch.bfloat16):  # float32 first: .to(bfloat16) also rounds RoPE's inv_freq buffer
         hf = hf.to(dtype)
         torch.cuda.empty_cache()
         row("transformers eager", str(dtype).split(".")[1], *hf_speed(hf, ids, DECODE))

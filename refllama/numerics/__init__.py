@@ -4,7 +4,7 @@ the formulas are refllama.layers; with numerics "float32" on numpy every step is
 
     (backend, numerics)   operations table            weights
     numpy, float32        refllama.layers.FLOAT32     matrices.FileMatrix above 1B parameters, else float32 arrays
-    cupy, float32         refllama.layers.FLOAT32     gpu.HalfMatrix: float16/bfloat16 kept so on the GPU; the rest
+    cupy, float32         gpu.OPS                     gpu.HalfMatrix: float16/bfloat16 kept so on the GPU; the rest
                                                       float32 arrays there (a decode step: gpu_decode, one graph)
     numba, float32        numba_ops.OPS               quant.QuantMatrix: GGUF blocks read in place by Numba kernels;
                                                       the other types as numpy keeps them
@@ -23,6 +23,7 @@ from ..layers import FLOAT32
 
 OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps; refllama.layers' own otherwise
     ("numba", "float32"): "refllama.numerics.numba_ops",  # a decode step's small steps as Numba kernels
+    ("cupy", "float32"): "refllama.numerics.gpu",  # a prefill's small steps as CUDA kernels
     ("numpy", "ggml"): "refllama.numerics.ggml_numerics",  # the readable NumPy emulation of llama.cpp
     ("cupy", "ggml"): "refllama.numerics.ggml_numerics",
     ("numba", "ggml"): "refllama.numerics.ggml_kernels",  # the same arithmetic as Numba kernels

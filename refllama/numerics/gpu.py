@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import layers
 from ..formats.ggml_types import GGMLType, QuantizedTensor
-from ..xp import Placement
+from ..xp import Placement, array_module
 from .matrices import SCRATCH_VALUES, WeightMatrix
 
 WARPS = 8  # a gemv block's warps, one output row each
@@ -197,13 +197,30 @@ extern "C" __global__ void attention(const float* q, const float* k_cache, const
     }
 }
 
-// gu [2F]: its gate's SiLU times its up half, into out [F]
-extern "C" __global__ void swiglu(const float* gu, float* out, int F) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < F) {
-        float g = gu[i];
-        out[i] = g * (0.5f + 0.5f * tanhf(0.5f * g)) * gu[F + i];
+// SiLU(g) * u, n values
+extern "C" __global__ void swiglu(const float* g, const float* u, float* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = g[i] * (0.5f + 0.5f * tanhf(0.5f * g[i])) * u[i];
+}
+
+// a row of x [rows, n] a block: softmax(scale * x + mask), mask [T, n] (row r takes mask row r % T; null: none)
+extern "C" __global__ void softmax_rows(const float* x, const float* mask, float* out, int n, int T, float scale) {
+    __shared__ float sh[32];
+    long long r = blockIdx.x;
+    const float* xr = x + r * n;
+    const float* mr = mask ? mask + (r % T) * (long long)n : 0;
+    float* o = out + r * n;
+    float m = NEG_INF;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, xr[j] * scale + (mr ? mr[j] : 0.0f));
+    m = block_reduce(m, sh, true);
+    float total = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        float e = expf(xr[j] * scale + (mr ? mr[j] : 0.0f) - m);
+        o[j] = e;
+        total += e;
     }
+    total = block_reduce(total, sh, false);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) o[j] = o[j] / total;
 }
 
 // the embedding row of token *tok, to float32
@@ -276,9 +293,11 @@ class NumpyKernels:
         scores[:, lo:p + 1] = probs[:, 0]
         out[...] = layers.attention_mix(probs, v_cache[:, lo:p + 1]).reshape(-1)
 
-    def swiglu(self, gu, out):  # [2F] -> out [F]
-        g, u = np.split(gu, 2)
+    def swiglu(self, g, u, out):  # [n], [n] -> out [n]
         out[...] = layers.swiglu(g, u)
+
+    def softmax_rows(self, x, mask, scale, out):  # [H, T, S], [T, S] -> out [H, T, S]
+        out[...] = layers.attention_weights(x, mask, scale)
 
     def embed(self, token, w, out):  # the row of token[0] -> out [D]
         a, kind = stored(w)
@@ -330,9 +349,14 @@ class CudaKernels:
                                             np.int32(KVH), np.int32(HD), np.int32(k_cache.shape[1]),
                                             np.int32(window or 0)))
 
-    def swiglu(self, gu, out):
-        F = out.size
-        self._f("swiglu")(((F + 255) // 256,), (256,), (gu, out, np.int32(F)))
+    def swiglu(self, g, u, out):
+        n = out.size
+        self._f("swiglu")(((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
+
+    def softmax_rows(self, x, mask, scale, out):
+        n, T = x.shape[-1], mask.shape[0]
+        self._f("softmax_rows")((x.size // n,), (min(1024, 32 * ((n + 31) // 32)),), (
+            x, mask, out, np.int32(n), np.int32(T), np.float32(scale)))
 
     def embed(self, token, w, out):
         a, kind = stored(w)
@@ -350,6 +374,35 @@ def kernels(xp):
     if not _CUDA:
         _CUDA.append(CudaKernels())
     return _CUDA[0]
+
+
+def contiguous(x):
+    return array_module(x).ascontiguousarray(x, dtype=np.float32)
+
+
+def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: layers.rms_norm as one kernel (its squares summed in float32)
+    x = contiguous(x)
+    out = array_module(x).empty_like(x)
+    kernels(array_module(x)).rms_norm(x, contiguous(w), eps, out)
+    return out
+
+
+def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: layers.swiglu as one kernel
+    gate = contiguous(gate)
+    out = array_module(gate).empty_like(gate)
+    kernels(array_module(gate)).swiglu(gate, contiguous(up), out)
+    return out
+
+
+def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: layers.attention_weights as one kernel
+    kq = contiguous(kq)
+    out = array_module(kq).empty_like(kq)
+    kernels(array_module(kq)).softmax_rows(kq, contiguous(mask), scale, out)
+    return out
+
+
+# the cupy backend's steps in float32: a prefill's norms, softmax and gated unit one kernel each, not CuPy's ten or so
+OPS = layers.FLOAT32._replace(rms_norm=rms_norm, swiglu=swiglu, attention_weights=attention_weights)
 
 
 class Scratch:

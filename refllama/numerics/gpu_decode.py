@@ -103,7 +103,7 @@ class GraphDecoder:
             k.gemv(L.attn_output, self.attn, self.x, bias=L.attn_output_bias, res=self.x)  # x += attn_out
             k.rms_norm(self.x, L.ffn_norm, cfg.rms_eps, self.h)
             k.gemv(L.gate_up, self.h, self.gu, bias=L.gate_up_bias)  # [2F]
-            k.swiglu(self.gu, self.act)  # [F]
+            k.swiglu(self.gu[:cfg.n_ff], self.gu[cfg.n_ff:], self.act)  # [F]
             k.gemv(L.ffn_down, self.act, self.x, bias=L.ffn_down_bias, res=self.x)  # x += ffn_out
         k.rms_norm(self.x, self.out_norm, cfg.rms_eps, self.h)
         k.gemv(self.output, self.h, self.logits[0])
