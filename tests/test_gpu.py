@@ -191,6 +191,9 @@ def test_each_cuda_kernel_equals_its_mirror():
                         xp.zeros((H, n_ctx), xp.float32), o, 0.125, (H, KVH, HD), window)
             outs.append(to_numpy(o))
         assert rel(*outs) < 2e-6, window
+    for layout in ("half", "interleaved"):
+        x = rng.standard_normal((5, 3, HD)).astype(f32)
+        both("rope", x, cos[2:7], sin[2:7], layout, out=[np.zeros((5, 3, HD), f32)])
     g, u = (rng.standard_normal((3, 100)).astype(f32) * 8 for _ in range(2))
     both("swiglu", g, u, out=[np.zeros((3, 100), f32)])
     kq = rng.standard_normal((4, 3, 40)).astype(f32) * 5

@@ -295,14 +295,13 @@ def shape_check(report, name, directory, peak):
             m.graph = False
             row("refllama cupy, no graph", kind, *refllama_speed(m, ids, DECODE, peak), extra)
             m.graph = True
-        if in_file is None:
-            n, worst, at = stage_errors(m, want, stage_ids)
-            report.stages[f"{name} ({kind})"] = {"n": n, "worst": worst, "at": at}
-            results["stages"] = f"{n} stages, worst {worst:.2e} at {at}"
+        n, worst, at = stage_errors(m, want, stage_ids)
+        report.stages[f"{name} ({kind})"] = {"n": n, "worst": worst, "at": at}
+        results[kind] = f"{kind}: {n} stages, worst {worst:.2e} at {at}"
         del m
         peak.reset()
     cupy.get_default_memory_pool().free_all_blocks()
-    return {"summary": results.get("stages", "")}
+    return {"summary": "; ".join(results.values())}
 
 
 def work_dir():

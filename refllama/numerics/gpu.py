@@ -114,13 +114,31 @@ extern "C" __global__ void widen_bf16(const unsigned short* src, float* dst, lon
     if (i < n) dst[i] = bf16(src[i]);
 }
 
-// one row of x [rows, D] a block: x * 1/sqrt(mean(x^2) + eps) * w
+// a block's sum of v in float64, handed to every thread
+__device__ double block_sum_f64(double v, double* sh) {
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = blockDim.x / 32;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = l < nw ? sh[l] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (l == 0) sh[0] = v;
+    }
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+// one row of x [rows, D] a block: x * 1/sqrt(mean(x^2) + eps) * w, the float32 squares summed in float64 as
+// refllama.layers.rms_norm (and ggml) sums them
 extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int D, float eps) {
-    __shared__ float sh[32];
+    __shared__ double sh[32];
     const float* xr = x + (long long)blockIdx.x * D;
-    float s = 0.0f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) s += xr[d] * xr[d];
-    float scale = 1.0f / sqrtf(block_reduce(s, sh, false) / D + eps);
+    double s = 0.0;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) s += (double)(xr[d] * xr[d]);
+    float scale = 1.0f / sqrtf((float)(block_sum_f64(s, sh) / D) + eps);
     for (int d = threadIdx.x; d < D; d += blockDim.x) out[(long long)blockIdx.x * D + d] = xr[d] * scale * w[d];
 }
 
@@ -195,6 +213,26 @@ extern "C" __global__ void attention(const float* q, const float* k_cache, const
         for (int s = lo; s <= pos; ++s) a += sc[s] * V[(long long)s * HD + d];
         out[(long long)h * HD + d] = a / total;
     }
+}
+
+// x [T, n, HD] rotated by position in the pair layout (half: (i, i + R/2); else (2i, 2i + 1)), cos/sin [T, R/2]:
+// a block per (token, head), a thread per dim
+extern "C" __global__ void rope(const float* x, const float* cos_t, const float* sin_t, float* out, int n, int HD,
+                                int R, int half) {
+    long long row = blockIdx.x;
+    int t = blockIdx.x / n, d = threadIdx.x, h2 = R / 2;
+    if (d >= HD) return;
+    const float* xr = x + row * HD;
+    float o = xr[d];
+    if (d < R) {
+        bool first = half ? d < h2 : (d % 2) == 0;
+        int i = half ? (first ? d : d - h2) : d / 2;
+        int partner = half ? (first ? d + h2 : d - h2) : (first ? d + 1 : d - 1);
+        float c = cos_t[(long long)t * h2 + i], s = sin_t[(long long)t * h2 + i];
+        float x0 = first ? xr[d] : xr[partner], x1 = first ? xr[partner] : xr[d];
+        o = first ? x0 * c - x1 * s : x0 * s + x1 * c;
+    }
+    out[row * HD + d] = o;
 }
 
 // SiLU(g) * u, n values
@@ -299,6 +337,9 @@ class NumpyKernels:
     def softmax_rows(self, x, mask, scale, out):  # [H, T, S], [T, S] -> out [H, T, S]
         out[...] = layers.attention_weights(x, mask, scale)
 
+    def rope(self, x, cos, sin, layout, out):  # [T, n, HD], [T, R/2] -> out [T, n, HD]
+        out[...] = layers.ROPE[layout](x, cos, sin)
+
     def embed(self, token, w, out):  # the row of token[0] -> out [D]
         a, kind = stored(w)
         row = a[int(token[0])]
@@ -353,6 +394,11 @@ class CudaKernels:
         n = out.size
         self._f("swiglu")(((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
 
+    def rope(self, x, cos, sin, layout, out):
+        T, n, HD = x.shape
+        self._f("rope")((T * n,), (32 * ((HD + 31) // 32),), (x, cos, sin, out, np.int32(n), np.int32(HD),
+                                                               np.int32(2 * cos.shape[1]), np.int32(layout == "half")))
+
     def softmax_rows(self, x, mask, scale, out):
         n, T = x.shape[-1], mask.shape[0]
         self._f("softmax_rows")((x.size // n,), (min(1024, 32 * ((n + 31) // 32)),), (
@@ -401,8 +447,20 @@ def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: layer
     return out
 
 
-# the cupy backend's steps in float32: a prefill's norms, softmax and gated unit one kernel each, not CuPy's ten or so
-OPS = layers.FLOAT32._replace(rms_norm=rms_norm, swiglu=swiglu, attention_weights=attention_weights)
+def rope_in(layout):
+    def rope(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: layers.ROPE[layout] as one kernel
+        x = contiguous(x)
+        out = array_module(x).empty_like(x)
+        kernels(array_module(x)).rope(x, contiguous(cos), contiguous(sin), layout, out)
+        return out
+
+    return rope
+
+
+# the cupy backend's steps in float32: a prefill's norms, RoPE, softmax and gated unit one kernel each, where CuPy's
+# array operations take several
+OPS = layers.FLOAT32._replace(rms_norm=rms_norm, rope={layout: rope_in(layout) for layout in layers.ROPE},
+                              swiglu=swiglu, attention_weights=attention_weights)
 
 
 class Scratch:
