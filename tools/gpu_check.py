@@ -75,7 +75,7 @@ class Report:
         for r in self.rows:
             lines.append(f"| {r['model']} | {r['engine']} | {r['weights']} | {r['prefill']:.0f} | {r['decode']:.1f} "
                          f"| {r.get('bound', float('nan')):.0f} | {gib(r.get('peak'))} | {gib(r.get('budget'))} |")
-        lines += ["", "| stage comparison (refllama cupy vs transformers float32) | stages | worst max_rel | at |",
+        lines += ["", "| stage comparison | stages | worst max_rel | at |",
                   "| --- | --- | --- | --- |"]
         for k, s in self.stages.items():
             lines.append(f"| {k} | {s['n']} | {s['worst']:.2e} | {s['at']} |")
@@ -238,15 +238,20 @@ def weight_bytes(m):  # -> (bytes of every weight, bytes a decode step reads: al
     return total, total - (0 if m.config.tied_output else nbytes(m.weights["token_embd"]))
 
 
-def stage_errors(m, want, ids):  # -> (stages compared, worst max_rel, its stage), against transformers' stages
-    import refllama
+def worst_stage(got, want):  # -> (stages compared, worst max_rel, its stage): two stage dicts, in NumPy
     from refllama.check.metrics import metrics
+
+    errs = {k: metrics(got[k], v)["max_rel"] for k, v in want.items() if k in got and got[k].shape == v.shape}
+    at = max(errs, key=errs.get)
+    return {"n": len(errs), "worst": errs[at], "at": at}
+
+
+def refllama_stages(m, ids):  # -> refllama's stages of a prompt, q/k in transformers' pair layout
+    import refllama
 
     with refllama.trace(m, qk_layout="half") as t:
         m.logits(ids)
-    errs = {k: metrics(t[k], v)["max_rel"] for k, v in want.items() if k in t and t[k].shape == v.shape}
-    worst = max(errs, key=errs.get)
-    return len(errs), errs[worst], worst
+    return dict(t)
 
 
 def shape_check(report, name, directory, peak):
@@ -275,8 +280,11 @@ def shape_check(report, name, directory, peak):
         hf = hf.to(dtype)
         torch.cuda.empty_cache()
         row("transformers eager", str(dtype).split(".")[1], *hf_speed(hf, ids, DECODE))
-        if dtype == torch.float32:
-            want = dump_hf.capture(hf, stage_ids)[0]  # the stage reference
+        if dtype == torch.float32:  # the stage reference, and transformers on the CPU: float32's noise between the two
+            want = dump_hf.capture(hf, stage_ids)[0]
+            want_cpu = dump_hf.capture(hf.to("cpu"), stage_ids)[0]
+            hf = hf.to("cuda")
+            report.stages[f"{name}: transformers float32, GPU vs CPU"] = worst_stage(want, want_cpu)
     del hf
     torch.cuda.empty_cache()
     results = {}
@@ -295,9 +303,10 @@ def shape_check(report, name, directory, peak):
             m.graph = False
             row("refllama cupy, no graph", kind, *refllama_speed(m, ids, DECODE, peak), extra)
             m.graph = True
-        n, worst, at = stage_errors(m, want, stage_ids)
-        report.stages[f"{name} ({kind})"] = {"n": n, "worst": worst, "at": at}
-        results[kind] = f"{kind}: {n} stages, worst {worst:.2e} at {at}"
+        got = refllama_stages(m, stage_ids)
+        for ref, stages in (("transformers float32 GPU", want), ("transformers float32 CPU", want_cpu)):
+            w = report.stages[f"{name}: refllama cupy {kind} vs {ref}"] = worst_stage(got, stages)
+            results[kind, ref] = f"{kind} vs {ref}: {w['n']} stages, worst {w['worst']:.2e} at {w['at']}"
         del m
         peak.reset()
     cupy.get_default_memory_pool().free_all_blocks()
