@@ -16,7 +16,7 @@ from refllama.api import Model
 from refllama.layers import rope_cos_sin
 from refllama.loader import load_hf
 from refllama.numerics import gpu
-from refllama.numerics.gpu_decode import GraphDecoder, eligible
+from refllama.numerics.gpu_decode import QKV, GraphDecoder, eligible, join_rows
 from refllama.xp import to_numpy
 
 DATA = Path(__file__).parent / "data"
@@ -73,6 +73,22 @@ def test_the_decode_step_joins_a_layers_matrices_without_a_copy():
     assert d.layers[0].qkv_bias.shape == (d.layers[0].qkv.shape[0],)  # Qwen2's q/k/v biases, side by side
 
 
+def test_matrices_of_several_types_join_as_their_float32_values():
+    """q and k 16-bit of two kinds beside a float32 v (a GGUF's quantized v, converted at load): each part widened on
+    its own, none read from another's place in the shared scratch."""
+    rng, scratch = np.random.default_rng(2), gpu.Scratch(np)
+    parts = [gpu.GpuHalfMatrix(bits(rng, (6, 16), "bf16"), "bf16", scratch),
+             gpu.GpuHalfMatrix(bits(rng, (4, 16), "f16"), "f16", scratch),
+             rng.standard_normal((4, 16)).astype(np.float32)]
+    want = [p.float32(0, p.shape[0]).copy() if isinstance(p, gpu.GpuHalfMatrix) else p for p in parts]
+    lw = dict(zip(QKV, parts))
+    whole = join_rows(lw, QKV)
+    np.testing.assert_array_equal(whole, np.concatenate(want))
+    for n, w in zip(QKV, want):
+        assert np.shares_memory(lw[n], whole)
+        np.testing.assert_array_equal(lw[n], w)
+
+
 def test_models_the_graph_does_not_reproduce_are_not_taken():
     """Gemma 3's forward has stages of its own; numerics ggml rounds where the kernels do not: both stay ungraphed."""
     assert not eligible(refllama.load(DATA / "tiny-gemma3"))
@@ -94,7 +110,7 @@ def test_16bit_matrices_multiply_as_their_float32_values(kind, K):
         np.testing.assert_array_equal(w32.view(np.uint32) & 0xFFFF, 0)
     else:
         np.testing.assert_array_equal(w32, b.view(np.float16).astype(np.float32))
-    m = gpu.HalfMatrix(b, kind, gpu.Scratch(np))
+    m = gpu.GpuHalfMatrix(b, kind, gpu.Scratch(np))
     x = rng.standard_normal((3, K)).astype(np.float32)
     np.testing.assert_allclose(x[:1] @ m.T, x[:1] @ w32.T, rtol=1e-5, atol=1e-5)  # one token: the gemv
     np.testing.assert_array_equal(x @ m.T, x @ w32.T)  # several: widened, then the same product
@@ -111,11 +127,11 @@ def bf16_copy(name, tmp_path):  # a tiny family's HF directory with its tensors 
 
 @pytest.mark.parametrize("in_file", (None, False))
 def test_a_bfloat16_model_on_the_gpu_placement_computes_its_float32_values(tmp_path, in_file):
-    """The cupy backend's weights (here on NumPy): bfloat16 matrices kept so (HalfMatrix) or widened at load, and
+    """The cupy backend's weights (here on NumPy): bfloat16 matrices kept so (GpuHalfMatrix) or widened at load, and
     either way the logits of the float32 arithmetic on the same values, prefill and decode step."""
     d = bf16_copy("qwen2", tmp_path)
     loaded = load_hf(d, gpu.GpuPlacement(np, in_file))
-    assert isinstance(loaded.weights["layers"][0]["attn_q"], gpu.HalfMatrix) == (in_file is None)
+    assert isinstance(loaded.weights["layers"][0]["attn_q"], gpu.GpuHalfMatrix) == (in_file is None)
     m = Model(str(d), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, 32)
     want = refllama.load(d, n_ctx=32)  # numpy: the bfloat16 values converted to float32 at load
     np.testing.assert_allclose(m.logits(PROMPT), want.logits(PROMPT), rtol=0, atol=1e-5)
@@ -160,7 +176,7 @@ def test_each_cuda_kernel_equals_its_mirror():
             outs = []
             for k, xp in ((cuda, cp), (mirror, np)):
                 o = xp.zeros(70, xp.float32)
-                k.gemv(gpu.HalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), xp.asarray(x), o,
+                k.gemv(gpu.GpuHalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), xp.asarray(x), o,
                        bias=xp.asarray(x[:1].repeat(70)), res=xp.asarray(W[:, 0].copy()))
                 outs.append(to_numpy(o))
             assert rel(*outs) < 2e-6, kind
@@ -204,7 +220,7 @@ def test_each_cuda_kernel_equals_its_mirror():
         outs = []
         for k, xp in ((cuda, cp), (mirror, np)):
             o = xp.zeros(40, xp.float32)
-            k.embed(xp.asarray(np.array([3], np.int32)), gpu.HalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), o)
+            k.embed(xp.asarray(np.array([3], np.int32)), gpu.GpuHalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), o)
             outs.append(to_numpy(o))
         np.testing.assert_array_equal(*outs)
 
@@ -228,7 +244,7 @@ def test_bfloat16_weights_stay_16_bit_on_the_gpu(tmp_path):
     d = bf16_copy("llama", tmp_path)
     m = refllama.load(d, backend="cupy", n_ctx=32)
     w = m.weights["layers"][0]["ffn_down"]
-    assert isinstance(w, gpu.HalfMatrix) and w.bits.dtype == cp.uint16
+    assert isinstance(w, gpu.GpuHalfMatrix) and w.bits.dtype == cp.uint16
     want = refllama.load(d, n_ctx=32)
     assert rel(m.logits(PROMPT), want.logits(PROMPT)) < 1e-5
     got, _ = forward_steps(m, STEPS)

@@ -225,9 +225,9 @@ def refllama_speed(m, ids, n_decode, peak):  # -> prefill tok/s, decode tok/s, p
 
 
 def nbytes(w):
-    from refllama.numerics.gpu import HalfMatrix
+    from refllama.numerics.gpu import GpuHalfMatrix
 
-    return w.bits.nbytes if isinstance(w, HalfMatrix) else getattr(w, "nbytes", 0)
+    return w.bits.nbytes if isinstance(w, GpuHalfMatrix) else getattr(w, "nbytes", 0)
 
 
 def weight_bytes(m):  # -> (bytes of every weight, bytes a decode step reads: all but an untied embedding)

@@ -4,7 +4,7 @@ the formulas are refllama.layers; with numerics "float32" on numpy every step is
 
     (backend, numerics)   operations table            weights
     numpy, float32        refllama.layers.FLOAT32     matrices.FileMatrix above 1B parameters, else float32 arrays
-    cupy, float32         gpu.OPS                     gpu.HalfMatrix: float16/bfloat16 kept so on the GPU; the rest
+    cupy, float32         gpu.OPS                     gpu.GpuHalfMatrix: float16/bfloat16 kept so on the GPU; the rest
                                                       float32 arrays there (a decode step: gpu_decode, one graph)
     numba, float32        numba_ops.OPS               quant.QuantMatrix: GGUF blocks read in place by Numba kernels;
                                                       the other types as numpy keeps them

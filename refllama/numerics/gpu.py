@@ -14,10 +14,11 @@ import numpy as np
 from .. import layers
 from ..formats.ggml_types import GGMLType, QuantizedTensor
 from ..xp import Placement, array_module
-from .matrices import SCRATCH_VALUES, WeightMatrix
+from .matrices import SCRATCH_VALUES, Scratch, WeightMatrix
 
 WARPS = 8  # a gemv block's warps, one output row each
 HALF = {GGMLType.F16: "f16", GGMLType.BF16: "bf16"}  # the 16-bit types kept as stored on the GPU
+KIND = {kind: qtype for qtype, kind in HALF.items()}
 
 SOURCE = r"""
 #define WARPS 8
@@ -280,17 +281,12 @@ NULL = np.uint64(0)  # a null pointer argument
 
 
 def widen_numpy(bits, kind, out=None):  # [..] uint16 -> [..] float32, exactly
-    """float16 or bfloat16 bits as float32 (bfloat16 is a float32's top half)."""
-    out = np.empty(bits.shape, np.float32) if out is None else out
-    if kind == "bf16":
-        np.left_shift(bits, 16, out=out.view(np.uint32), dtype=np.uint32)
-    else:
-        np.copyto(out, bits.view(np.float16))
-    return out
+    """float16 or bfloat16 bits as float32, as the loaders convert a file's."""
+    return QuantizedTensor(bits, KIND[kind], bits.shape).to_float32(out)
 
 
 def stored(w):  # a weight -> (its array, its kind: "f32", "f16", "bf16")
-    return (w.bits, w.kind) if isinstance(w, HalfMatrix) else (w, "f32")
+    return (w.bits, w.kind) if isinstance(w, GpuHalfMatrix) else (w, "f32")
 
 
 class NumpyKernels:
@@ -426,7 +422,7 @@ def contiguous(x):
     return array_module(x).ascontiguousarray(x, dtype=np.float32)
 
 
-def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: layers.rms_norm as one kernel (its squares summed in float32)
+def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: layers.rms_norm as one kernel
     x = contiguous(x)
     out = array_module(x).empty_like(x)
     kernels(array_module(x)).rms_norm(x, contiguous(w), eps, out)
@@ -463,22 +459,7 @@ OPS = layers.FLOAT32._replace(rms_norm=rms_norm, rope={layout: rope_in(layout) f
                               swiglu=swiglu, attention_weights=attention_weights)
 
 
-class Scratch:
-    """One float32 buffer on the device that the 16-bit matrices widen into for a product of several tokens, at the
-    size of the largest (at most SCRATCH_VALUES) and reused by every product."""
-
-    def __init__(self, xp):
-        self.xp, self.buf = xp, xp.empty(0, xp.float32)
-
-    def take(self, shape):
-        n = shape[0] * shape[1]
-        if n > self.buf.size:
-            self.buf = None  # freed before the larger one is allocated
-            self.buf = self.xp.empty(n, self.xp.float32)
-        return self.buf[:n].reshape(shape)
-
-
-class HalfMatrix(WeightMatrix):
+class GpuHalfMatrix(WeightMatrix):
     """A [N, K] float16 or bfloat16 weight kept as its 16-bit bits on the device: half a float32 copy's memory and
     reads. One token's product (decode) reads the bits in the gemv kernel, each value widened exactly to float32
     and accumulated in float32; a product of several tokens widens blocks of rows into the scratch and multiplies
@@ -495,7 +476,7 @@ class HalfMatrix(WeightMatrix):
         return self.xp
 
     def rows(self, a, b):  # rows a:b, still 16-bit (a view)
-        return HalfMatrix(self.bits[a:b], self.kind, self.scratch)
+        return GpuHalfMatrix(self.bits[a:b], self.kind, self.scratch)
 
     def float32(self, a, b, out=None):  # rows a:b -> [b - a, K] float32
         out = self.scratch.take((b - a, self.shape[1])) if out is None else out
@@ -525,7 +506,7 @@ class HalfMatrix(WeightMatrix):
 
 class GpuPlacement(Placement):
     """Weights for the cupy backend: float32 arrays on the device, but for float16/bfloat16 matrices, which stay in
-    their 16-bit form (HalfMatrix) unless `in_file` is False: then they are widened to float32 on the device, where
+    their 16-bit form (GpuHalfMatrix) unless `in_file` is False: then they are widened to float32 on the device, where
     it is fast, not on the CPU. The products are the same either way. Other types are converted to float32 at
     load, as the loaders convert them."""
 
@@ -538,6 +519,6 @@ class GpuPlacement(Placement):
     def __call__(self, a):
         if not isinstance(a, QuantizedTensor):
             return self.xp.asarray(a)
-        m = HalfMatrix(self.xp.asarray(np.ascontiguousarray(a.raw).view(np.uint16).reshape(a.shape)), HALF[a.qtype],
+        m = GpuHalfMatrix(self.xp.asarray(np.ascontiguousarray(a.raw).view(np.uint16).reshape(a.shape)), HALF[a.qtype],
                        self.scratch)
         return m if self.in_file else m.float32(0, m.shape[0], self.xp.empty(m.shape, self.xp.float32))

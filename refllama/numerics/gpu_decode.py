@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..arch import blocks
 from ..xp import array_module
-from .gpu import HalfMatrix, kernels
+from .gpu import GpuHalfMatrix, kernels
 
 QKV, GATE_UP = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
 
@@ -28,17 +28,19 @@ def eligible(model):
 
 def join_rows(lw, names):  # -> [sum of N, K]: the matrices `names` of a layer, rows stacked
     """One matrix for the step's one product where the forward has several; each name of the layer becomes a view
-    of its rows of it, so the model holds no second copy. A float32 array, or a HalfMatrix where all are."""
+    of its rows of it, so the model holds no second copy. A GpuHalfMatrix where all are of one 16-bit kind, else a
+    float32 array (a 16-bit part widened: a GGUF's F16 q/k beside a quantized v, converted at load)."""
     parts = [lw[n] for n in names]
     starts = [0]
     for p in parts:
         starts.append(starts[-1] + p.shape[0])
-    if all(isinstance(p, HalfMatrix) and p.kind == parts[0].kind for p in parts):
-        whole = HalfMatrix(parts[0].xp.concatenate([p.bits for p in parts]), parts[0].kind, parts[0].scratch)
+    if all(isinstance(p, GpuHalfMatrix) and p.kind == parts[0].kind for p in parts):
+        whole = GpuHalfMatrix(parts[0].xp.concatenate([p.bits for p in parts]), parts[0].kind, parts[0].scratch)
         lw.update((n, whole.rows(a, b)) for n, a, b in zip(names, starts, starts[1:]))
     else:
         xp = array_module(parts[0])
-        whole = xp.concatenate([p if not isinstance(p, HalfMatrix) else p.float32(0, p.shape[0]) for p in parts])
+        whole = xp.concatenate([p.float32(0, p.shape[0], xp.empty(p.shape, xp.float32))
+                                if isinstance(p, GpuHalfMatrix) else p for p in parts])
         lw.update((n, whole[a:b]) for n, a, b in zip(names, starts, starts[1:]))
     return whole
 

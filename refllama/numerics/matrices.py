@@ -107,15 +107,17 @@ BLOCK_ROWS = 256  # a product in row blocks cuts at multiples of this: BLAS's ke
 
 class Scratch:
     """One float32 buffer that the file-form matrices of a model convert into, each in turn; allocated at the size
-    of the largest conversion (at most SCRATCH_VALUES) and reused for every product."""
+    of the largest conversion (at most SCRATCH_VALUES) and reused for every product. `xp`: its array module (the
+    GPU's 16-bit matrices widen into one on the device, refllama.numerics.gpu)."""
 
-    def __init__(self):
-        self.buf = np.empty(0, np.float32)
+    def __init__(self, xp=np):
+        self.xp, self.buf = xp, xp.empty(0, np.float32)
 
     def take(self, shape):
         n = shape[0] * shape[1]
         if n > len(self.buf):
-            self.buf = np.empty(n, np.float32)
+            self.buf = None  # the smaller one freed before the larger is allocated
+            self.buf = self.xp.empty(n, np.float32)
         return self.buf[:n].reshape(shape)
 
 
