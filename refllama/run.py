@@ -50,8 +50,8 @@ def parse_args(argv):
                    help="with --numerics ggml: which of llama.cpp's CPU paths to reproduce (default: this host's; "
                         f"reproduced: {'; '.join(f'{b}: ' + ', '.join(p) for b, p in cpu_paths.EMULATED.items())})")
     p.add_argument("-t", "--threads", type=int, default=None,
-                   help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = idle cores "
-                        "(default, see README)")
+                   help="CPU threads (BLAS, or Numba kernels with --backend numba); 0 = the idle cores, "
+                        "followed as other work comes and goes (default, see README)")
     p.add_argument("--dump-dir", help="write every stage of the prompt's forward pass here (checkpoints/FORMAT.md)")
     p.add_argument("--decode-steps", type=int, default=0,
                    help="with --dump-dir: also dump N greedy decode steps, one token each, after the prefill")
@@ -161,8 +161,9 @@ def run(args, prompt):
     n_gen = tokens.n
     t_prompt = (t_first or t2) - t1  # prefill and the first sample
     rate = f"{(n_gen - 1) / (t2 - t_first):.1f} tok/s" if n_gen > 1 else "n/a"
+    following = "" if args.threads else ", following the idle cores"
     path = f", cpu path {m.cpu_path}{' --no-repack' if not m.repack else ''}" if m.cpu_path else ""
-    print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}{path}, threads={threads}) | "
+    print(f"\nload: {t_load:.2f} s ({m.backend}, numerics {m.numerics}{path}, threads={threads}{following}) | "
           f"prompt: {len(ids)} tokens, {len(ids) / t_prompt:.1f} tok/s"
           f" | generated: {n_gen} tokens, {rate} | stop: {tokens.finish_reason}", file=sys.stderr)
 

@@ -564,7 +564,8 @@ def parse_args(argv):
     p.add_argument("-c", "--ctx-size", type=int, default=4096,
                    help="context size; 0 = the model's (default %(default)s)")
     p.add_argument("-t", "--threads", type=int, default=None,
-                   help="CPU threads (BLAS, or Numba kernels with --backend numba; default: the idle cores)")
+                   help="CPU threads (BLAS, or Numba kernels with --backend numba; default: the idle cores, "
+                        "followed as other work comes and goes)")
     p.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes (default %(default)s)")
     p.add_argument("--client-timeout", type=float, default=10.0,
                    help="seconds a client may take to send a request, or leave a response unread (default %(default)s)")

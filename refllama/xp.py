@@ -3,7 +3,10 @@
 The backend is chosen once, when weights are placed; layers ask their inputs which module owns them.
 """
 
+import math
 import os
+import threading
+import time
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -71,55 +74,121 @@ def to_numpy(x):
     return x.get() if array_module(x) is not np else np.asarray(x)
 
 
-def cores_and_busy():
-    """(the cores this process may use, how many of them other work keeps busy: the 1-minute load average, rounded)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-    return cores, min(busy, cores)
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc's time unit, per second
+FOLLOW_S = 0.5  # how often threads that follow the free cores look again (a read of /proc/stat: ~50 us)
 
 
-def default_threads():
-    """CPU threads for BLAS: the cores this process may use, minus those other work keeps busy (1 at least).
+class CoreWatch:
+    """How many of this process's cores other work keeps busy. On Linux: the time those cores spent busy since the
+    last reading, less this process's own (its threads count as theirs, spinning or not), in cores, from the
+    kernel's counters (/proc/stat, /proc/self/stat); elsewhere the 1-minute load average, which lags a minute and
+    counts this process too. A core counts as busy from half its time taken: a thread that shares a core waits a
+    scheduler slice (~3 ms) for it, and every other thread waits at the next barrier."""
 
-    BLAS threads that find their core taken by other work wait for it: a thread per idle core is fastest
-    (docs/performance.md, Threads).
-    """
-    cores, busy = cores_and_busy()
-    return max(1, cores - busy)
+    def __init__(self):
+        affinity = getattr(os, "sched_getaffinity", None)
+        self.cores = set(affinity(0)) if affinity else set(range(os.cpu_count() or 1))
+        self.last = self.read()
+
+    def read(self):  # -> (monotonic seconds, busy ticks of the cores, this process's ticks), or None off Linux
+        try:
+            busy = 0
+            with open("/proc/stat") as f:
+                for line in f:
+                    name, *ticks = line.split()
+                    if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.cores:
+                        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, ticks[:8])
+                        busy += user + nice + system + irq + softirq + steal
+            with open("/proc/self/stat") as f:  # utime, stime: the 14th and 15th fields, after the command's ")"
+                own = sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13]))
+            return time.monotonic(), busy, own
+        except (OSError, ValueError):
+            return None
+
+    def age(self):
+        return time.monotonic() - self.last[0] if self.last else math.inf
+
+    def busy(self):
+        """Cores busy with other work since the last reading (or the watch's start); the next reading starts here."""
+        now, last = self.read(), self.last
+        self.last = now
+        if now is None or last is None or now[0] <= last[0]:
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0
+            return min(round(load), len(self.cores))
+        others = (now[1] - last[1]) - (now[2] - last[2])  # ticks
+        return min(max(round(others / ((now[0] - last[0]) * TICKS)), 0), len(self.cores))
+
+    def free(self):  # the cores other work leaves free (1 at least)
+        return max(1, len(self.cores) - self.busy())
+
+
+def idle_cores(window=0.1):
+    """(this process's cores, how many other work keeps busy), over `window` seconds from now."""
+    watch = CoreWatch()
+    time.sleep(window)
+    return len(watch.cores), watch.busy()
 
 
 def threads_notice(asked):
     """A one-line warning when `asked` threads (a command's -t) is more than the idle cores, else None."""
-    cores, busy = cores_and_busy()
-    if not asked or asked <= cores - busy:
+    if not asked:
         return None
-    return (f"-t {asked} but only {cores - busy} of {cores} cores are idle (the load average says {busy} are busy): "
-            "a thread whose core is busy makes the others wait for it, which can be many times slower; "
-            "-t 0 takes the idle cores")
+    cores, busy = idle_cores()
+    if asked <= cores - busy:
+        return None
+    return (f"-t {asked} but only {cores - busy} of {cores} cores are idle ({busy} busy with other work): a thread "
+            "whose core is busy makes the others wait for it, which can be many times slower; without -t refllama "
+            "follows the idle cores")
 
 
-THREADS_SET = set()  # the backends whose threads were set in this process (by the caller, or by a first load)
+CHOSEN = {}  # backend -> its thread count as a caller set it, or a CoreWatch where the count follows the free cores
+BLAS = [None]  # the count last given to the process's BLAS
+_numba = threading.local()  # the count last given to this thread's Numba pool
 
 
 def set_threads(n=None, backend="numpy"):
-    """Threads for this process's products (None or 0: default_threads()); returns n. `refllama.load` calls it for
-    its backend unless the caller has: call it (or pass `load(threads=...)`) to choose.
+    """Threads for this process's products; returns their number now. `refllama.load` calls it for its backend
+    unless the caller has: call it (or pass `load(threads=...)`) to choose. None or 0: the cores other work leaves
+    free (CoreWatch), looked at again every FOLLOW_S seconds as the model runs (`follow`), so that a job that starts
+    beside refllama takes threads from it and gives them back when it ends.
 
     numpy and cupy: BLAS gets n threads. numba: the Numba kernels (every weight product) get n, BLAS (only
     attention's small products) 1. Both pools spin while they wait for work, so two full pools take each other's
     cores.
     """
-    n = default_threads() if n in (None, 0) else n
-    if n < 1:
+    if n not in (None, 0) and n < 1:
         raise RefllamaError(f"threads must be at least 1, got {n}")
+    if n in (None, 0):
+        n = CoreWatch()
+        time.sleep(0.1)  # a first reading's span
+        n.n = n.free()  # the count it gives now
+    CHOSEN[backend] = n
+    return follow(backend)
+
+
+def follow(backend):
+    """Give this thread's pools the backend's thread count (Numba's count is per calling thread), reading the free
+    cores again if they are followed and FOLLOW_S has passed; returns the count. Model.forward calls it each step."""
+    chosen = CHOSEN.get(backend)
+    if chosen is None:
+        return None
+    if isinstance(chosen, CoreWatch):
+        if chosen.age() >= FOLLOW_S:
+            chosen.n = chosen.free()
+        n = chosen.n
+    else:
+        n = chosen
+    blas = 1 if backend == "numba" else n
+    if BLAS[0] != blas:
+        threadpool_limits(limits=blas, user_api="blas")
+        BLAS[0] = blas
     if backend == "numba":
         import numba
 
-        threadpool_limits(limits=1, user_api="blas")
-        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
-    else:
-        threadpool_limits(limits=n)
-    THREADS_SET.add(backend)
+        n = min(n, numba.config.NUMBA_NUM_THREADS)
+        if getattr(_numba, "n", None) != n:
+            numba.set_num_threads(n)
+            _numba.n = n
     return n
 
 

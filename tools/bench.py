@@ -14,7 +14,14 @@ time of each counts:
 The line above the table is this machine's memory bandwidth (a parallel read of 1 GiB, best of 5): decode of a
 model too big for the caches cannot run faster than its weights' bytes / bandwidth.
 
-    python tools/bench.py [-m MODEL] [--threads N] [--repeat 3] [--prompt 128 --decode 128] [--engines numpy,numba,...]
+Threads: each engine's default unless --threads says: refllama follows the cores other work leaves free
+(refllama.set_threads), llama.cpp and transformers take every core. --busy runs every engine a second time with one
+core kept busy by another process (a Python loop, started a second before the engine and stopped after it), and
+reports the speed each keeps. --cpu-path picks numba-ggml's CPU path (numerics "ggml"); the llama.cpp row names the
+path its build takes. To run refllama's kernels as an AVX2-only host compiles them, set NUMBA_CPU_NAME=haswell.
+
+    python tools/bench.py [-m MODEL] [--threads N] [--busy] [--repeat 3] [--prompt 128 --decode 128]
+                          [--engines numpy,numba,...] [--cpu-path avx2]
 """
 
 import argparse
@@ -67,15 +74,15 @@ def resident():
     return tuple(int(fields[k].split()[0]) / 1024 for k in ("VmHWM", "RssAnon", "RssFile"))
 
 
-def run_refllama(backend, path, threads, ids, numerics="float32"):
+def run_refllama(backend, path, threads, ids, numerics="float32", cpu_path=None):
     import numpy as np
 
     import refllama
 
-    refllama.set_threads(threads, backend)
-    m = refllama.load(path, backend=backend, n_ctx=len(ids) + N_DECODE, numerics=numerics)
+    refllama.set_threads(threads, backend)  # 0: its default, the free cores followed
+    m = refllama.load(path, backend=backend, n_ctx=len(ids) + N_DECODE, numerics=numerics, cpu_path=cpu_path)
     load = process_age()
-    forward = m.arch.forward
+    facts = {"cpu_path": m.cpu_path}
 
     def generate():
         t0 = time.perf_counter()
@@ -83,16 +90,20 @@ def run_refllama(backend, path, threads, ids, numerics="float32"):
         t1 = time.perf_counter()
         token = int(np.argmax(logits[-1]))
         for _ in range(N_DECODE):
-            logits = forward(m.weights, m.config, m.ops, np.asarray([token]), m.cache.n_past, m.cache, True)
+            logits = m.forward([token], m.cache.n_past, last_only=True)
             token = int(np.argmax(logits[-1]))
+        facts["threads"] = refllama.xp.follow(backend)  # at the end: the count it followed to
         return t1 - t0, time.perf_counter() - t1
-    return load, generate
+    return load, generate, facts
 
 
 def run_llamacpp(path, threads, ids):
     import llama_cpp
     import numpy as np
 
+    from refllama.numerics.cpu_paths import llamacpp_path
+
+    threads = threads or os.cpu_count()
     llm = llama_cpp.Llama(path, n_ctx=len(ids) + N_DECODE, n_batch=len(ids), n_threads=threads,
                           n_threads_batch=threads, verbose=False)
     load = process_age()
@@ -110,14 +121,14 @@ def run_llamacpp(path, threads, ids):
             llm.eval([token])
             token = int(np.argmax(last_logits()))
         return t1 - t0, time.perf_counter() - t1
-    return load, generate
+    return load, generate, {"cpu_path": llamacpp_path(llama_cpp.llama_print_system_info().decode()), "threads": threads}
 
 
 def run_transformers(path, threads, ids):
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads or os.cpu_count())
     if os.path.isdir(path):  # an HF directory in its own dtype: transformers' bf16 CPU path
         model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
     else:
@@ -135,21 +146,22 @@ def run_transformers(path, threads, ids):
             out = model(token, past_key_values=past, use_cache=True)
             past, token = out.past_key_values, out.logits[0, -1].argmax().view(1, 1)
         return t1 - t0, time.perf_counter() - t1
-    return load, generate
+    return load, generate, {"threads": torch.get_num_threads()}
 
 
-def child(engine, path, threads, ids, repeat):
+def child(engine, path, threads, ids, repeat, cpu_path):
     runs = {"numpy": lambda: run_refllama("numpy", path, threads, ids),
             "numba": lambda: run_refllama("numba", path, threads, ids),
-            "numba-ggml": lambda: run_refllama("numba", path, threads, ids, "ggml"),
+            "numba-ggml": lambda: run_refllama("numba", path, threads, ids, "ggml", cpu_path),
             "llama.cpp": lambda: run_llamacpp(path, threads, ids),
             "transformers": lambda: run_transformers(path, threads, ids)}
-    load, generate = runs[engine]()
+    load, generate, facts = runs[engine]()
     times = [generate() for _ in range(repeat)]  # the best of `repeat`: the least disturbed by other work
     prefill, decode = min(t[0] for t in times), min(t[1] for t in times)
     peak_mb, anon, file = resident()
     print(json.dumps({"engine": engine, "load_s": load, "prefill_tok_s": len(ids) / prefill,
-                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": peak_mb, "anon_mb": anon, "file_mb": file}))
+                      "decode_tok_s": N_DECODE / decode, "peak_rss_mb": peak_mb, "anon_mb": anon, "file_mb": file,
+                      **facts}))
 
 
 def prompt_ids(path, n):
@@ -179,7 +191,9 @@ def main():
     p.add_argument("-m", "--model", help="GGUF file or HF directory (default: the installed SmolLM2)")
     p.add_argument("--prompt", type=int, default=N_PROMPT, help="prompt tokens (default %(default)s)")
     p.add_argument("--decode", type=int, default=N_DECODE, help="decoded tokens (default %(default)s)")
-    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--threads", type=int, default=0, help="threads for every engine (default: each one's own)")
+    p.add_argument("--busy", action="store_true", help="run each engine again with one core kept busy")
+    p.add_argument("--cpu-path", help="numba-ggml's CPU path (default: this host's)")
     p.add_argument("--engines", default="numpy,numba,numba-ggml,llama.cpp,transformers")
     p.add_argument("--repeat", type=int, default=3, help="prefill + decode runs per engine; the best time counts")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -190,31 +204,46 @@ def main():
     N_DECODE = args.decode
     path = args.model or default_model_path()
     if args.child:
-        return child(args.child, path, args.threads, json.loads(args.ids), args.repeat)
+        return child(args.child, path, args.threads, json.loads(args.ids), args.repeat, args.cpu_path)
     cfg, name, size_mb = describe(path)
     ids = json.dumps(prompt_ids(path, args.prompt))
-    rows = {}
+    rows, busy = {}, {}
     for engine in args.engines.split(","):
         if not installed(engine) or (engine == "llama.cpp" and os.path.isdir(path)):
             print(f"{engine}: not installed or not for this model, skipped", file=sys.stderr)
             continue
-        r = subprocess.run([sys.executable, __file__, "--child", engine, "-m", path, "--threads", str(args.threads),
-                            "--ids", ids, "--repeat", str(args.repeat), "--decode", str(N_DECODE)],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            print(f"{engine}: failed\n{r.stderr[-2000:]}", file=sys.stderr)
-            continue
-        rows[engine] = json.loads(r.stdout.strip().splitlines()[-1])
-    bandwidth = memory_bandwidth(args.threads)
-    print(f"{name} ({os.path.basename(path.rstrip('/'))}, {size_mb:.0f} MB), {args.threads} threads, "
-          f"{os.cpu_count()} cores, {args.prompt}-token prompt, {N_DECODE} decoded tokens, "
-          f"best of {args.repeat}; memory bandwidth {bandwidth / 1e9:.1f} GB/s: reading the weights once takes "
+        command = [sys.executable, __file__, "--child", engine, "-m", path, "--threads", str(args.threads), "--ids",
+                   ids, "--repeat", str(args.repeat), "--decode", str(N_DECODE)] + (
+                   ["--cpu-path", args.cpu_path] if args.cpu_path else [])
+        for runs, burner in ((rows, False), (busy, True))[:1 + args.busy]:
+            r = run_child(command, burner)
+            if r.returncode != 0:
+                print(f"{engine}: failed{' (busy)' if burner else ''}\n{r.stderr[-2000:]}", file=sys.stderr)
+                break
+            runs[engine] = json.loads(r.stdout.strip().splitlines()[-1])
+    bandwidth = memory_bandwidth(args.threads or os.cpu_count())
+    numba_cpu = os.environ.get("NUMBA_CPU_NAME")
+    print(f"{name} ({os.path.basename(path.rstrip('/'))}, {size_mb:.0f} MB), {cpu_name()}, {os.cpu_count()} cores, "
+          f"{args.prompt}-token prompt, {N_DECODE} decoded tokens, best of {args.repeat}"
+          + (f", Numba compiling for {numba_cpu}" if numba_cpu else "")
+          + f"; memory bandwidth {bandwidth / 1e9:.1f} GB/s: reading the weights once takes "
           f"{size_mb * 2**20 / bandwidth:.2f} s, at most {bandwidth / (size_mb * 2**20):.1f} tok/s of decode\n")
-    print("| engine | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) | anon / file (MB) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| engine | threads | CPU path | load (s) | prefill (tok/s) | decode (tok/s) | peak RSS (MB) "
+          "| anon / file (MB) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for e, r in rows.items():
-        print(f"| {e} | {r['load_s']:.2f} | {r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} "
-              f"| {r['peak_rss_mb']:.0f} | {r['anon_mb']:.0f} / {r['file_mb']:.0f} |")
+        print(f"| {e} | {r.get('threads', '')} | {r.get('cpu_path') or ''} | {r['load_s']:.2f} | "
+              f"{r['prefill_tok_s']:.1f} | {r['decode_tok_s']:.1f} | {r['peak_rss_mb']:.0f} | "
+              f"{r['anon_mb']:.0f} / {r['file_mb']:.0f} |")
+    if busy:
+        print("\nOne core kept busy by another process: the same runs, and the share of the quiet speed each keeps\n")
+        print("| engine | threads (at the end) | prefill (tok/s) | kept | decode (tok/s) | kept |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for e, r in busy.items():
+            q = rows[e]
+            print(f"| {e} | {r.get('threads', '')} | {r['prefill_tok_s']:.1f} | "
+                  f"{r['prefill_tok_s'] / q['prefill_tok_s']:.2f}x | {r['decode_tok_s']:.1f} | "
+                  f"{r['decode_tok_s'] / q['decode_tok_s']:.2f}x |")
 
     def ratio(a, b, key):
         if a in rows and b in rows:
@@ -227,6 +256,30 @@ def main():
     kv_mb = (args.prompt + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20
     for e, r in rows.items():
         print(f"- {e} peak RSS / (file + KV cache {kv_mb:.0f} MB): {r['peak_rss_mb'] / (size_mb + kv_mb):.2f}x")
+
+
+def run_child(command, burner):
+    """One engine's process; with `burner`, beside another that keeps a core busy from a second before it starts."""
+    if not burner:
+        return subprocess.run(command, capture_output=True, text=True)
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.0)
+        return subprocess.run(command, capture_output=True, text=True)
+    finally:
+        loop.kill()
+        loop.wait()
+
+
+def cpu_name():
+    """This CPU's model name (/proc/cpuinfo), for the table's heading."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or platform.machine()
 
 
 def describe(path):
