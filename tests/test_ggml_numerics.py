@@ -6,6 +6,7 @@ import itertools
 import math
 
 import gguf
+import numba
 import numpy as np
 import pytest
 from gguf.quants import dequantize
@@ -142,33 +143,41 @@ def test_numba_float16_rounding_equals_f16c_on_every_tie():
     np.testing.assert_array_equal(got, gn.round_f16(x))
 
 
-@pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
+def compiles_here(isa):
+    """Skip a kernel form whose instructions the CPU lacks (compiling them aborts the process)."""
+    if isa != "generic" and ISAS.index(isa) > ISAS.index(gb.ISA):
+        pytest.skip(f"this CPU has no {isa.upper()}: the kernels' {isa} form cannot run here")
+
+
+ISAS = ["generic", "avx2", "vnni"]  # each needs the one before
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype", sorted(gb.BLOCK_BYTES), ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 8, 19])
-def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, vnni, T):
-    """Both kernel forms (8-token tiles and single tokens) against the NumPy lanes; VNNI only where the CPU has it."""
-    if vnni and not gb.host_has_vnni():
-        pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
+def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T):
+    """Both kernel forms (8-token tiles and single tokens) against the NumPy lanes, in each instruction set the
+    CPU has."""
+    compiles_here(isa)
     raw = random_blocks(qtype, 37, 256)
     x = activations(T, 256)
     want = x @ gn.GgmlMatrix(raw, qtype, (37, 256)).T
     fast = gb.NumbaGgmlMatrix([raw], qtype, 256)
-    fast.vnni = vnni
+    fast.isa = isa
     np.testing.assert_array_equal(x @ fast.T, want)
 
 
-@pytest.mark.parametrize("vnni", [False, True], ids=["generic", "vnni"])
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("qtype, N", [(QT.Q4_K, 40), (QT.Q4_K, 37), (QT.Q5_K, 40), (QT.Q6_K, 40), (QT.Q2_K, 40),
                                      (QT.Q2_K, 37), (QT.Q3_K, 40)],
                          ids=["Q4_K-repacked", "Q4_K", "Q5_K", "Q6_K", "Q2_K-repacked", "Q2_K", "Q3_K"])
 # Q4_K and Q2_K are repacked when their rows are 8 k
 @pytest.mark.parametrize("T", [1, 3, 5, 8, 14, 19])  # every path: vec_dot, gemv and gemm, tiled, with remainders
-def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, N, vnni, T):
+def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtype, N, isa, T):
     """Every path of llama.cpp's that the kernels take (GgmlMatrix.matmul, matmul_id), on blocks of every byte value
     (the largest codes, scales and mins, against activations that quantize to +-127: the integer sums at their
     largest), in two parts."""
-    if vnni and not gb.host_has_vnni():
-        pytest.skip("this CPU has no AVX-512 VNNI: only the generic form can be compiled here")
+    compiles_here(isa)
     raw = RNG.integers(0, 256, size=gguf.quant_shape_to_byte_shape((N, 512), qtype), dtype=np.uint8)
     b = raw.reshape(N, 2, -1)
     for name in (n for n in ("d", "dmin") if n in gt.LAYOUT[qtype]):  # finite float16 scales
@@ -179,7 +188,7 @@ def test_k_quant_kernels_on_the_blocks_equal_the_numpy_emulation_to_the_bit(qtyp
     want = gn.GgmlMatrix(raw, qtype, (N, 512))
     assert want.repacked == (qtype in (QT.Q4_K, QT.Q2_K) and N == 40)
     fast = gq.NumbaKQuantMatrix([raw[:16], raw[16:]], qtype, 512)
-    fast.vnni, fast.repacked = vnni, want.repacked
+    fast.isa, fast.repacked = isa, want.repacked
     np.testing.assert_array_equal(x @ fast.T, x @ want.T)
     np.testing.assert_array_equal(fast.matmul_id(x), want.matmul_id(x))  # a repacked matrix: the gemv on every row
 
@@ -212,11 +221,18 @@ def test_a_repacked_matrixs_gemm_rows_quantize_ties_to_the_positive_max():
 
 
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
-    """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors: compiling it elsewhere aborts."""
-    monkeypatch.setattr(gb.llvm, "get_host_cpu_features", lambda: {"avx2": True, "avx512vnni": False})
-    assert gb.host_has_vnni() is False
-    monkeypatch.setattr(gb.llvm, "get_host_cpu_features", lambda: {"avx512vnni": True, "avx512vl": True})
-    assert gb.host_has_vnni() is True
+    """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors, vpmaddubsw where it reports AVX2:
+    compiling them elsewhere aborts. Numba told to compile for another CPU: that CPU's features."""
+    for features, isa in (({"avx2": True, "avx512vnni": False}, "avx2"), ({"sse4.2": True}, "generic"),
+                          ({"avx2": True, "avx512vnni": True, "avx512vl": True}, "vnni")):
+        monkeypatch.setattr(gb.llvm, "get_host_cpu_features", lambda f=features: f)
+        assert gb.kernel_isa() == isa
+    for name, features, isa in (("haswell", "+avx2,+fma,+f16c", "avx2"), ("generic", "-avx2,+sse4.2", "generic"),
+                                ("skylake-avx512", "+avx2,+avx512f,+avx512vl,+avx512vnni", "vnni"),
+                                ("haswell", None, "vnni")):  # no features: Numba takes the host's
+        monkeypatch.setattr(numba.config, "CPU_NAME", name)
+        monkeypatch.setattr(numba.config, "CPU_FEATURES", features)
+        assert gb.kernel_isa() == isa
 
 
 def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
@@ -230,22 +246,25 @@ def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
     np.testing.assert_array_equal(njit(lambda a: np.array([gk.expf(v) for v in a], np.float32))(x), got)
 
 
-@pytest.mark.parametrize("T, S, HD", [(1, 37, 64), (1, 200, 96), (1, 130, 128), (5, 5, 64), (7, 130, 96)])
-def test_attention_kernels_equal_the_numpy_emulation_to_the_bit(T, S, HD):
-    """One token (vec_dot_f16's 4 x 16 lanes, HD % 64 leftovers in float64; HD % 64 == 0 in IR) and a batch
-    (tinyBLAS's 16 lanes). K and V are the first S rows of a longer cache, as the forward passes them."""
+@pytest.mark.parametrize("path", list(gn.LANES))
+@pytest.mark.parametrize("T, S, HD", [(1, 37, 64), (1, 200, 96), (1, 130, 128), (1, 9, 80), (1, 5, 40), (5, 5, 64),
+                                      (7, 130, 96), (3, 11, 40)])
+def test_attention_kernels_equal_the_numpy_emulation_to_the_bit(T, S, HD, path):
+    """One token (vec_dot_f16's 4 x w lanes, HD % 4w leftovers in float64; HD % 4w == 0 in IR) and a batch
+    (tinyBLAS's w lanes), w 16 on the AVX-512 path and 8 on AVX2's. K and V are the first S rows of a longer cache,
+    as the forward passes them. SwiGLU over whole vectors and a rest (50 = 3 x 16 + 2 = 6 x 8 + 2)."""
     H, KVH = 6, 2
     q = RNG.standard_normal((T, H, HD)).astype(np.float32)
     k, v = (gn.round_f16(RNG.standard_normal((KVH, S + 9, HD)).astype(np.float32))[:, :S] for _ in range(2))
-    kq = gn.attention_scores(q, k)
-    np.testing.assert_array_equal(gk.attention_scores(q, k), kq)
+    kq = gn.attention_scores(q, k, path)
+    np.testing.assert_array_equal(gk.attention_scores(q, k, path), kq)
     mask = refllama.layers.causal_mask(S - T, T, S, np)
-    p = gn.attention_weights(kq, mask, 0.125)
-    np.testing.assert_array_equal(gk.attention_weights(kq, mask, 0.125), p)
+    p = gn.attention_weights(kq, mask, 0.125, path)
+    np.testing.assert_array_equal(gk.attention_weights(kq, mask, 0.125, path), p)
     np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
-    np.testing.assert_array_equal(gk.attention_mix(p, v), gn.attention_mix(p, v))
-    gate, up = (RNG.standard_normal((T, 48)) * 4).astype(np.float32), RNG.standard_normal((T, 48)).astype(np.float32)
-    np.testing.assert_array_equal(gk.swiglu(gate, up), gn.swiglu(gate, up))
+    np.testing.assert_array_equal(gk.attention_mix(p, v, path), gn.attention_mix(p, v, path))
+    gate, up = (RNG.standard_normal((T, 50)) * 4).astype(np.float32), RNG.standard_normal((T, 50)).astype(np.float32)
+    np.testing.assert_array_equal(gk.swiglu(gate, up, path), gn.swiglu(gate, up, path))
 
 
 def test_f16_sums_follow_ggml_order_not_float64():
@@ -309,12 +328,15 @@ def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtyp
 
 
 
-@pytest.mark.parametrize("T,N,K", [(1, 128, 2048), (1, 8, 200), (3, 8, 64), (2, 6, 48), (5, 4, 100)])
-def test_numba_f32_products_equal_numpy_in_every_form(T, N, K):
-    """A float32 matrix's products (a router's, an F32 file's) in Numba: tinyBLAS's 16 lanes for a batch whose
-    shapes it takes, else vec_dot_f32's 64 lanes and the leftovers one by one, bit-equal to the NumPy form."""
+@pytest.mark.parametrize("path", list(gn.LANES))
+@pytest.mark.parametrize("T,N,K", [(1, 128, 2048), (1, 8, 200), (1, 8, 96), (3, 8, 64), (2, 6, 48), (5, 4, 100),
+                                   (3, 4, 40)])
+def test_numba_f32_products_equal_numpy_in_every_form(T, N, K, path):
+    """A float32 matrix's products (a router's, an F32 file's) in Numba: tinyBLAS's w lanes for a batch whose
+    shapes it takes, else vec_dot_f32's 4 w lanes and the leftovers one by one (w 16, AVX2's 8), bit-equal to the
+    NumPy form."""
     x, w = RNG.standard_normal((T, K)).astype(np.float32), RNG.standard_normal((N, K)).astype(np.float32)
-    np.testing.assert_array_equal(x @ gk.NumbaF32Matrix(w).T, x @ gn.F32Matrix(w).T)
+    np.testing.assert_array_equal(x @ gk.NumbaF32Matrix(w, path).T, x @ gn.F32Matrix(w, path).T)
 
 
 @pytest.mark.parametrize("make", [
@@ -333,7 +355,7 @@ def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, r
         m.repacked = repack and gn.repacked(qtype, m.shape)
         experts.append(m)
     ids = np.array([[4, 1, 5]])
-    product = gn.id_product if hasattr(experts[0], "vnni") else linear
+    product = gn.id_product if hasattr(experts[0], "isa") else linear
     x = activations(1, 256)
     rows = activations(3, 256)[None]  # [1, K, in]
     assert experts[0].join([experts[e] for e in ids[0]]).in_quads()  # the down products take matmul_parts
@@ -343,9 +365,10 @@ def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, r
         np.testing.assert_array_equal(got, np.stack(want, axis=1))
 
 
-@pytest.mark.parametrize("n", [128, 60, 8])
-def test_numba_router_softmax_equals_numpy(n):
-    """A router's softmax in Numba: ggml_v_expf on whole groups of 16, the C library's expf on the rest, the sum in
-    float64 group by group, bit-equal to the NumPy form (60 experts: Qwen2-MoE's 12 left over)."""
+@pytest.mark.parametrize("path", list(gn.LANES))
+@pytest.mark.parametrize("n", [128, 60, 8, 5])
+def test_numba_router_softmax_equals_numpy(n, path):
+    """A router's softmax in Numba: ggml_v_expf on whole vectors (16 lanes, AVX2's 8), the C library's expf on the
+    rest, the sum in float64 vector by vector, bit-equal to the NumPy form (60 experts: Qwen2-MoE's 12 left over)."""
     x = (RNG.standard_normal((5, n)) * 4).astype(np.float32)
-    np.testing.assert_array_equal(gk.router_softmax(x), gn.softmax(x))
+    np.testing.assert_array_equal(gk.router_softmax(x, path), gn.softmax(x, path))

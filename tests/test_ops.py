@@ -60,10 +60,13 @@ def test_every_table_computes_the_float32_steps(name, T, step):
     assert np.abs(got - want).max() <= TOLERANCE[name] * np.abs(want).max(), np.abs(got - want).max()
 
 
+@pytest.mark.parametrize("path", list(ggml_numerics.LANES))
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("T", [1, 5], ids=["decode", "batch"])
-def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step):
-    assert np.array_equal(run(ggml_kernels.OPS, T, step), run(ggml_numerics.OPS, T, step))
+def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step, path):
+    """On every CPU path numerics ggml reproduces (its lanes and expf)."""
+    kernels, emulation = ggml_kernels.path_ops(path), ggml_numerics.path_ops(path)
+    assert np.array_equal(run(kernels, T, step), run(emulation, T, step))
 
 
 def test_a_table_is_chosen_once_from_backend_and_numerics():

@@ -18,7 +18,8 @@ Threads: each engine's default unless --threads says: refllama follows the cores
 (refllama.set_threads), llama.cpp and transformers take every core. --busy runs every engine a second time with one
 core kept busy by another process (a Python loop, started a second before the engine and stopped after it), and
 reports the speed each keeps. --cpu-path picks numba-ggml's CPU path (numerics "ggml"); the llama.cpp row names the
-path its build takes. To run refllama's kernels as an AVX2-only host compiles them, set NUMBA_CPU_NAME=haswell.
+path its build takes. To run refllama's kernels as an AVX2-only host compiles them, set
+NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2,+fma,+f16c (Numba's own cache keeps them apart).
 
     python tools/bench.py [-m MODEL] [--threads N] [--busy] [--repeat 3] [--prompt 128 --decode 128]
                           [--engines numpy,numba,...] [--cpu-path avx2]
@@ -222,7 +223,7 @@ def main():
                 break
             runs[engine] = json.loads(r.stdout.strip().splitlines()[-1])
     bandwidth = memory_bandwidth(args.threads or os.cpu_count())
-    numba_cpu = os.environ.get("NUMBA_CPU_NAME")
+    numba_cpu = " ".join(os.environ.get(v, "") for v in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")).strip()
     print(f"{name} ({os.path.basename(path.rstrip('/'))}, {size_mb:.0f} MB), {cpu_name()}, {os.cpu_count()} cores, "
           f"{args.prompt}-token prompt, {N_DECODE} decoded tokens, best of {args.repeat}"
           + (f", Numba compiling for {numba_cpu}" if numba_cpu else "")

@@ -1,12 +1,13 @@
 """numerics "ggml" on `--backend numba`, the blocks of 32: llama.cpp's integer dot products of Q4_0, Q4_1, Q5_0 and
-Q8_0 as Numba kernels, and what the K-quants' kernels (ggml_kquants) share with them: the host's VNNI, the
+Q8_0 as Numba kernels, and what the K-quants' kernels (ggml_kquants) share with them: the instructions they use, the
 int8 lanes, Q8_0/Q8_1 activations, float16 rounding.
 
 The same arithmetic as numerics.ggml_numerics (which says what each step is and why), fast: activations quantized
 to Q8_0/Q8_1 in Numba, and the products written in LLVM IR, because Numba's loops over int8 come out as
 widened 32-bit multiplies at half the speed of its float kernel. One token: per block of 32 weights the IR does
 what ggml's x86 code does: unpack to 32 bytes, 8 int32 lanes of 4 byte products (`vpdpbusd` where the CPU has
-AVX-512 VNNI, else the same sums written target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
+AVX-512 VNNI, `vpmaddubsw` + `vpmaddwd` with AVX2 only, as ggml's AVX2 code, else the same sums written
+target-independently), fma(d_w * d_x, lane, acc) per lane, and at the
 end ggml's horizontal sum. A batch: lane tiles, 16 tokens in the 16 lanes of a vector, each word of 4 weight codes
 broadcast to every lane, so that one vpdpbusd serves 16 tokens and each token's float steps are its own lane's.
 The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
@@ -31,29 +32,47 @@ from .block_ir import (
 from .ggml_numerics import (
     GgmlMatrix,
 )
-from .ir import F32, I8, I32, I64, V32I8, counted_loop, lanes, load, load_f16, specialize, splat
+from .ir import F32, I8, I16, I32, I64, V32I8, counted_loop, lanes, load, load_f16, specialize, splat
 from .quant import LANES, N_READ, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
 
 
-def host_has_vnni():
-    """Whether this CPU has 256-bit AVX-512 VNNI (vpdpbusd on ymm registers): compiling that instruction for a CPU
-    without it aborts the process, so the kernels' form is chosen from LLVM's view of the host."""
-    features = llvm.get_host_cpu_features()
-    return bool(features.get("avx512vnni") and features.get("avx512vl"))
+def kernel_isa():
+    """The integer instructions the kernels use on the CPU Numba compiles for: "vnni" (256-bit AVX-512 VNNI:
+    vpdpbusd on ymm registers), "avx2" (vpmaddubsw and vpmaddwd, as ggml's AVX2 code) or "generic" (target-free
+    IR). Compiling an instruction for a CPU without it aborts the process, so they follow the features Numba
+    compiles with: NUMBA_CPU_FEATURES where set (NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2,+fma,+f16c runs
+    the kernels as an AVX2-only host compiles them), else LLVM's view of the host."""
+    import numba
+
+    if numba.config.CPU_FEATURES is not None:
+        features = {f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+")}
+    else:
+        features = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    if {"avx512vnni", "avx512vl"} <= features:
+        return "vnni"
+    return "avx2" if "avx2" in features else "generic"
 
 
-VNNI = host_has_vnni()
+ISA = kernel_isa()
 BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0)}  # the types with IR kernels
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
 MAGIC = 0x4B400000  # 1.5 * 2^23 as float32 bits: adding an int n (|n| < 2^22) to them gives the bits of 1.5 * 2^23 + n
 
 
-def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
-    if vnni:
+def _lanes(builder, u, y, isa):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x i32>: lane j = sum of 4 products
+    """(bytes 4j .. 4j + 3). AVX2's vpmaddubsw adds pairs in int16 with saturation: exact here, as every caller's
+    unsigned bytes are at most 128 (|code|, 4-, 5- and 6-bit codes) and the signed ones at least -127 (Q8)."""
+    if isa == "vnni":
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", fnty=ir.FunctionType(
             V8I32, [V8I32, V8I32, V8I32]))
         return builder.call(fn, [ir.Constant(V8I32, None), builder.bitcast(u, V8I32), builder.bitcast(y, V8I32)])
+    if isa == "avx2":
+        v16i16 = ir.VectorType(I16, 16)
+        pairs = builder.call(builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(
+            v16i16, [V32I8, V32I8])), [u, y])
+        return builder.call(builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(
+            V8I32, [v16i16, v16i16])), [pairs, ir.Constant(v16i16, [1] * 16)])
     v32 = ir.VectorType(I32, 32)
     p = builder.mul(builder.zext(u, v32), builder.sext(y, v32))
     parts = [builder.shuffle_vector(p, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(I32, 8),
@@ -62,18 +81,33 @@ def _lanes(builder, u, y, vnni):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _dpbusd16(builder, acc, u, y, vnni):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
-    if vnni:
+def _dpbusd16(builder, acc, u, y, isa):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
+    """Without VNNI, u's bytes (a token's codes plus 128) go up to 255, past what vpmaddubsw adds exactly: AVX2
+    widens both to int16 and multiplies pairs in int32 (vpmaddwd), then adds neighbouring pairs."""
+    if isa == "vnni":
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
             V16I32, [V16I32] * 3))
         return builder.call(fn, [acc, u, y])
-    v64, v64i8 = ir.VectorType(I32, 64), ir.VectorType(I8, 64)
+    v64i8 = ir.VectorType(I8, 64)
+    if isa == "avx2":
+        v16i16, v64i16 = ir.VectorType(I16, 16), ir.VectorType(I16, 64)
+        a = builder.zext(builder.bitcast(u, v64i8), v64i16)
+        b = builder.sext(builder.bitcast(y, v64i8), v64i16)
+        madd = builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(
+            V8I32, [v16i16, v16i16]))
+        pairs = [builder.call(madd, [lanes(builder, a, 16 * k, 16), lanes(builder, b, 16 * k, 16)]) for k in range(4)]
+        pairs = [builder.shuffle_vector(pairs[k], pairs[k + 1], ir.Constant(V16I32, list(range(16))))
+                 for k in (0, 2)]
+        whole = builder.shuffle_vector(pairs[0], pairs[1], ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+        even, odd = (builder.shuffle_vector(whole, whole, ir.Constant(V16I32, list(range(k, 32, 2)))) for k in (0, 1))
+        return builder.add(acc, builder.add(even, odd))
+    v64 = ir.VectorType(I32, 64)
     p = builder.mul(builder.zext(builder.bitcast(u, v64i8), v64), builder.sext(builder.bitcast(y, v64i8), v64))
     parts = [builder.shuffle_vector(p, p, ir.Constant(V16I32, list(range(k, 64, 4)))) for k in range(4)]
     return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
-def _make_dot(qtype, vnni, repacked):
+def _make_dot(qtype, isa, repacked):
     """An intrinsic (ws, x, xd, xs, nb) -> N_READ floats: one token's dot products with the rows at addresses ws,
     nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
     block ggml_vec_dot's 8 int32 lanes, fma(d_w * d_x, lane, acc) into 8 float32 lanes, hsum_float_8 at the end
@@ -108,9 +142,9 @@ def _make_dot(qtype, vnni, repacked):
             if qtype == QT.Q4_1:
                 summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
                                             load(builder, builder.add(xs, at), F32), summs])
-            dots = _lanes(builder, u, y, vnni)
+            dots = _lanes(builder, u, y, isa)
             if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
-                dots = builder.sub(dots, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, vnni))
+                dots = builder.sub(dots, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, isa))
             if repacked:
                 return builder.call(fma1, [builder.sitofp(builder.call(reduce8, [dots]), F32), d, acc]), summs
             return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(dots, V8F32), acc]), summs
@@ -225,7 +259,7 @@ def _make_block_codes(qtype):
     return block_codes
 
 
-def _make_block_tile(qtype, vnni, repacked):
+def _make_block_tile(qtype, isa, repacked):
     """An intrinsic (ws, codes, pitch, xt, dt, st, nb, out): TILE_ROWS[repacked] rows, their blocks of 32 at
     addresses ws (for d and m) unpacked by _make_block_codes at codes, codes + pitch, .., against LANES tokens in
     the lanes of a vector, as _make_dot computes each token's: xt, the tokens' Q8 codes plus 128, 4 at a time
@@ -265,7 +299,7 @@ def _make_block_tile(qtype, vnni, repacked):
                 at = builder.add(builder.mul(i, ir.Constant(I64, 8)), ir.Constant(I64, j))
                 y = vec(xt, at)
                 for r in range(n_rows):
-                    lanes = _dpbusd16(builder, word(r, at, K), y, word(r, at, ir.Constant(I64, 0)), vnni)
+                    lanes = _dpbusd16(builder, word(r, at, K), y, word(r, at, ir.Constant(I64, 0)), isa)
                     if repacked:
                         isums[r] = builder.add(isums[r], lanes)
                     else:
@@ -352,28 +386,28 @@ def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and
     return out
 
 
-def _make_matmul(qtype, vnni, repacked):
+def _make_matmul(qtype, isa, repacked):
     """_matmul with one type's and form's intrinsics as its globals."""
-    name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{'vnni' if vnni else 'generic'}"
-    return specialize(_matmul, name, DOTS=_make_dot(qtype, vnni, repacked), CODES=_make_block_codes(qtype),
-                      BTILE=_make_block_tile(qtype, vnni, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
+    name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{isa}"
+    return specialize(_matmul, name, DOTS=_make_dot(qtype, isa, repacked), CODES=_make_block_codes(qtype),
+                      BTILE=_make_block_tile(qtype, isa, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
                       N_ROWS=TILE_ROWS[repacked], BIAS=0 if repacked else MAGIC)
 
 
-KERNELS = {}  # (qtype, vnni, repacked) -> compiled matmul, made on first use
+KERNELS = {}  # (qtype, isa, repacked) -> compiled matmul, made on first use
 
 
-def kernel(qtype, vnni=VNNI, repacked=False):
-    if (qtype, vnni, repacked) not in KERNELS:
-        KERNELS[qtype, vnni, repacked] = _make_matmul(qtype, vnni, repacked)
-    return KERNELS[qtype, vnni, repacked]
+def kernel(qtype, isa=ISA, repacked=False):
+    if (qtype, isa, repacked) not in KERNELS:
+        KERNELS[qtype, isa, repacked] = _make_matmul(qtype, isa, repacked)
+    return KERNELS[qtype, isa, repacked]
 
 
 class GgmlBlocks(Blocks):
     """A matrix in its GGUF blocks, in place, for numerics ggml: rows dequantize as GgmlMatrix's (llama.cpp's
-    get_rows); `vnni` picks the kernels' form."""
+    get_rows); `isa` picks the kernels' form."""
 
-    vnni = VNNI
+    isa = ISA
 
     def __getitem__(self, rows):
         rows = self.row_ids(rows)
@@ -384,9 +418,9 @@ class NumbaGgmlMatrix(GgmlBlocks):
     """A Q4_0/Q4_1/Q5_0/Q8_0 matrix: `x @ w.T` runs the IR kernel."""
 
     def matmul(self, x):  # [T, K] -> [T, N]
-        return kernel(self.qtype, self.vnni, self.repacked)(np.ascontiguousarray(x, dtype=np.float32), self.bases,
+        return kernel(self.qtype, self.isa, self.repacked)(np.ascontiguousarray(x, dtype=np.float32), self.bases,
                                                             self.starts, False)
 
     def matmul_parts(self, X):  # [P, K] -> [1, N]: part p's rows times X[p], each as one token's product
-        return kernel(self.qtype, self.vnni, self.repacked)(np.ascontiguousarray(X, dtype=np.float32), self.bases,
+        return kernel(self.qtype, self.isa, self.repacked)(np.ascontiguousarray(X, dtype=np.float32), self.bases,
                                                             self.starts, True)

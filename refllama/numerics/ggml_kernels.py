@@ -30,49 +30,68 @@ from .ggml_numerics import (
     silu,
     softcap,
 )
-from .ir import I64, counted_loop, load, splat
+from .ir import I64, counted_loop, load, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer, mul_mat_id
-from .numba_ops import ROPE, V64F32, _kq_dot, expf, kq_dot16, rms_norm
+from .numba_ops import ROPE, V64F32, _kq_dot, expf, expf_avx2, kq_dot16, rms_norm
 from .quant import concat_blocks
 
-
-@njit(parallel=True, cache=True)
-def _swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: x / (1 + expf(-x)) * up, as ggml_vec_swiglu_f32
-    out = np.empty_like(gate)
-    T, F = gate.shape
-    for t in prange(T):
-        for i in range(F):
-            x = gate[t, i]
-            out[t, i] = x / (np.float32(1.0) + expf(-x)) * up[t, i]
-    return out
+# A CPU path's float steps (ggml_numerics.LANES) as Numba kernels. Each kernel below is written once over these
+# names, and compiled once per path with that path's values (ir.specialize; PATH_KERNELS): PW float32 lanes a
+# vector, EXPF its ggml_v_expf, HADD8 whether a vec_dot's last vector is summed by AVX2's two hadds (else its halves
+# added), KQ_ONE / KQ_MANY the IR dots of one token's and a batch's attention scores, F32_ONE / F32_MANY of an F32
+# matrix's products. The AVX-512 path's values stand here, so that the functions also read as that path's kernels.
+PW, EXPF, HADD8 = 16, expf, False
+KQ_ONE, KQ_MANY = _kq_dot(16, parts=4), kq_dot16
+F32_ONE, F32_MANY = _kq_dot(16, parts=4, fused=True), _kq_dot(16, fused=True)
 
 
 @njit(cache=True)
-def _reduce16(a):  # 16 lanes -> their sum in _mm512_reduce_add_ps's order
-    for width in (8, 4, 2, 1):
-        for i in range(width):
-            a[i] = a[i] + a[width + i]
+def _halves(a, w):  # a[:w] -> their sum, the high half added to the low one until one lane is left (w a power of 2)
+    while w > 1:
+        w //= 2
+        for i in range(w):
+            a[i] = a[i] + a[w + i]
     return a[0]
 
 
 @njit(cache=True)
-def _fold64(lanes):  # [64, m] -> lanes[:16] = (0 + 2) + (1 + 3) of the four 16-lane accumulators (ggml_vec_dot_f16)
-    for lane in range(16):
+def _fold(lanes, w):  # [4 w, m] -> lanes[:w] = (0 + 2) + (1 + 3) of the four w-lane accumulators (ggml_vec_dot_f16)
+    for lane in range(w):
         for j in range(lanes.shape[1]):
-            lanes[lane, j] = (lanes[lane, j] + lanes[32 + lane, j]) + (lanes[16 + lane, j] + lanes[48 + lane, j])
+            lanes[lane, j] = (lanes[lane, j] + lanes[2 * w + lane, j]) + (lanes[w + lane, j] + lanes[3 * w + lane, j])
 
 
 @njit(cache=True)
-def _reduce16_rows(lanes):  # [>=16, m] -> lanes[0] = each column's 16 lanes summed as _reduce16 sums them
-    for width in (8, 4, 2, 1):
-        for lane in range(width):
+def _reduce_rows(lanes, w, hadd8):  # [>=w, m] -> lanes[0] = each column's w lanes summed: halves, or AVX2's hadds
+    if hadd8:
+        for j in range(lanes.shape[1]):
+            t0, t1 = lanes[0, j] + lanes[4, j], lanes[1, j] + lanes[5, j]
+            t2, t3 = lanes[2, j] + lanes[6, j], lanes[3, j] + lanes[7, j]
+            lanes[0, j] = (t0 + t1) + (t2 + t3)
+        return
+    while w > 1:
+        w //= 2
+        for lane in range(w):
             for j in range(lanes.shape[1]):
-                lanes[lane, j] += lanes[width + lane, j]
+                lanes[lane, j] += lanes[w + lane, j]
 
 
-@njit(parallel=True, cache=True)
-def _softmax(kq, mask, scale):
+def _swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: x / (1 + expf(-x)) * up, as ggml_vec_swiglu_f32
+    out = np.empty_like(gate)
+    T, F = gate.shape
+    body = F - F % PW  # whole vectors: ggml_v_expf; the rest: the C library's expf
+    for t in prange(T):
+        for i in range(body):
+            x = gate[t, i]
+            out[t, i] = x / (np.float32(1.0) + EXPF(-x)) * up[t, i]
+        for i in range(body, F):
+            x = gate[t, i]
+            out[t, i] = x / (np.float32(1.0) + np.float32(math.exp(-x))) * up[t, i]
+    return out
+
+
+def _softmax(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml_numerics.attention_weights
     H, T, S = kq.shape
     out = np.empty_like(kq)
     for ht in prange(H * T):
@@ -82,14 +101,14 @@ def _softmax(kq, mask, scale):
         for s in range(S):
             w[s] = kq[h, t, s] * scale + mask[t, s]
             mx = max(mx, w[s])
-        lanes = np.zeros(16, np.float32)
+        lanes = np.zeros(PW, np.float32)
         total = 0.0  # float64, as ggml_float
         for s in range(S):
-            e = expf(w[s] - mx)
+            e = EXPF(w[s] - mx)
             out[h, t, s] = e
-            lanes[s % 16] = e
-            if s % 16 == 15 or s == S - 1:  # a group of 16 (the last padded with zeros)
-                total += _reduce16(lanes)
+            lanes[s % PW] = e
+            if s % PW == PW - 1 or s == S - 1:  # a vector (the last padded with zeros)
+                total += _halves(lanes, PW)
                 lanes[:] = 0.0
         inv = np.float32(1.0 / total)
         for s in range(S):
@@ -98,14 +117,14 @@ def _softmax(kq, mask, scale):
 
 
 @njit(cache=True)
-def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values) -> out [m]: sum_i a[i] * bt[i, j]
-    """Dot products of a with each column of bt, added in ggml's order (ggml_numerics.f16_dots says which): lane l
-    holds elements l, l + W, l + 2W, ..., W = 16 for a batch (tinyBLAS), 64 for one token (vec_dot_f16, whose
-    n % 64 leftovers are added in float64 after its lanes, unless llama.cpp `padded` the row with zeros to whole
-    lanes). Vectorized over the m columns."""
+def _f16_sums(a, bt, out, many, padded, pw, hadd8):  # a [n], bt [n, m] f32 (float16 values) -> out [m]: sum_i a[i] *
+    """bt[i, j], added in ggml's order on a path of `pw` lanes (ggml_numerics.f16_dots says which): lane l holds
+    elements l, l + W, l + 2W, ..., W = pw for a batch (tinyBLAS), 4 pw for one token (vec_dot_f16, whose n % 4 pw
+    leftovers are added in float64 after its lanes, unless llama.cpp `padded` the row with zeros to whole lanes).
+    Vectorized over the m columns."""
     n, m = bt.shape
-    W = 16 if many else 64
-    body = n if many or padded else n - n % 64
+    W = pw if many else 4 * pw
+    body = n if many or padded else n - n % W
     used = body  # a's zeros at the end (the keys a causal row does not see) add nothing to any lane: skipped
     while used > 0 and a[used - 1] == 0:
         used -= 1
@@ -116,8 +135,8 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
             for j in range(m):
                 lanes[lane, j] += x * bt[c + lane, j]
     if not many:
-        _fold64(lanes)
-    _reduce16_rows(lanes)
+        _fold(lanes, pw)
+    _reduce_rows(lanes, pw, hadd8 and not many)
     for j in range(m):
         total = np.float64(lanes[0, j])
         for i in range(body, n):
@@ -125,11 +144,7 @@ def _f16_sums(a, bt, out, many, padded):  # a [n], bt [n, m] f32 (float16 values
         out[j] = np.float32(total)
 
 
-kq_dot64 = _kq_dot(64)
-
-
-@njit(parallel=True, cache=True)
-def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [H, T, S]
+def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD % 4PW == 0, contiguous) -> [H, T, S]
     T, H, HD = qh.shape
     KVH, S, _ = k.shape
     out = np.empty((H, T, S), np.float32)
@@ -138,9 +153,9 @@ def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD %
         q0, k0 = qh.ctypes.data + (t * H + h) * HD * 4, k.ctypes.data + (h // (H // KVH)) * k.strides[0]
         for s in range(S):
             if T == 1:
-                out[h, t, s] = kq_dot64(q0, k0 + s * k.strides[1], HD // 64)
+                out[h, t, s] = KQ_ONE(q0, k0 + s * k.strides[1], HD // (4 * PW))
             else:
-                out[h, t, s] = kq_dot16(q0, k0 + s * k.strides[1], HD // 16)
+                out[h, t, s] = KQ_MANY(q0, k0 + s * k.strides[1], HD // PW)
     return out
 
 
@@ -164,13 +179,12 @@ def axpy_exact(typingctx, y, x, a, n):
     return types.none(types.int64, types.int64, types.float32, types.int64), codegen
 
 
-@njit(parallel=True, cache=True)
 def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 == 0, rows contiguous) -> [T, H, HD]
-    """_f16_sums' order (64 lanes over the keys for one token, 16 for a batch; llama.cpp's zero padding adds
+    """_f16_sums' order (4 PW lanes over the keys for one token, PW for a batch; llama.cpp's zero padding adds
     nothing), each lane's row of HD sums accumulated in IR."""
     H, T, S = p.shape
     KVH, _, HD = v.shape
-    W = 64 if T == 1 else 16
+    W = 4 * PW if T == 1 else PW
     out = np.empty((T, H, HD), np.float32)
     for ht in prange(H * T):
         h, t = ht // T, ht % T
@@ -181,14 +195,13 @@ def _mix_ir(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values; HD % 64 =
         y0, v0 = lanes.ctypes.data, v.ctypes.data + (h // (H // KVH)) * v.strides[0]
         for s in range(used):
             axpy_exact(y0 + (s % W) * HD * 4, v0 + s * v.strides[1], _round_f16(p[h, t, s]), HD // 64)
-        if W == 64:
-            _fold64(lanes)
-        _reduce16_rows(lanes)
+        if T == 1:
+            _fold(lanes, PW)
+        _reduce_rows(lanes, PW, HADD8 and T == 1)
         out[t, h] = lanes[0]
     return out
 
 
-@njit(parallel=True, cache=True)
 def _scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
     """A batch: K transposed once, then _f16_sums along S. One token: each key's dot written out in the same
     order, reading K as stored (a transposed copy per step costs more than the step's sums)."""
@@ -208,29 +221,27 @@ def _scores_f16(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [
                     kt[g, d, s] = k[g, s, d]
         for ht in prange(H * T):
             h, t = ht // T, ht % T
-            _f16_sums(qh[t, h], kt[h // (H // KVH)], out[h, t], HD % 16 == 0, False)  # else tinyBLAS declines
-        return out
-    body = HD - HD % 64
+            _f16_sums(qh[t, h], kt[h // (H // KVH)], out[h, t], HD % PW == 0, False, PW, HADD8)  # else tinyBLAS
+        return out  # declines
+    W = 4 * PW
+    body = HD - HD % W
     for h in prange(H):
-        acc = np.zeros(64, np.float32)
+        acc = np.zeros((W, 1), np.float32)
         for s in range(S):
             row = k[h // (H // KVH), s]
-            if body:
-                for lane in range(64):
-                    acc[lane] = qh[0, h, lane] * row[lane]
-            for c in range(64, body, 64):
-                for lane in range(64):
-                    acc[lane] += qh[0, h, c + lane] * row[c + lane]
-            for lane in range(16):
-                acc[lane] = (acc[lane] + acc[32 + lane]) + (acc[16 + lane] + acc[48 + lane])
-            total = np.float64(_reduce16(acc))
+            acc[:] = 0.0
+            for c in range(0, body, W):
+                for lane in range(W):
+                    acc[lane, 0] += qh[0, h, c + lane] * row[c + lane]
+            _fold(acc, PW)
+            _reduce_rows(acc, PW, HADD8)
+            total = np.float64(acc[0, 0])
             for d in range(body, HD):
                 total += np.float64(qh[0, h, d] * row[d])
             out[h, 0, s] = np.float32(total)
     return out
 
 
-@njit(parallel=True, cache=True)
 def _mix_f16(p, vf):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H, HD]
     H, T, S = p.shape
     KVH, _, HD = vf.shape
@@ -240,57 +251,42 @@ def _mix_f16(p, vf):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, 
         ph = np.empty(S, np.float32)
         for s in range(S):
             ph[s] = _round_f16(p[h, t, s])
-        _f16_sums(ph, vf[h // (H // KVH)], out[t, h], T > 1, True)  # llama.cpp pads S to 256 with zeros
+        _f16_sums(ph, vf[h // (H // KVH)], out[t, h], T > 1, True, PW, HADD8)  # llama.cpp pads S to 256 with zeros
     return out
 
 
-f32_dot16, f32_dot64 = _kq_dot(16, fused=True), _kq_dot(64, fused=True)  # tinyBLAS's and vec_dot_f32's sums
-
-
-@njit(parallel=True, cache=True)
 def _f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: ggml_numerics.f32_dots (which says whose sums these are)
     T, K = x.shape
     N = w.shape[0]
-    many = T > 1 and K % 16 == 0 and N % 4 == 0
-    body = K if many else K - K % 64
+    many = T > 1 and K % PW == 0 and N % 4 == 0
+    body = K if many else K - K % (4 * PW)
     out = np.empty((T, N), np.float32)
     for n in prange(N):
         for t in range(T):
             xt, wn = x[t:], w[n:]  # taken in the loop: the arrays stay alive
             total = np.float32(0.0)
             if many:
-                total = f32_dot16(xt.ctypes.data, wn.ctypes.data, K // 16)
+                total = F32_MANY(xt.ctypes.data, wn.ctypes.data, K // PW)
             elif body:
-                total = f32_dot64(xt.ctypes.data, wn.ctypes.data, body // 64)
+                total = F32_ONE(xt.ctypes.data, wn.ctypes.data, body // (4 * PW))
             for i in range(body, K):
                 total = total + x[t, i] * w[n, i]
             out[t, n] = total
     return out
 
 
-class NumbaF32Matrix(F32Matrix):
-    """A float32 matrix (a router) whose products are _f32_dots: llama.cpp's sums, without NumPy's passes."""
-
-    def __init__(self, w):
-        super().__init__(np.ascontiguousarray(w, dtype=np.float32))
-
-    def matmul(self, x):
-        return _f32_dots(np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w)
-
-
-@njit(cache=True)
 def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_numerics.softmax (which says whose steps these are)
     T, n = x.shape
-    body = n - n % 16
+    body = n - n % PW
     out = np.empty_like(x)
-    group = np.empty(16, np.float32)
+    group = np.empty(PW, np.float32)
     for t in range(T):
         top = x[t].max()
         total = 0.0  # float64, as ggml_float
-        for g in range(0, body, 16):
-            for lane in range(16):
-                group[lane] = out[t, g + lane] = expf(x[t, g + lane] - top)
-            total += _reduce16(group)
+        for g in range(0, body, PW):
+            for lane in range(PW):
+                group[lane] = out[t, g + lane] = EXPF(x[t, g + lane] - top)
+            total += _halves(group, PW)
         for i in range(body, n):
             out[t, i] = math.exp(x[t, i] - top)  # float32: the C library's expf
             total += out[t, i]
@@ -300,30 +296,58 @@ def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_numerics.softmax (which sa
     return out
 
 
-def router_softmax(x):  # [..., n] f32 -> [..., n]
-    return _router_softmax(np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])).reshape(x.shape)
+def _path_kernels(path):
+    """The kernels above compiled with a path's lanes, expf and sums."""
+    pw, avx2 = ggml_numerics.LANES[path].width, path == "avx2"
+    values = dict(PW=pw, EXPF=expf_avx2 if avx2 else expf, HADD8=avx2, KQ_ONE=_kq_dot(pw, parts=4, hadd8=avx2),
+                  KQ_MANY=_kq_dot(pw), F32_ONE=_kq_dot(pw, parts=4, fused=True, hadd8=avx2),
+                  F32_MANY=_kq_dot(pw, fused=True))
+    tag = path.replace("-", "_")
+    return {f.__name__[1:]: specialize(f, f"{f.__name__[1:]}_{tag}", parallel=f is not _router_softmax, **values)
+            for f in (_swiglu, _softmax, _scores_ir, _mix_ir, _scores_f16, _mix_f16, _f32_dots, _router_softmax)}
 
 
-# ggml_numerics' four elementwise and attention steps, as Numba kernels (this module's OPS table; tests/test_ops.py
-# and tests/test_ggml_numerics.py hold them bit-equal to the NumPy forms)
-def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]
-    return _swiglu(np.ascontiguousarray(gate), np.ascontiguousarray(up))
+PATH_KERNELS = {path: _path_kernels(path) for path in ggml_numerics.LANES}  # compiled on a first call
 
 
-def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]
-    return _softmax(kq, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
+class NumbaF32Matrix(F32Matrix):
+    """A float32 matrix (a router) whose products are _f32_dots on its path: llama.cpp's sums, without NumPy's
+    passes."""
+
+    def __init__(self, w, path=AVX512):
+        super().__init__(np.ascontiguousarray(w, dtype=np.float32), path)
+
+    def matmul(self, x):
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.shape[1])
+        return PATH_KERNELS[self.path]["f32_dots"](x, self.w)
 
 
-def attention_scores(q, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
-    if q.shape[2] % 64 == 0 and k.strides[2] == 4:  # each key's dot in IR, K read in place
-        return _scores_ir(_round_f16s(np.ascontiguousarray(q)), k)
-    return _scores_f16(np.ascontiguousarray(q), k)
+# ggml_numerics' elementwise and attention steps and the router's softmax as Numba kernels, on a CPU path (this
+# module's OPS table is the AVX-512 one's; tests/test_ops.py and tests/test_ggml_numerics.py hold every path's
+# bit-equal to the NumPy forms)
+def router_softmax(x, path=AVX512):  # [..., n] f32 -> [..., n]
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    return PATH_KERNELS[path]["router_softmax"](rows).reshape(x.shape)
 
 
-def attention_mix(p, v):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
+def swiglu(gate, up, path=AVX512):  # [T, F], [T, F] -> [T, F]
+    return PATH_KERNELS[path]["swiglu"](np.ascontiguousarray(gate), np.ascontiguousarray(up))
+
+
+def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H, T, S]
+    return PATH_KERNELS[path]["softmax"](kq, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
+
+
+def attention_scores(q, k, path=AVX512):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
+    if q.shape[2] % (4 * ggml_numerics.LANES[path].width) == 0 and k.strides[2] == 4:  # each key's dot in IR, K read
+        return PATH_KERNELS[path]["scores_ir"](_round_f16s(np.ascontiguousarray(q)), k)  # in place
+    return PATH_KERNELS[path]["scores_f16"](np.ascontiguousarray(q), k)
+
+
+def attention_mix(p, v, path=AVX512):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, H*HD]
     if v.shape[2] % 64 == 0 and v.strides[2] == 4:  # the sums in IR, V read in place
-        return _mix_ir(np.ascontiguousarray(p), v).reshape(p.shape[1], -1)
-    return _mix_f16(p, v).reshape(p.shape[1], -1)
+        return PATH_KERNELS[path]["mix_ir"](np.ascontiguousarray(p), v).reshape(p.shape[1], -1)
+    return PATH_KERNELS[path]["mix_f16"](p, v).reshape(p.shape[1], -1)
 
 
 # numerics "ggml" on numba: ggml's RMSNorm and RoPE are numba_ops' own; GELU is a table lookup (NumPy is fast)
@@ -335,20 +359,18 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
 
 
 def path_ops(path):
-    """OPS on a CPU path: the AVX-512 one's small steps are this module's kernels; another path's (its lanes and
-    expf: ggml_numerics.LANES) are the NumPy emulation's, around the same Numba products."""
+    """OPS on a CPU path: its lanes and expf (ggml_numerics.LANES) in every small step."""
     if path == AVX512:
         return OPS
-    steps = ggml_numerics.path_ops(path)
-    return OPS._replace(**{name: getattr(steps, name) for name in (
-        "attention_scores", "attention_weights", "attention_mix", "swiglu", "softmax", "silu")})
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax)
+    return OPS._replace(**{f.__name__.replace("router_", ""): partial(f, path=path) for f in steps},
+                        silu=partial(silu, path=path))
 
 
 class GgmlNumbaPlacement(GgmlPlacement):
     """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
-    NumbaKQuantMatrix, Q5_1 as GgmlMatrix; F32 matrices as NumbaF32Matrix on the AVX-512 path, F32Matrix (its lanes
-    in NumPy) on another. Quantized products are the same on every x86 path: their integer sums are exact, their
-    float steps are the same code."""
+    NumbaKQuantMatrix, Q5_1 as GgmlMatrix, F32 matrices as NumbaF32Matrix on the placement's path. Quantized
+    products are the same on every x86 path: their integer sums are exact, their float steps are the same code."""
 
     def prepare(self, qtypes, cfg):
         """Load the kernels of the file's matrix types, of a step's small steps and of the cache's RoPE angles
@@ -360,9 +382,11 @@ class GgmlNumbaPlacement(GgmlPlacement):
                 for rows in (1, 8):  # in both forms where a type is repacked (8 rows)
                     w = QuantizedTensor(np.zeros(byte_shape((rows, 256), qtype), np.uint8), qtype, (rows, 256))
                     _ = x @ self(w).T, x[:1] @ self(w).T
-            _ = x @ NumbaF32Matrix(np.zeros((4, 256), np.float32)).T, x[:1] @ NumbaF32Matrix(x).T  # F32: both forms
-            router_softmax(x)
-            warm_up_steps(OPS, cfg.head_dim)
+            f32 = NumbaF32Matrix(np.zeros((4, 256), np.float32), self.path)
+            _ = x @ f32.T, x[:1] @ f32.T  # F32: both forms
+            ops = path_ops(self.path)
+            ops.softmax(x)
+            warm_up_steps(ops, cfg.head_dim)
             cos_sin(x)
         release_loader_pages()
 
@@ -372,7 +396,7 @@ class GgmlNumbaPlacement(GgmlPlacement):
             m.repacked = self.repack and repacked(a.qtype, a.shape, self.path)
             return m
         m = super().__call__(a)
-        return NumbaF32Matrix(m.w) if isinstance(m, F32Matrix) and self.path == AVX512 else m
+        return NumbaF32Matrix(m.w, self.path) if isinstance(m, F32Matrix) else m
 
     def layer(self, lw):
         fuse_layer(lw, concat_blocks)

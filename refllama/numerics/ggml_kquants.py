@@ -1,5 +1,5 @@
 """numerics "ggml" on `--backend numba`, the K-quants (Q2_K to Q6_K): llama.cpp's vec_dot, tiled and repacked
-gemv/gemm float steps over exact integer sums, as LLVM IR kernels (the lanes and the VNNI choice: ggml_blocks).
+gemv/gemm float steps over exact integer sums, as LLVM IR kernels (the lanes and the ISA choice: ggml_blocks).
 Activations are quantized to Q8_K in Numba; a batch runs as lane tiles, 16 tokens in a vector's lanes."""
 
 import numpy as np
@@ -22,7 +22,7 @@ from .block_ir import (
     q6_k_codes,
     rows_ahead,
 )
-from .ggml_blocks import MAGIC, V8F32, V8I32, V16F32, V16I32, VNNI, GgmlBlocks, _dpbusd16, _lanes
+from .ggml_blocks import ISA, MAGIC, V8F32, V8I32, V16F32, V16I32, GgmlBlocks, _dpbusd16, _lanes
 from .ggml_numerics import (
     GEMM_STEP,
 )
@@ -33,7 +33,7 @@ from .quant import LANES, N_READ, part_of, put_tile, row_address, row_quad, to_l
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def _kblock_sums(builder, blk, qtype, vnni, x, bs, ahead):
+def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead):
     """IR of one K-quant block of 256 weights at blk against a token's Q8_K block: its int8 codes at x and their
     int32 sums of 16 at bs. -> (d, dmin, lanes, mins, mins8), exact int32 sums of the codes' products times their
     sub-block scales: `lanes` <8 x i32>, element e of the block in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's
@@ -76,9 +76,9 @@ def _kblock_sums(builder, blk, qtype, vnni, x, bs, ahead):
     def chunk(c):  # chunk c's 8 lanes of code products, times their scales
         y = load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8)
         if qtype == QT.Q3_K:
-            dots = builder.sub(_lanes(builder, codes[c][0], y, vnni), _lanes(builder, codes[c][1], y, vnni))
+            dots = builder.sub(_lanes(builder, codes[c][0], y, isa), _lanes(builder, codes[c][1], y, isa))
         else:
-            dots = _lanes(builder, codes[c], y, vnni)
+            dots = _lanes(builder, codes[c], y, isa)
         return builder.mul(dots, scales[c])
 
     by_pair = [builder.add(chunk(2 * p), chunk(2 * p + 1)) for p in range(4)]  # chunks of 32: 2p and 2p + 1
@@ -146,7 +146,7 @@ def _kunits(builder, blk, qtype):
     return d, dmin, codes, scales, mins
 
 
-def _make_lane_tile(qtype, vnni, form):
+def _make_lane_tile(qtype, isa, form):
     """An intrinsic (ws, xt, bt, bf, dt, nb, out): the ROWS rows at addresses ws, nb blocks each, against LANES
     tokens, the tokens in the lanes of a vector. xt: the tokens' Q8_K codes, 4 at a time ([K/4, LANES] words); bt,
     bf: their sums of 16 ([K/16, LANES], int32 and float32); dt: their scales ([nb, LANES] float32); out: the
@@ -208,7 +208,7 @@ def _make_lane_tile(qtype, vnni, form):
                 for g in range(n // 4):
                     y = vec(xt, builder.add(builder.mul(i, ir.Constant(I64, 64)), ir.Constant(I64, u * n // 4 + g)))
                     dots = [_dpbusd16(builder, dots[r], splat(builder, builder.extract_element(
-                        words[r], ir.Constant(I32, g)), V16I32), y, vnni) for r in range(ROWS)]
+                        words[r], ir.Constant(I32, g)), V16I32), y, isa) for r in range(ROWS)]
                 sums = bsf[u] if n == 16 else builder.fadd(bsf[2 * u], bsf[2 * u + 1])  # x's sums over the unit
                 for r, (d, dmin, _, scales, mins) in enumerate(blocks):
                     if in_float:  # the sum's value: its bits as a float32 minus 1.5 * 2^23
@@ -244,7 +244,7 @@ def _make_lane_tile(qtype, vnni, form):
     return lane_tile
 
 
-def _make_krow(qtype, vnni, n_rows, repacked):
+def _make_krow(qtype, isa, n_rows, repacked):
     """An intrinsic (ws, x, bs, dx, nb) -> n_rows floats: one token's product with the n_rows rows at addresses ws,
     nb blocks each, side by side (several streams of weights per thread keep more reads in flight than one); dx: the
     token's Q8_K scales (float32, one per block). The float steps of GgmlMatrix's one-token paths: `repacked`
@@ -271,7 +271,7 @@ def _make_krow(qtype, vnni, n_rows, repacked):
             for r, w in enumerate(rows):
                 acc, accm = accs[2 * r], accs[2 * r + 1]
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, vnni, xi, bsi, ahead)
+                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, isa, xi, bsi, ahead)
                 if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
                     isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
                     acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
@@ -407,17 +407,17 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
     return out
 
 
-KERNELS = {}  # (qtype, vnni, repacked) -> compiled _kquant_matmul, made on first use
+KERNELS = {}  # (qtype, isa, repacked) -> compiled _kquant_matmul, made on first use
 
 
-def kquant_kernel(qtype, vnni=VNNI, repacked=False):
-    key = (qtype, vnni, repacked)
+def kquant_kernel(qtype, isa=ISA, repacked=False):
+    key = (qtype, isa, repacked)
     if key not in KERNELS:
-        tile = _make_lane_tile(qtype, vnni, "gemm" if repacked else "tiled")
-        consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, vnni, "gemv") if repacked else tile,
-                      KROW=_make_krow(qtype, vnni, 1, repacked),
-                      KROWS=_make_krow(qtype, vnni, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
-        name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{'vnni' if vnni else 'generic'}"
+        tile = _make_lane_tile(qtype, isa, "gemm" if repacked else "tiled")
+        consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, isa, "gemv") if repacked else tile,
+                      KROW=_make_krow(qtype, isa, 1, repacked),
+                      KROWS=_make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+        name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{isa}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
 
@@ -432,7 +432,7 @@ class NumbaKQuantMatrix(GgmlBlocks):
         quantize = quantize_q8_K_one if T == 1 else quantize_q8_K_many
         xq, dx, bsums = quantize(np.ascontiguousarray(x, dtype=np.float32),
                                        T - T % 4 if self.repacked and not gemv else 0, T if T == 1 else T + -T % LANES)
-        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, T, self.bases, self.starts, gemv,
+        return kquant_kernel(self.qtype, self.isa, self.repacked)(xq, dx, bsums, T, self.bases, self.starts, gemv,
                                                                    False)
 
     def matmul_id(self, x):  # [T, K] -> [T, N]: llama.cpp's mul_mat_id (a repacked matrix: the gemv on each row)
@@ -440,5 +440,5 @@ class NumbaKQuantMatrix(GgmlBlocks):
 
     def matmul_parts(self, X):  # [P, K] -> [1, N]: part p's rows times X[p], each as one token's product
         xq, dx, bsums = quantize_q8_K_one(np.ascontiguousarray(X, dtype=np.float32), 0, len(X))
-        return kquant_kernel(self.qtype, self.vnni, self.repacked)(xq, dx, bsums, 1, self.bases, self.starts, True,
+        return kquant_kernel(self.qtype, self.isa, self.repacked)(xq, dx, bsums, 1, self.bases, self.starts, True,
                                                                    True)

@@ -232,7 +232,7 @@ def f16_dots(a, b, many, padded, path=AVX512):  # [..., n] f32, [..., n] f32 (fl
     p = a * b
     head = np.concatenate([p[..., :body], np.zeros((*p.shape[:-1], -body % width), np.float32)], axis=-1)
     chunks = head.reshape(*p.shape[:-1], -1, width)
-    acc = chunks[..., 0, :]
+    acc = chunks[..., 0, :] if body else np.zeros((*p.shape[:-1], width), np.float32)  # n < 4w: no whole vector
     for c in range(1, chunks.shape[-2]):
         acc = acc + chunks[..., c, :]
     if not many:
@@ -602,7 +602,7 @@ def f32_dots(x, w, path=AVX512):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T su
     T, K = x.shape
     many = T > 1 and K % lanes.width == 0 and len(w) % 4 == 0
     width = lanes.width if many else 4 * lanes.width
-    body = K if many else K - K % 64
+    body = K if many else K - K % width
     out = np.empty((T, len(w)), np.float32)
     step = max(1, (1 << 22) // (T * width))  # rows a pass: the lanes of T x step products at a time
     for a in range(0, len(w), step):

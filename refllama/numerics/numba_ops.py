@@ -28,7 +28,7 @@ from .ggml_tables import (
     EXPF_LOG2E,
     EXPF_R,
 )
-from .ir import F32, I64, counted_loop, hsum, lanes, load, splat
+from .ir import F32, I32, I64, counted_loop, hsum, lanes, load, splat
 
 # ggml's arithmetic where refllama's float32 is the same (refllama.numerics.ggml_kernels takes these from here)
 
@@ -70,6 +70,41 @@ def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (reflla
     u = b * b
     j = fma32(fma32(fma32(C5, b, C4), u, fma32(C3, b, C2)), u, fma32(C1, b, np.float32(1.0)))
     return np.float32(np.float64(j) * pow2(np.int64(n)))  # _mm512_scalef_ps: exact in float64, rounded once
+
+
+@intrinsic
+def bits(typingctx, x):  # float32 -> its bits, as an int64 (0 to 2^32 - 1)
+    def codegen(context, builder, signature, args):
+        return builder.zext(builder.bitcast(args[0], I32), I64)
+
+    return types.int64(types.float32), codegen
+
+
+@intrinsic
+def from_bits(typingctx, n):  # int64 -> the float32 whose bits are its low 32 (so 32-bit arithmetic wraps)
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.trunc(args[0], I32), F32)
+
+    return types.float32(types.int64), codegen
+
+
+@njit(cache=True)
+def expf_avx2(x):  # float32 -> float32: ggml_v_expf's AVX2 form, one lane (refllama.numerics.ggml_numerics.expf_avx2)
+    z = fma32(x, LOG2E, R)
+    n = z - R
+    b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
+    e = bits(z) << 23
+    u = b * b
+    j = fma32(fma32(fma32(C5, b, C4), u, fma32(C3, b, C2)), u, C1 * b)
+    g = 0x82000000 if n <= np.float32(0.0) else 0
+    s1 = from_bits(g + 0x7F000000)
+    if abs(n) > np.float32(192.0):
+        return s1 * s1
+    if abs(n) > np.float32(126.0):
+        s2 = from_bits(e - g)
+        return fma32(s2, j, s2) * s1
+    k = from_bits(e + 0x3F800000)  # 2^n: n added to 1.0's exponent
+    return fma32(k, j, k)
 
 
 @njit(cache=True)
@@ -115,13 +150,15 @@ ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, in
 V64F32 = ir.VectorType(F32, 64)
 
 
-def _kq_dot(width, fused=False):
-    """An intrinsic (q, k, n) -> float: one key's score with `width` lanes over n chunks of `width` values, as ggml
-    sums it: 64 for one token (ggml_vec_dot_f16, AVX-512: the four 16-lane accumulators then added as
-    (0 + 2) + (1 + 3)), 16 for a batch (tinyBLAS); then _mm512_reduce_add_ps's halving. q and k are addresses of
-    float32 values (in numerics ggml holding float16 ones, so each product is exact and fma and multiply-add
-    agree). `fused`: each chunk added with one fma (ggml_vec_dot_f32's and tinyBLAS's sums of float32 values)."""
-    vtype = ir.VectorType(F32, width)
+def _kq_dot(width, parts=1, fused=False, hadd8=False):
+    """An intrinsic (q, k, n) -> float: one key's score over n chunks of parts x width values, as ggml sums it: one
+    vector of `width` lanes for a batch (tinyBLAS: 16 lanes with AVX-512, 8 with AVX2); `parts` 4 for one token
+    (ggml_vec_dot_f16: four accumulators, then added as (0 + 2) + (1 + 3)); then the vector's sum, its halves added
+    (_mm512_reduce_add_ps, an __m256's hsum) or, `hadd8`, AVX2's GGML_F32x8_REDUCE end (the halves, then two
+    _mm_hadd_ps). q and k are addresses of float32 values (in numerics ggml holding float16 ones, so each product is
+    exact and fma and multiply-add agree). `fused`: each chunk added with one fma (ggml_vec_dot_f32's and
+    tinyBLAS's sums of float32 values)."""
+    vtype = ir.VectorType(F32, width * parts)
 
     @intrinsic
     def kq_dot(typingctx, q, k, n):
@@ -129,7 +166,7 @@ def _kq_dot(width, fused=False):
             q, k, n = args
 
             def operands(c):
-                at = builder.mul(c, ir.Constant(I64, 4 * width))
+                at = builder.mul(c, ir.Constant(I64, 4 * width * parts))
                 return load(builder, builder.add(q, at), vtype), load(builder, builder.add(k, at), vtype)
 
             def product(c):
@@ -137,7 +174,7 @@ def _kq_dot(width, fused=False):
 
             def add_product(acc, c):
                 if fused:
-                    fma = builder.module.declare_intrinsic(f"llvm.fma.v{width}f32", fnty=ir.FunctionType(
+                    fma = builder.module.declare_intrinsic(f"llvm.fma.v{width * parts}f32", fnty=ir.FunctionType(
                         vtype, [vtype] * 3))
                     return builder.call(fma, [*operands(c), acc])
                 return builder.fadd(acc, product(c))
@@ -157,9 +194,16 @@ def _kq_dot(width, fused=False):
             v = builder.phi(vtype)
             v.add_incoming(first, entry)
             v.add_incoming(new, loop)
-            if width == 64:
-                v = builder.fadd(builder.fadd(lanes(builder, v, 0, 16), lanes(builder, v, 32, 16)),
-                                 builder.fadd(lanes(builder, v, 16, 16), lanes(builder, v, 48, 16)))
+            if parts == 4:
+                w = width
+                v = builder.fadd(builder.fadd(lanes(builder, v, 0, w), lanes(builder, v, 2 * w, w)),
+                                 builder.fadd(lanes(builder, v, w, w), lanes(builder, v, 3 * w, w)))
+            if hadd8:  # t = low + high half; (t0 + t1) + (t2 + t3)
+                t = builder.fadd(lanes(builder, v, 0, 4), lanes(builder, v, 4, 4))
+                pair = builder.fadd(builder.shuffle_vector(t, t, ir.Constant(ir.VectorType(I32, 2), [0, 2])),  # t0 + t1
+                                    builder.shuffle_vector(t, t, ir.Constant(ir.VectorType(I32, 2), [1, 3])))
+                return builder.fadd(builder.extract_element(pair, ir.Constant(I32, 0)),
+                                    builder.extract_element(pair, ir.Constant(I32, 1)))
             return hsum(builder, v)
 
         return types.float32(types.int64, types.int64, types.int64), codegen
@@ -167,7 +211,7 @@ def _kq_dot(width, fused=False):
     return kq_dot
 
 
-kq_dot16 = _kq_dot(16)  # refllama.numerics.ggml_kernels makes the 64-lane one
+kq_dot16 = _kq_dot(16)  # refllama.numerics.ggml_kernels makes the others
 
 
 @intrinsic
