@@ -6,6 +6,7 @@ import itertools
 import math
 
 import gguf
+import llvmlite.binding
 import numba
 import numpy as np
 import pytest
@@ -225,7 +226,7 @@ def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
     compiling them elsewhere aborts. Numba told to compile for another CPU: that CPU's features."""
     for features, isa in (({"avx2": True, "avx512vnni": False}, "avx2"), ({"sse4.2": True}, "generic"),
                           ({"avx2": True, "avx512vnni": True, "avx512vl": True}, "vnni")):
-        monkeypatch.setattr(gb.llvm, "get_host_cpu_features", lambda f=features: f)
+        monkeypatch.setattr(llvmlite.binding, "get_host_cpu_features", lambda f=features: f)
         assert gb.kernel_isa() == isa
     for name, features, isa in (("haswell", "+avx2,+fma,+f16c", "avx2"), ("generic", "-avx2,+sse4.2", "generic"),
                                 ("skylake-avx512", "+avx2,+avx512f,+avx512vl,+avx512vnni", "vnni"),

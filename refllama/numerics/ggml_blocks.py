@@ -13,7 +13,6 @@ broadcast to every lane, so that one vpdpbusd serves 16 tokens and each token's 
 The weights stay in their GGUF bytes (d and m read as float16 in the kernel).
 """
 
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -32,22 +31,15 @@ from .block_ir import (
 from .ggml_numerics import (
     GgmlMatrix,
 )
-from .ir import F32, I8, I16, I32, I64, V32I8, counted_loop, lanes, load, load_f16, specialize, splat
+from .ir import F32, I8, I16, I32, I64, V32I8, compile_features, counted_loop, lanes, load, load_f16, specialize, splat
 from .quant import LANES, N_READ, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
 
 
 def kernel_isa():
-    """The integer instructions the kernels use on the CPU Numba compiles for: "vnni" (256-bit AVX-512 VNNI:
-    vpdpbusd on ymm registers), "avx2" (vpmaddubsw and vpmaddwd, as ggml's AVX2 code) or "generic" (target-free
-    IR). Compiling an instruction for a CPU without it aborts the process, so they follow the features Numba
-    compiles with: NUMBA_CPU_FEATURES where set (NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2,+fma,+f16c runs
-    the kernels as an AVX2-only host compiles them), else LLVM's view of the host."""
-    import numba
-
-    if numba.config.CPU_FEATURES is not None:
-        features = {f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+")}
-    else:
-        features = {name for name, on in llvm.get_host_cpu_features().items() if on}
+    """The integer instructions the kernels use on the CPU Numba compiles for (ir.compile_features): "vnni"
+    (256-bit AVX-512 VNNI: vpdpbusd on ymm registers), "avx2" (vpmaddubsw and vpmaddwd, as ggml's AVX2 code) or
+    "generic" (target-free IR). Compiling an instruction for a CPU without it aborts the process."""
+    features = compile_features()
     if {"avx512vnni", "avx512vl"} <= features:
         return "vnni"
     return "avx2" if "avx2" in features else "generic"
@@ -81,14 +73,19 @@ def _lanes(builder, u, y, isa):  # <32 x i8> unsigned, <32 x i8> signed -> <8 x 
     return builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
 
 
-def _dpbusd16(builder, acc, u, y, isa):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y, lane by lane
-    """Without VNNI, u's bytes (a token's codes plus 128) go up to 255, past what vpmaddubsw adds exactly: AVX2
-    widens both to int16 and multiplies pairs in int32 (vpmaddwd), then adds neighbouring pairs."""
+def _dpbusd16(builder, acc, u, y, isa, pairs_fit=True):  # <16 x i32> + 4 unsigned bytes of u times 4 signed of y,
+    """lane by lane. AVX2: vpmaddubsw, which adds pairs of products in int16 with saturation, where `pairs_fit` says
+    they stay within it (the callers' small codes); else (a token's codes plus 128 against Q8_0's) both widened to
+    int16 and multiplied in pairs in int32 (vpmaddwd), then neighbouring pairs added."""
     if isa == "vnni":
         fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
             V16I32, [V16I32] * 3))
         return builder.call(fn, [acc, u, y])
     v64i8 = ir.VectorType(I8, 64)
+    if isa == "avx2" and pairs_fit:
+        u8, y8 = builder.bitcast(u, v64i8), builder.bitcast(y, v64i8)
+        halves = [_lanes(builder, lanes(builder, u8, 32 * k, 32), lanes(builder, y8, 32 * k, 32), isa) for k in (0, 1)]
+        return builder.add(acc, builder.shuffle_vector(*halves, ir.Constant(V16I32, list(range(16)))))
     if isa == "avx2":
         v16i16, v64i16 = ir.VectorType(I16, 16), ir.VectorType(I16, 64)
         a = builder.zext(builder.bitcast(u, v64i8), v64i16)
@@ -243,7 +240,7 @@ def _make_block_codes(qtype):
             codes = _signed_codes(builder, builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype]))), qtype)
             at = builder.mul(i, ir.Constant(I64, 32))
             builder.store(codes, builder.inttoptr(builder.add(out, at), V32I8.as_pointer()), align=1)
-            sums = _lanes(builder, const8(1), codes, False)  # each word's sum
+            sums = _lanes(builder, const8(1), codes, "generic")  # each word's sum
             first = builder.sub(splat(builder, builder.trunc(bias, I32), V8I32), builder.shl(sums, ir.Constant(
                 V8I32, [7] * 8)))
             builder.store(first, builder.inttoptr(builder.add(out, builder.add(K, at)), V8I32.as_pointer()), align=1)
@@ -299,7 +296,8 @@ def _make_block_tile(qtype, isa, repacked):
                 at = builder.add(builder.mul(i, ir.Constant(I64, 8)), ir.Constant(I64, j))
                 y = vec(xt, at)
                 for r in range(n_rows):
-                    lanes = _dpbusd16(builder, word(r, at, K), y, word(r, at, ir.Constant(I64, 0)), isa)
+                    lanes = _dpbusd16(builder, word(r, at, K), y, word(r, at, ir.Constant(I64, 0)), isa,
+                                      qtype != QT.Q8_0)  # 4- and 5-bit codes: pairs within int16
                     if repacked:
                         isums[r] = builder.add(isums[r], lanes)
                     else:

@@ -10,6 +10,18 @@ I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntTy
 V32I8, V32F32 = ir.VectorType(I8, 32), ir.VectorType(F32, 32)
 
 
+def compile_features():
+    """The CPU features Numba compiles for (LLVM's names): NUMBA_CPU_FEATURES where set (say, with
+    NUMBA_CPU_NAME=haswell, "+avx2,+fma,+f16c" to compile as for an AVX2-only host), else the host's, as Numba
+    takes them."""
+    import llvmlite.binding as llvm  # here: LLVM's library maps ~60 MB, which numerics float32 on numpy never needs
+    import numba
+
+    if numba.config.CPU_FEATURES is not None:
+        return {f[1:] for f in numba.config.CPU_FEATURES.split(",") if f.startswith("+")}
+    return {name for name, on in llvm.get_host_cpu_features().items() if on}
+
+
 def specialize(fn, name, parallel=True, **constants):
     """A Numba kernel (parallel unless told) compiled from a copy of fn whose globals add `constants` (an intrinsic,
     a size), under a name of its own: each copy is cached apart by Numba, which cannot key its cache on closure

@@ -5,12 +5,14 @@ copied), so the weights take the file's bytes and loading reads nothing. Every b
 a group of 32 values at a time (block_ir.groups): codes, a scale and for some types an offset, value = scale * code
 + offset, as ggml's dequantize_row_* computes it. One token's product is a vector loop in LLVM IR per row: 32 float32
 lanes accumulate fma(scale, code * x, acc) over the whole row, the offsets times x's group sums apart, one horizontal
-sum at the end. A batch's product dequantizes 16 rows at a time and multiplies them by 16 tokens at once. Every value a
-product uses is the float32 one gguf-py's dequantize gives; only the order of the float32 additions is the kernel's.
+sum at the end. A batch's product dequantizes ROWS rows at a time (16; 8 with AVX2) and multiplies them by 16
+tokens at once. Every value a product uses is the float32 one gguf-py's dequantize gives; only the order of the
+float32 additions is the kernel's, the same on every x86 host.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
 """
 
 import copy
+from functools import partial
 
 import numpy as np
 from llvmlite import ir
@@ -21,18 +23,22 @@ from ..formats.ggml_types import BLOCK_SIZES, QuantizedTensor, byte_shape
 from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
 from .block_ir import GROUPS, broadcast_lane, groups, prefetch_block, rows_ahead
-from .ir import F32, I64, V32F32, counted_loop, hsum, load, prefetch, specialize, splat
+from .ir import F32, I64, V32F32, compile_features, counted_loop, hsum, load, prefetch, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
 KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
 N_READ = 4  # rows one token's product reads side by side (row_quad)
-LANES, ROWS, UNROLL = 16, 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector, 16 rows; k steps per pass
+WIDE = "avx512f" in compile_features()  # 32 vector registers of 16 float32 lanes; else (AVX2) 16 of 8
+SIDE = N_READ if WIDE else 2  # of those, the rows whose 32 lanes of sums fit the registers at once
+LANES, UNROLL = 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector; k steps per pass
+ROWS = 16 if WIDE else 8  # a tile's rows, each token's sums in one register (two with AVX2: half as many rows)
 
 
 def _row_dot(qtype):
     """An intrinsic (ws, x, xsum, nb) -> N_READ floats: N_READ rows' dot products with x, over their nb blocks at
-    addresses ws, side by side (several streams of weights per thread keep more reads in flight than one); x and
+    addresses ws, side by side, SIDE at a time (several streams of weights per thread keep more reads in flight
+    than one, as many as the registers hold); x and
     xsum (x summed over each group of 32, for the offsets) are float32 addresses. Per row, 32 lanes accumulate
     fma(scale, code * x, acc) over the row, a lane per group the offsets times xsum; each summed once at the end."""
     size, per = BLOCK_SIZES[qtype][1], GROUPS[qtype]
@@ -46,10 +52,10 @@ def _row_dot(qtype):
             fma = builder.module.declare_intrinsic("llvm.fma.v32f32", fnty=ir.FunctionType(V32F32, [V32F32] * 3))
             fma_per = builder.module.declare_intrinsic(f"llvm.fma.v{per}f32", fnty=ir.FunctionType(vper, [vper] * 3))
 
-            def block(i, sums):
+            def block(rows, i, sums):
                 out = []
-                for r in range(N_READ):
-                    w, acc, off = builder.extract_value(ws, r), *sums[2 * r:2 * r + 2]
+                for k, r in enumerate(rows):
+                    w, acc, off = builder.extract_value(ws, r), *sums[2 * k:2 * k + 2]
                     blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
                     prefetch_block(builder, blk, qtype, ahead)
                     items, offsets = groups(builder, qtype, blk)
@@ -64,9 +70,12 @@ def _row_dot(qtype):
                     out += [acc, off]
                 return out
 
-            sums = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)] * N_READ, block)
-            dots = [builder.fadd(hsum(builder, sums[2 * r]), hsum(builder, sums[2 * r + 1]))  # no offsets: + 0
-                    for r in range(N_READ)]
+            dots = []
+            for first in range(0, N_READ, SIDE):  # SIDE rows a pass over the blocks
+                sums = counted_loop(builder, nb, [ir.Constant(V32F32, None), ir.Constant(vper, None)] * SIDE,
+                                    partial(block, range(first, first + SIDE)))
+                dots += [builder.fadd(hsum(builder, sums[2 * r]), hsum(builder, sums[2 * r + 1]))  # no offsets: + 0
+                         for r in range(SIDE)]
             return context.make_tuple(builder, signature.return_type, dots)
 
         return types.UniTuple(types.float32, N_READ)(types.UniTuple(types.int64, N_READ), *[types.int64] * 3), codegen
