@@ -22,7 +22,7 @@ from refllama.formats.ggml_types import GGMLType as QT
 from refllama.numerics import ggml_blocks as gb, ggml_kernels as gk, ggml_kquants as gq, ggml_numerics as gn, quant
 sys.path.insert(0, "tests")
 from test_cpu_forms import cases
-out = {"isa": gb.ISA, "rows": quant.ROWS, "side": quant.SIDE, "float32": {}, "ggml": {}}
+out = {"isa": gb.ISA, "rows": quant.ROWS, "side": quant.SIDE, "krows": gq.ROWS, "float32": {}, "ggml": {}}
 for name, (raw, qtype, x) in cases().items():
     out["float32"][name] = (x @ quant.QuantMatrix([raw], qtype, x.shape[1]).T).tolist()
     fast = (gq.NumbaKQuantMatrix if qtype in gq.K_QUANTS else gb.NumbaGgmlMatrix)([raw], qtype, x.shape[1])
@@ -67,7 +67,7 @@ def test_the_kernels_compiled_for_an_avx2_host_compute_the_same_bits():
                        env={**os.environ, **AVX2_HOST}, cwd=os.path.dirname(os.path.dirname(__file__)))
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert (got["isa"], got["rows"], got["side"]) == ("avx2", 8, 2)  # the narrow forms, not this host's
+    assert (got["isa"], got["rows"], got["side"], got["krows"]) == ("avx2", 6, 2, 1)  # the narrow forms
     assert all(got["ggml"].values()) and got["steps"], got["ggml"]
     for name, (raw, qtype, x) in cases().items():
         here = x @ quant.QuantMatrix([raw], qtype, x.shape[1]).T

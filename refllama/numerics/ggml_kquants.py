@@ -28,7 +28,7 @@ from .ggml_numerics import (
 )
 from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
-from .quant import LANES, N_READ, part_of, put_tile, row_address, row_quad, to_lanes
+from .quant import LANES, N_READ, WIDE, part_of, put_tile, row_address, row_quad, to_lanes
 
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
@@ -103,7 +103,7 @@ def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead):
 UNIT_BOUNDS = {QT.Q2_K: (16, 3, 15), QT.Q3_K: (16, 4, 32), QT.Q4_K: (32, 15, 63), QT.Q5_K: (32, 31, 63),
                QT.Q6_K: (16, 32, 128)}
 UNIT_SHIFT = {QT.Q3_K: 4, QT.Q6_K: 32}
-ROWS = 4  # rows of weights a K-quant tile multiplies at once
+ROWS = 4 if WIDE else 1  # rows of weights a K-quant tile multiplies at once: what 32 (16, AVX2) registers hold
 
 
 def _kunits(builder, blk, qtype):

@@ -5,7 +5,7 @@ copied), so the weights take the file's bytes and loading reads nothing. Every b
 a group of 32 values at a time (block_ir.groups): codes, a scale and for some types an offset, value = scale * code
 + offset, as ggml's dequantize_row_* computes it. One token's product is a vector loop in LLVM IR per row: 32 float32
 lanes accumulate fma(scale, code * x, acc) over the whole row, the offsets times x's group sums apart, one horizontal
-sum at the end. A batch's product dequantizes ROWS rows at a time (16; 8 with AVX2) and multiplies them by 16
+sum at the end. A batch's product dequantizes ROWS rows at a time (16; 6 with AVX2) and multiplies them by 16
 tokens at once. Every value a product uses is the float32 one gguf-py's dequantize gives; only the order of the
 float32 additions is the kernel's, the same on every x86 host.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
@@ -32,7 +32,7 @@ N_READ = 4  # rows one token's product reads side by side (row_quad)
 WIDE = "avx512f" in compile_features()  # 32 vector registers of 16 float32 lanes; else (AVX2) 16 of 8
 SIDE = N_READ if WIDE else 2  # of those, the rows whose 32 lanes of sums fit the registers at once
 LANES, UNROLL = 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector; k steps per pass
-ROWS = 16 if WIDE else 8  # a tile's rows, each token's sums in one register (two with AVX2: half as many rows)
+ROWS = 16 if WIDE else 6  # a tile's rows, each token's sums in one register (AVX2: two, and 3 more for x)
 
 
 def _row_dot(qtype):
