@@ -151,9 +151,57 @@ def compiles_here(isa):
 
 
 ISAS = ["generic", "avx2", "vnni"]  # each needs the one before
+KERNEL_ISAS = ISAS[1:]  # the whole kernels in the x86 forms; the generic one's sums: the next test
+
+
+def _form_sums(isa):
+    """A kernel (u [64] u8, y [64] i8, out [24] i32): out[:8] = _lanes(u[:32], y[:32]), out[8:] = _dpbusd16(0, u, y,
+    pairs_fit=False) in form `isa`."""
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    from refllama.numerics.ir import V32I8, load
+
+    v64 = ir.VectorType(ir.IntType(8), 64)
+
+    @intrinsic
+    def sums(typingctx, u, y, out):
+        def codegen(context, builder, signature, args):
+            u, y, out = args
+            lanes = gb._lanes(builder, load(builder, u, V32I8), load(builder, y, V32I8), isa)
+            u64, y64 = (builder.bitcast(load(builder, a, v64), gb.V16I32) for a in (u, y))
+            wide = gb._dpbusd16(builder, ir.Constant(gb.V16I32, None), u64, y64, isa, False)
+            builder.store(lanes, builder.inttoptr(out, gb.V8I32.as_pointer()), align=4)
+            builder.store(wide, builder.inttoptr(builder.add(out, ir.Constant(ir.IntType(64), 32)),
+                                                 gb.V16I32.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.none(types.int64, types.int64, types.int64), codegen
+
+    return njit(lambda u, y, out: sums(u.ctypes.data, y.ctypes.data, out.ctypes.data))
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_every_instruction_form_sums_the_same_products(isa):
+    """_lanes (unsigned bytes up to 128, as every caller's) and _dpbusd16 (up to 255: a token's codes plus 128) in
+    each form give the exact sums of 4 products, at the extremes of the bytes' ranges."""
+    compiles_here(isa)
+    kernel = _form_sums(isa)
+    for u_top in (128, 255):
+        for _ in range(20):
+            u = RNG.integers(0, u_top + 1, 64).astype(np.uint8)
+            u[:4], y = u_top, RNG.integers(-127, 128, 64).astype(np.int8)
+            y[:4] = -127
+            out = np.zeros(24, np.int32)
+            kernel(u, y, out)
+            products = (u.astype(np.int32) * y).reshape(16, 4).sum(axis=1)
+            np.testing.assert_array_equal(out[8:], products)
+            if u_top == 128:
+                np.testing.assert_array_equal(out[:8], products[:8])
+
+
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("qtype", sorted(gb.BLOCK_BYTES), ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 8, 19])
 def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T):
@@ -168,7 +216,7 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T):
     np.testing.assert_array_equal(x @ fast.T, want)
 
 
-@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("qtype, N", [(QT.Q4_K, 40), (QT.Q4_K, 37), (QT.Q5_K, 40), (QT.Q6_K, 40), (QT.Q2_K, 40),
                                      (QT.Q2_K, 37), (QT.Q3_K, 40)],
                          ids=["Q4_K-repacked", "Q4_K", "Q5_K", "Q6_K", "Q2_K-repacked", "Q2_K", "Q3_K"])
