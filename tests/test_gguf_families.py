@@ -17,6 +17,7 @@ from refllama.check.compare import compare
 from refllama.check.dump import Dump
 from refllama.check.tolerances import band
 from refllama.formats.gguf_loader import Field, GGUFFile
+from refllama.numerics.cpu_paths import EMULATED
 
 DATA = Path(__file__).parent / "data"
 FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half",
@@ -113,15 +114,25 @@ def test_q8_0_logits_match_llamacpp(family, backend):
     assert (logits.argmax(-1) == r["llamacpp_logits_q8_0"].argmax(-1)).mean() >= agree
 
 
+def ggml_refs(family):
+    """CPU path -> llama.cpp's Q8_0 logits on it (float16 cache), each made by the llama.cpp built for that path
+    (tools/make_tiny_gguf.py --ggml-logits), as reference.json names them."""
+    paths = json.loads((DATA / f"gguf-{family}" / "reference.json").read_text())["q8_0_f16kv_paths"]
+    return {text.split(":")[0]: ref(family)[key] for key, text in paths.items()}
+
+
+@pytest.mark.parametrize("cpu", EMULATED["numpy"])
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_q8_0_logits_in_ggml_numerics_are_llamacpps(family, backend):
+def test_q8_0_logits_in_ggml_numerics_are_llamacpps(family, backend, cpu):
     """numerics "ggml" computes as llama.cpp does (8-bit activations, float16 KV cache, its sums' order, its GELU
-    table, Gemma 3's q scaled before q.k): bit-equal logits to llama.cpp's on its default float16 cache. (No matrix
-    here is one llama.cpp repacks: both of its paths give these logits.)"""
-    r = ref(family)
-    m = refllama.load(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf", backend=backend, n_ctx=N_CTX, numerics="ggml")
-    np.testing.assert_array_equal(m.logits(r["token_ids"].tolist()), r["llamacpp_logits_q8_0_f16kv"])
+    table, Gemma 3's q scaled before q.k): bit-equal logits to llama.cpp's on its default float16 cache, on each of
+    its x86 paths (no matrix here is one it repacks; Phi-3's logits differ between the two paths)."""
+    refs = ggml_refs(family)
+    assert cpu in refs, f"no reference from llama.cpp's {cpu} build"
+    m = refllama.load(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf", backend=backend, n_ctx=N_CTX, numerics="ggml",
+                      cpu_path=cpu)
+    np.testing.assert_array_equal(m.logits(ref(family)["token_ids"].tolist()), refs[cpu])
 
 
 @pytest.mark.parametrize("pattern, local", [

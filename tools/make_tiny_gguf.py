@@ -12,7 +12,13 @@ Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary
 
     python tools/make_tiny_gguf.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
     python tools/make_tiny_gguf.py --llama-cpp ... gemma3      # one family
+    PYTHONPATH=DIR python tools/make_tiny_gguf.py --ggml-logits   # llama.cpp's Q8_0 logits on another CPU path
 Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
+
+--ggml-logits adds to each family's reference.npz the logits on the Q8_0 file with llama.cpp's default float16 cache
+(what numerics "ggml" reproduces to the bit) from the llama.cpp installed, under the key of the CPU path it computes
+(REF_KEYS; `../shared/wheels/avx2/` installed into DIR with `pip install --target DIR --no-deps` for AVX2's), and
+names the path in reference.json.
 """
 
 import argparse
@@ -140,11 +146,43 @@ def save_hf(name, d, tok, **shape):
     return model
 
 
+REF_KEYS = {"avx512-vnni": "llamacpp_logits_q8_0_f16kv", "avx2": "llamacpp_logits_q8_0_f16kv_avx2"}  # CPU path ->
+# the reference.npz key of llama.cpp's Q8_0 logits (float16 cache) on it
+
+
+def ggml_logits(families):
+    """The installed llama.cpp's Q8_0 logits (float16 cache) into each family's reference.npz, keyed by its path."""
+    import llama_cpp
+
+    from refllama.numerics.cpu_paths import llamacpp_path
+
+    path = llamacpp_path(llama_cpp.llama_print_system_info().decode())
+    if path not in REF_KEYS:
+        sys.exit(f"the installed llama.cpp computes the {path} path; references are kept for {', '.join(REF_KEYS)}")
+    for name in families:
+        out = OUT / f"gguf-{name}"
+        refs = dict(np.load(out / "reference.npz"))
+        ids = refs["token_ids"].tolist()
+        refs[REF_KEYS[path]] = dump_llamacpp.capture(str(out / f"{name}-q8_0.gguf"), ids, 2, kv_f32=False,
+                                                     n_ctx=N_CTX)[0]["result_output"]
+        np.savez(out / "reference.npz", **refs)
+        meta = json.loads((out / "reference.json").read_text())
+        meta["q8_0_f16kv_paths"] = {**meta.get("q8_0_f16kv_paths", {}), REF_KEYS[path]: f"{path}: llama-cpp-python "
+                                    f"{llama_cpp.__version__} ({llama_cpp.llama_print_system_info().decode().strip()})"}
+        (out / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"{out}: {REF_KEYS[path]}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--llama-cpp", required=True, help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist")
+    p.add_argument("--llama-cpp", help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (to make the models)")
+    p.add_argument("--ggml-logits", action="store_true", help="only llama.cpp's Q8_0 logits on its CPU path")
     p.add_argument("families", nargs="*", choices=[[], *FAMILIES], help="the families to make (default: all)")
     args = p.parse_args()
+    if args.ggml_logits:
+        return ggml_logits(args.families or FAMILIES)
+    if not args.llama_cpp:
+        p.error("--llama-cpp is needed to make the models")
     import llama_cpp
 
     tok = tiny_tokenizer()
