@@ -99,7 +99,7 @@ def test_a_ggml_engine_is_held_to_the_ggml_column_and_a_small_bug_is_named(tmp_p
     """refllama in numerics "ggml" against llama.cpp: compare picks the ggml column (both dumps compute llama.cpp's
     arithmetic), re-runs stages in ggml numerics, and passes every stage. An eps of 1e-6 for 1e-5, invisible in
     the llama.cpp column, is then named at the first norm."""
-    ggml = refllama.load(numerics="ggml")
+    ggml = refllama.load(numerics="ggml", cpu_path=harness.llamacpp_path())  # the references' path, on any host
     clean = dump_short(ggml, tmp_path, "ggml-clean")
     rep = compare(clean, REF / "llamacpp" / "short", ggml)
     assert rep.column.name == "ggml" and rep.first is None, rep.first

@@ -60,6 +60,14 @@ def smollm2_reference(source, prompt):
     return reference(HERE / "ref" / source / prompt)
 
 
+def llamacpp_path():
+    """The CPU path of llama.cpp's build that made SmolLM2's stored references (their manifests' `cpu_path`, one for
+    all): numerics ggml reproduces that path's bits whatever the host's."""
+    paths = {reference(r.path).cpu_path for r in REFS if r.model == "smollm2" and r.source == "llamacpp"}
+    assert len(paths) == 1 and None not in paths, f"the llama.cpp references name their CPU paths, one for all: {paths}"
+    return paths.pop()
+
+
 def stored_layers(ref):
     return sorted({e["layer"] for e in reference(ref.path).entries.values() if e["layer"] is not None
                    and e["stage"] == "attn_norm"})
