@@ -4,10 +4,10 @@ Models for SmolLM2's references: "gguf-numpy", "gguf-numba" (quantized weights, 
 (skipped with a reason when CuPy or a GPU is missing) load its GGUF file; "hf-numpy" is the same model exported by
 `refllama.convert` to an HF directory (safetensors, half-split q/k), loaded back and checked against the
 transformers references; "ggml-numpy" and "ggml-numba" load the GGUF in numerics "ggml" and are checked against
-the llama.cpp references in the table's ggml column, on the CPU path of the build that made them. Each tiny family's references check its F32 GGUF on numpy,
-"f32-numpy", and on cupy, "f32-cupy" (skipped with a reason where CuPy or a GPU is missing). A test module that
-sets `NEEDS = "stage"` runs only on the models whose blocks have that stage; one that sets `DECODE = True`, only on
-the references that hold decode steps.
+the llama.cpp references in the table's ggml column, on the CPU path of the build that made them. Each tiny
+family's references check its F32 GGUF on numpy, "f32-numpy", and on cupy, "f32-cupy" (skipped with a reason where
+CuPy or a GPU is missing). A test module that sets `NEEDS = "stage"` runs only on the models whose blocks have that
+stage; one that sets `DECODE = True`, only on the references that hold decode steps.
 """
 
 import harness
