@@ -108,7 +108,8 @@ def test_logits_bands_hold_on_the_stored_references(tmp_path):
     """The bands' measurements: refllama float32 against transformers (rounding) and against llama.cpp's quantized
     arithmetic (quantized-like), numerics ggml against llama.cpp (rounding), on SmolLM2's stored references."""
     ref_dir = Path(__file__).parent.parent / "checkpoints" / "ref"
-    m32, mg = refllama.load(), refllama.load(numerics="ggml")
+    path = json.loads((ref_dir / "llamacpp" / "short" / "manifest.json").read_text())["cpu_path"]
+    m32, mg = refllama.load(), refllama.load(numerics="ggml", cpu_path=path)  # the path of the build that made them
     for prompt in ("short", "chat"):
         ids = json.loads((ref_dir / "llamacpp" / prompt / "manifest.json").read_text())["token_ids"]
         np.save(tmp_path / "f32.npy", m32.logits(ids))
