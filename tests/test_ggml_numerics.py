@@ -272,6 +272,7 @@ def test_a_repacked_matrixs_gemm_rows_quantize_ties_to_the_positive_max():
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
     """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors, vpmaddubsw where it reports AVX2:
     compiling them elsewhere aborts. Numba told to compile for another CPU: that CPU's features."""
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", None)  # the host's: as Numba takes them unless told
     for features, isa in (({"avx2": True, "avx512vnni": False}, "avx2"), ({"sse4.2": True}, "generic"),
                           ({"avx2": True, "avx512vnni": True, "avx512vl": True}, "vnni")):
         monkeypatch.setattr(llvmlite.binding, "get_host_cpu_features", lambda f=features: f)
