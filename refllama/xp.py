@@ -89,6 +89,7 @@ class CoreWatch:
         affinity = getattr(os, "sched_getaffinity", None)
         self.cores = set(affinity(0)) if affinity else set(range(os.cpu_count() or 1))
         self.last = self.read()
+        self.n = None  # the thread count it gave last (count)
 
     def read(self):  # -> (monotonic seconds, busy ticks of the cores, this process's ticks), or None off Linux
         try:
@@ -120,6 +121,12 @@ class CoreWatch:
 
     def free(self):  # the cores other work leaves free (1 at least)
         return max(1, len(self.cores) - self.busy())
+
+    def count(self):
+        """Threads for the free cores, read again once FOLLOW_S has passed since the last reading."""
+        if self.n is None or self.age() >= FOLLOW_S:
+            self.n = self.free()
+        return self.n
 
 
 def idle_cores(window=0.1):
@@ -161,7 +168,6 @@ def set_threads(n=None, backend="numpy"):
     if n in (None, 0):
         n = CoreWatch()
         time.sleep(0.1)  # a first reading's span
-        n.n = n.free()  # the count it gives now
     CHOSEN[backend] = n
     return follow(backend)
 
@@ -172,12 +178,7 @@ def follow(backend):
     chosen = CHOSEN.get(backend)
     if chosen is None:
         return None
-    if isinstance(chosen, CoreWatch):
-        if chosen.age() >= FOLLOW_S:
-            chosen.n = chosen.free()
-        n = chosen.n
-    else:
-        n = chosen
+    n = chosen.count() if isinstance(chosen, CoreWatch) else chosen
     blas = 1 if backend == "numba" else n
     if BLAS[0] != blas:
         threadpool_limits(limits=blas, user_api="blas")
