@@ -91,7 +91,8 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
                             "paths to reproduce)")
     if numerics == "ggml":
         try:
-            cpu_path, notice = cpu_paths.choose(cpu_path, backend)
+            partial = cpu_path is None and cpu_paths.host_path() in cpu_paths.TYPES  # a path for some types only
+            cpu_path, notice = cpu_paths.choose(cpu_path, backend, matrix_types(path) if partial else ())
         except ValueError as e:
             raise RefllamaError(str(e)) from None
         if notice:
@@ -113,6 +114,12 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
         print(f"refllama: context size {m.n_ctx} exceeds the {cfg.n_ctx_train} tokens the model was trained on; "
               "text past that may degrade", file=sys.stderr)
     return m
+
+
+def matrix_types(path):  # the names of a GGUF file's matrix types (its 2-D and 3-D tensors')
+    from .formats.gguf_loader import GGUFFile
+
+    return {t.tensor_type.name for t in GGUFFile(path).tensors.values() if len(t.shape) in (2, 3)}
 
 
 def token_ids(ids):

@@ -31,8 +31,8 @@ SYSTEM_INFO = {  # llama_print_system_info() of the two wheels in ../shared/whee
     (AVX512, "x86_64", "avx512"),
     (X86, "x86_64", "avx2"),  # AMD Zen 2/3, Intel's client CPUs since Alder Lake
     ({"avx", "sse4.2"}, "x86_64", None),
-    ({"neon", "dotprod", "i8mm"}, "aarch64", "neon-i8mm"),
-    ({"neon", "dotprod"}, "arm64", "neon-dotprod"),  # Apple M1
+    ({"neon", "dotprod", "fullfp16", "i8mm"}, "aarch64", "neon-i8mm"),  # Apple M2 and up, Graviton 3
+    ({"neon", "dotprod", "fullfp16"}, "arm64", "neon-dotprod"),  # Apple M1, Graviton 2
 ])
 def test_the_host_path_is_the_most_capable_one_it_can_run(features, machine, path):
     assert cpu_paths.host_path(features, machine) == path
@@ -51,14 +51,19 @@ def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypat
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx512")
     assert cpu_paths.choose()[0] == "avx512-vnni"
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
-    path, notice = cpu_paths.choose()
-    assert path == "avx512-vnni" and "neon-dotprod path, which numerics 'ggml' does not reproduce on numpy" in notice
+    assert cpu_paths.choose(None, "numpy", {"Q8_0", "F32"}) == ("neon-dotprod", None)
+    path, notice = cpu_paths.choose(None, "numpy", {"Q4_K", "Q6_K", "F32"})  # a path for some types only
+    assert path == "avx512-vnni" and "reproduces for F16, F32, Q8_0 matrices only (this model has Q4_K, Q6_K)" in notice
+    path, notice = cpu_paths.choose(None, "numba")
+    assert path == "avx512-vnni" and "neon-dotprod path, which numerics 'ggml' does not reproduce on numba" in notice
 
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(numerics="ggml", cpu_path="avx2", backend="cupy"),
      "cpu path 'avx2' is not one numerics 'ggml' reproduces on cupy .* and avx2 on numpy, numba"),
-    (dict(numerics="ggml", cpu_path="neon-i8mm"), "'neon-i8mm' is not one numerics 'ggml' reproduces on numpy"),
+    (dict(numerics="ggml", cpu_path="neon-i8mm", backend="numba"),
+     "'neon-i8mm' is not one numerics 'ggml' reproduces on numba .* and neon-i8mm on numpy"),
+    (dict(numerics="ggml", cpu_path="neon-dotprod"), "no emulation of Q4_1 matrices on the neon-dotprod path"),
     (dict(numerics="ggml", cpu_path="sse"), "unknown cpu path 'sse'"),
     (dict(cpu_path="avx512-vnni"), "goes with numerics 'ggml'"),
 ])
@@ -97,5 +102,5 @@ def test_the_avx2_path_differs_from_avx512s_where_llamacpps_builds_do():
     assert np.isfinite(b).all() and gn.expf_avx2(np.float32([-110, 100])).tolist() == [0.0, np.inf]
     q = gn.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
     k = gn.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
-    one = {p: gn.f16_dots(q, k, False, False, p) for p in gn.LANES}
+    one = {p: gn.f16_dots(q, k, 1, False, p) for p in gn.LANES}
     assert (one["avx2"] != one["avx512-vnni"]).any()

@@ -9,6 +9,7 @@ import pytest
 from refllama import arch as archs
 from refllama.layers import FLOAT32, Ops, causal_mask
 from refllama.numerics import ggml_kernels, ggml_numerics, gpu, numba_ops, ops_for
+from refllama.numerics.cpu_paths import EMULATED
 
 TABLES = {"float32": FLOAT32, "float32-numba": numba_ops.OPS, "ggml": ggml_numerics.OPS, "ggml-numba": ggml_kernels.OPS,
           "float32-cupy": gpu.OPS}  # here on NumPy: the CUDA kernels' host code around their mirrors
@@ -60,7 +61,7 @@ def test_every_table_computes_the_float32_steps(name, T, step):
     assert np.abs(got - want).max() <= TOLERANCE[name] * np.abs(want).max(), np.abs(got - want).max()
 
 
-@pytest.mark.parametrize("path", list(ggml_numerics.LANES))
+@pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("T", [1, 5], ids=["decode", "batch"])
 def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step, path):

@@ -13,12 +13,14 @@ Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary
     python tools/make_tiny_gguf.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
     python tools/make_tiny_gguf.py --llama-cpp ... gemma3      # one family
     PYTHONPATH=DIR python tools/make_tiny_gguf.py --ggml-logits   # llama.cpp's Q8_0 logits on another CPU path
+    python tools/make_tiny_gguf.py --ggml-logits --arm OUT_DIR   # on an ARM path, under qemu-user (~10 s)
 Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
 
 --ggml-logits adds to each family's reference.npz the logits on the Q8_0 file with llama.cpp's default float16 cache
 (what numerics "ggml" reproduces to the bit) from the llama.cpp installed, under the key of the CPU path it computes
 (REF_KEYS; `../shared/wheels/avx2/` installed into DIR with `pip install --target DIR --no-deps` for AVX2's), and
-names the path in reference.json.
+names the path in reference.json. With --arm, the llama.cpp is the one tools/build_llamacpp_arm.sh cross-built into
+OUT_DIR, run under qemu-aarch64 on a CPU with that path's features.
 """
 
 import argparse
@@ -146,29 +148,60 @@ def save_hf(name, d, tok, **shape):
     return model
 
 
-REF_KEYS = {"avx512-vnni": "llamacpp_logits_q8_0_f16kv", "avx2": "llamacpp_logits_q8_0_f16kv_avx2"}  # CPU path ->
-# the reference.npz key of llama.cpp's Q8_0 logits (float16 cache) on it
+REF_KEYS = {"avx512-vnni": "llamacpp_logits_q8_0_f16kv", "avx2": "llamacpp_logits_q8_0_f16kv_avx2",  # CPU path ->
+            "neon-dotprod": "llamacpp_logits_q8_0_f16kv_neon_dotprod",  # the reference.npz key of llama.cpp's
+            "neon-i8mm": "llamacpp_logits_q8_0_f16kv_neon_i8mm"}  # Q8_0 logits (float16 cache) on it
 
 
-def ggml_logits(families):
-    """The installed llama.cpp's Q8_0 logits (float16 cache) into each family's reference.npz, keyed by its path."""
-    import llama_cpp
+SHORT = (1, 5)  # ARM references also run the prompt's first 1 and 5 tokens alone (ARM's kernels for fewer than 8
+# tokens, vec_dots and float16 sums in vectors of 4 x 8, differ from a batch's), and the first 1 and all of them with
+# the repack off (Q8_0's vec_dot and tinyBLAS_Q0_ARM, which the repacked forms replace)
 
+
+def arm_logits(arm, model, ids, repack=True):
+    """(llama.cpp's logits [T, V] for ids in one batch, its llama_print_system_info()) from the ARM build in
+    `arm` (tools/llamacpp_logits.c: flash attention off, float16 cache, the repack on or off), under qemu-aarch64."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "logits.f32"
+        cpu = (Path(arm) / "qemu-cpu").read_text().strip()
+        info = subprocess.run(["qemu-aarch64", "-cpu", cpu, str(Path(arm) / "llamacpp_logits"), str(model),
+                               str(N_CTX), ",".join(map(str, ids)), str(out)] + ([] if repack else ["--no-repack"]),
+                              check=True, capture_output=True, text=True).stdout.strip()
+        return np.fromfile(out, np.float32).reshape(len(ids), -1), info
+
+
+def ggml_logits(families, arm=None):
+    """llama.cpp's Q8_0 logits (float16 cache) into each family's reference.npz, keyed by its path: the installed
+    llama-cpp-python's, or (`arm`) an ARM build's under qemu-user."""
     from refllama.numerics.cpu_paths import llamacpp_path
 
-    path = llamacpp_path(llama_cpp.llama_print_system_info().decode())
-    if path not in REF_KEYS:
-        sys.exit(f"the installed llama.cpp computes the {path} path; references are kept for {', '.join(REF_KEYS)}")
+    if arm is None:
+        import llama_cpp
+
+        info = llama_cpp.llama_print_system_info().decode().strip()
+        producer = f"llama-cpp-python {llama_cpp.__version__}"
     for name in families:
         out = OUT / f"gguf-{name}"
         refs = dict(np.load(out / "reference.npz"))
         ids = refs["token_ids"].tolist()
-        refs[REF_KEYS[path]] = dump_llamacpp.capture(str(out / f"{name}-q8_0.gguf"), ids, 2, kv_f32=False,
-                                                     n_ctx=N_CTX)[0]["result_output"]
+        model = out / f"{name}-q8_0.gguf"
+        short = {}
+        if arm is None:
+            logits = dump_llamacpp.capture(str(model), ids, 2, kv_f32=False, n_ctx=N_CTX)[0]["result_output"]
+        else:
+            logits, info = arm_logits(arm, model, ids)
+            short = {f"first{n}": arm_logits(arm, model, ids[:n])[0] for n in SHORT}
+            short.update({f"first{n}_norepack": arm_logits(arm, model, ids[:n], repack=False)[0]
+                          for n in (1, len(ids))})
+            producer = "llama.cpp of llama-cpp-python 0.3.36 cross-built for aarch64, under qemu-aarch64"
+        path = llamacpp_path(info)
+        if path not in REF_KEYS:
+            sys.exit(f"that llama.cpp computes the {path} path; references are kept for {', '.join(REF_KEYS)}")
+        refs[REF_KEYS[path]] = logits
+        refs.update({f"{REF_KEYS[path]}_{name}": rows for name, rows in short.items()})
         np.savez(out / "reference.npz", **refs)
         meta = json.loads((out / "reference.json").read_text())
-        meta["q8_0_f16kv_paths"] = {**meta.get("q8_0_f16kv_paths", {}), REF_KEYS[path]: f"{path}: llama-cpp-python "
-                                    f"{llama_cpp.__version__} ({llama_cpp.llama_print_system_info().decode().strip()})"}
+        meta["q8_0_f16kv_paths"] = {**meta.get("q8_0_f16kv_paths", {}), REF_KEYS[path]: f"{path}: {producer} ({info})"}
         (out / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
         print(f"{out}: {REF_KEYS[path]}")
 
@@ -177,10 +210,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--llama-cpp", help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (to make the models)")
     p.add_argument("--ggml-logits", action="store_true", help="only llama.cpp's Q8_0 logits on its CPU path")
+    p.add_argument("--arm", metavar="OUT_DIR", help="with --ggml-logits: the ARM build of tools/build_llamacpp_arm.sh")
     p.add_argument("families", nargs="*", choices=[[], *FAMILIES], help="the families to make (default: all)")
     args = p.parse_args()
     if args.ggml_logits:
-        return ggml_logits(args.families or FAMILIES)
+        return ggml_logits(args.families or FAMILIES, args.arm)
     if not args.llama_cpp:
         p.error("--llama-cpp is needed to make the models")
     import llama_cpp

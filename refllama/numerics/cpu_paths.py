@@ -14,11 +14,16 @@ PATHS = {
     "avx512": (("avx512f", "avx512bw", "avx512vl"),
                "avx512-vnni's float sums, but the kernels with a VNNI form (the tiled K-quant one) without it"),
     "avx2": (("avx2", "fma", "f16c"), "8-lane float sums, ggml_v_expf's AVX2 ending, Q2_K not repacked"),
-    "neon-i8mm": (("neon", "dotprod", "i8mm"), "ARM's 4-lane sums, its repacked Q4_0/Q4_K forms with i8mm"),
-    "neon-dotprod": (("neon", "dotprod"), "ARM's 4-lane sums (Apple M1 and up), its repacked forms with dotprod"),
+    "neon-i8mm": (("neon", "dotprod", "fullfp16", "i8mm"), "neon-dotprod's float sums, its repacked forms with i8mm "
+                  "(Apple M2 and up)"),
+    "neon-dotprod": (("neon", "dotprod", "fullfp16"), "ARM's 4-lane sums, float16 sums in float16 (Apple M1 and up), "
+                     "its repacked forms with dotprod"),
 }
-EMULATED = {"numpy": ("avx512-vnni", "avx2"), "numba": ("avx512-vnni", "avx2"),  # backend -> the paths numerics
-            "cupy": ("avx512-vnni",)}  # "ggml" computes there, to the bit
+EMULATED = {"numpy": ("avx512-vnni", "avx2", "neon-i8mm", "neon-dotprod"),  # backend -> the paths numerics "ggml"
+            "numba": ("avx512-vnni", "avx2"), "cupy": ("avx512-vnni",)}  # computes there, to the bit (see TYPES)
+TYPES = {"neon-i8mm": {"Q8_0", "F16", "F32"}, "neon-dotprod": {"Q8_0", "F16", "F32"}}  # paths reproduced for these
+# matrix types only: the others' ARM forms (Q4_0/Q4_K/Q5_K/Q6_K repacked 4x4 and 8x4, the other NEON vec_dots) are
+# not written yet
 NEAREST = {"avx512": "avx512-vnni"}  # a path not emulated -> the emulated one that differs from it least
 BUILT = {  # name -> the flags llama_print_system_info() shows "= 1" for a build that takes it
     "avx512-vnni": ("AVX512", "AVX512_VNNI"), "avx512": ("AVX512",), "avx2": ("AVX2", "FMA", "F16C"),
@@ -49,10 +54,10 @@ def host_path(features=None, machine=None):
     return None
 
 
-def choose(cpu_path=None, backend="numpy"):
+def choose(cpu_path=None, backend="numpy", qtypes=()):
     """-> (the path numerics "ggml" computes on `backend`, a notice or None). `cpu_path` None: the host's, where
-    reproduced, else the nearest reproduced one, with a notice saying so; a name: that path, which must be
-    reproduced on that backend."""
+    reproduced (for the model's quantized matrix types, `qtypes`' names), else the nearest reproduced one, with a
+    notice saying so; a name: that path, which must be reproduced on that backend."""
     host, emulated = host_path(), EMULATED[backend]
     if cpu_path is not None:
         if cpu_path not in PATHS:
@@ -63,10 +68,15 @@ def choose(cpu_path=None, backend="numpy"):
                              f"in: {PATHS[cpu_path][1]}); it reproduces {', '.join(emulated)} there"
                              + (f", and {cpu_path} on {', '.join(elsewhere)}" if elsewhere else ""))
         return cpu_path, None
-    if host in emulated:
+    uncovered = sorted(set(qtypes) - TYPES[host]) if host in TYPES else []
+    if host in emulated and not uncovered:
         return host, None
     chosen = NEAREST.get(host, emulated[0])
     seen = f"this host's llama.cpp takes the {host} path" if host else "this host has no SIMD path of llama.cpp's"
+    if host in emulated:
+        return chosen, (f"{seen}, which numerics 'ggml' reproduces for {', '.join(sorted(TYPES[host]))} matrices "
+                        f"only (this model has {', '.join(uncovered)}); it computes {chosen}'s arithmetic, so "
+                        "llama.cpp built here differs from it in the last bits")
     elsewhere = [b for b, paths in EMULATED.items() if host in paths]
     return chosen, (f"{seen}, which numerics 'ggml' does not reproduce on {backend}"
                     + (f" (it does on {', '.join(elsewhere)})" if elsewhere else "")

@@ -15,6 +15,7 @@ from numba.extending import intrinsic
 from ..formats.ggml_types import QuantizedTensor, byte_shape
 from ..layers import Ops
 from . import ggml_numerics
+from .cpu_paths import EMULATED
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import (
@@ -307,7 +308,7 @@ def _path_kernels(path):
             for f in (_swiglu, _softmax, _scores_ir, _mix_ir, _scores_f16, _mix_f16, _f32_dots, _router_softmax)}
 
 
-PATH_KERNELS = {path: _path_kernels(path) for path in ggml_numerics.LANES}  # compiled on a first call
+PATH_KERNELS = {path: _path_kernels(path) for path in EMULATED["numba"]}  # compiled on a first call
 
 
 class NumbaF32Matrix(F32Matrix):
@@ -393,7 +394,7 @@ class GgmlNumbaPlacement(GgmlPlacement):
     def __call__(self, a):
         if isinstance(a, QuantizedTensor) and a.qtype in {*BLOCK_BYTES, *K_QUANTS}:
             m = (NumbaGgmlMatrix if a.qtype in BLOCK_BYTES else NumbaKQuantMatrix)([a.raw], a.qtype, a.shape[1])
-            m.repacked = self.repack and repacked(a.qtype, a.shape, self.path)
+            m.repacked = self.repack and repacked(a.qtype, a.shape, self.path) is not None
             return m
         m = super().__call__(a)
         return NumbaF32Matrix(m.w, self.path) if isinstance(m, F32Matrix) else m

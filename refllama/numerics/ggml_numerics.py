@@ -28,6 +28,7 @@ from ..formats.ggml_types import QuantizedTensor
 from ..layers import Ops, linear, rms_norm
 from ..xp import Placement, array_module
 from . import ggml_tables
+from .cpu_paths import TYPES
 from .ggml_tables import F16_TABLE, blocks, codes, f16, field, k_scales, q3_k_scales, round_f16
 from .matrices import WeightMatrix, mul_mat_id
 
@@ -36,19 +37,23 @@ VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q
                 QT.Q2_K: Q8_K, QT.Q3_K: Q8_K, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
 EMULATED = frozenset(VEC_DOT_TYPE)
 AVX512 = "avx512-vnni"  # the CPU path (refllama.numerics.cpu_paths) a call takes unless told
-# x86 repacks these at load into interleaved forms, if their rows are a multiple of 8, on these paths (Q4_0 and Q4_K
-# with AVX2 and up, Q2_K with AVX-512 only: ggml_repack_get_optimal_repack_type)
-REPACK = {QT.Q4_0: ("q4_0_8x8_q8_0", (AVX512, "avx2")), QT.Q4_K: ("q4_K_8x8_q8_K", (AVX512, "avx2")),
-          QT.Q2_K: ("q2_K_8x8_q8_K", (AVX512,))}
+NEON, I8MM = "neon-dotprod", "neon-i8mm"  # ARM's with dotprod and float16 arithmetic, and with i8mm too
+# llama.cpp repacks these at load into interleaved forms on these paths, if their rows are a multiple of the form's
+# (ggml_repack_get_optimal_repack_type): type -> {path: (form, rows)}
+REPACK = {QT.Q4_0: {AVX512: ("q4_0_8x8_q8_0", 8), "avx2": ("q4_0_8x8_q8_0", 8)},
+          QT.Q4_K: {AVX512: ("q4_K_8x8_q8_K", 8), "avx2": ("q4_K_8x8_q8_K", 8)},
+          QT.Q2_K: {AVX512: ("q2_K_8x8_q8_K", 8)}, QT.Q8_0: {NEON: ("q8_0_4x4_q8_0", 4), I8MM: ("q8_0_4x8_q8_0", 4)}}
+UNFUSED_GEMM = {"q8_0_4x4_q8_0"}  # repacked forms whose gemm adds acc + isum * scale (vmlaq_f32: GCC keeps it unfused)
 GEMM_STEP = {QT.Q4_K: 2, QT.Q2_K: 4}  # a repacked gemm's float step, in sub-blocks of 32 (the gemv's: a block)
 GROUP = {QT.Q2_K: 16, QT.Q3_K: 16, QT.Q6_K: 16}  # values per integer sum: 32, but sub-blocks of 16 in these
 SUPER = {QT.Q2_K: 256, QT.Q3_K: 256, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per d: 32, the K-quants' 256
 
 
 def repacked(qtype, shape, path=AVX512):
-    """Whether llama.cpp's x86 CPU backend on a path (its CPU_REPACK buffers on) multiplies this matrix in an
-    interleaved form."""
-    return qtype in REPACK and path in REPACK[qtype][1] and shape[0] % 8 == 0
+    """The interleaved form llama.cpp's CPU backend on a path (its CPU_REPACK buffers on) multiplies this matrix in,
+    or None."""
+    form = REPACK.get(qtype, {}).get(path)
+    return form[0] if form is not None and shape[0] % form[1] == 0 else None
 
 
 def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
@@ -100,6 +105,13 @@ def reduce_halves(a):  # [..., w] f32 -> [...] f32 (w a power of 2): the high ha
     return a[..., 0]
 
 
+def reduce_pairs(a):  # [..., w] f32 -> [...] f32 (w a power of 2): ARM's vaddvq_f32 (FADDP): neighbouring lanes
+    """added, then neighbouring sums, until one is left."""
+    while a.shape[-1] > 1:
+        a = a[..., 0::2] + a[..., 1::2]
+    return a[..., 0]
+
+
 def reduce_hadd8(a):  # [..., 8] f32 -> [...] f32: GGML_F32x8_REDUCE's end, the halves added, then two _mm_hadd_ps
     t = a[..., :4] + a[..., 4:]
     return (t[..., 0] + t[..., 1]) + (t[..., 2] + t[..., 3])
@@ -107,16 +119,27 @@ def reduce_hadd8(a):  # [..., 8] f32 -> [...] f32: GGML_F32x8_REDUCE's end, the 
 
 class Lanes(NamedTuple):
     """What a CPU path's float kernels look like (refllama.numerics.cpu_paths): `width` float32 lanes a vector;
-    ggml_v_expf's form; how GGML_F32_VEC_REDUCE sums a vector's lanes at the end of a vec_dot (4 vectors of
-    accumulators, added (0 + 2) + (1 + 3) first). A single vector's sum (tinyBLAS's hsum, softmax's groups) halves
-    on every x86 path."""
+    ggml_v_expf's form (ARM's is AVX2's); how GGML_F32_VEC_REDUCE sums a vector's lanes at the end of a vec_dot (4
+    vectors of accumulators, added (0 + 2) + (1 + 3) first); how a single vector is summed (tinyBLAS's hsum,
+    softmax's groups); whether float16 products are summed in float16 lanes (ARM's FP16 vector arithmetic: 8 a
+    vector) rather than float32 ones; the fewest tokens llamafile's tinyBLAS takes an F32 and an F16 matrix for;
+    whether Q8_0 activations scale by 1 / d (ARM) rather than 127 / amax (x86); whether the build has llamafile's
+    tinyBLAS at all (ggml-cpu.c leaves it out of ARM builds with i8mm or SVE: every product is a vec_dot)."""
 
     width: int
     expf: Callable
     reduce: Callable
+    hsum: Callable = reduce_halves
+    half: bool = False
+    tiny_f32: int = 2
+    tiny_f16: int = 2
+    inverse_d: bool = False
+    llamafile: bool = True
 
 
-LANES = {AVX512: Lanes(16, expf, reduce_halves), "avx2": Lanes(8, expf_avx2, reduce_hadd8)}
+LANES = {AVX512: Lanes(16, expf, reduce_halves), "avx2": Lanes(8, expf_avx2, reduce_hadd8),
+         NEON: Lanes(4, expf_avx2, reduce_pairs, reduce_pairs, half=True, tiny_f32=4, tiny_f16=8, inverse_d=True)}
+LANES[I8MM] = LANES[NEON]._replace(llamafile=False)
 
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
@@ -197,7 +220,7 @@ def softmax(x, path=AVX512):  # [..., n] f32 -> [..., n]: ggml's soft_max (no ma
     w = LANES[path].width
     body = x.shape[-1] - x.shape[-1] % w
     e = lanes_expf(x - x.max(axis=-1, keepdims=True), path)
-    total = reduce_halves(e[..., :body].reshape(*e.shape[:-1], -1, w)).astype(np.float64).sum(axis=-1)
+    total = LANES[path].hsum(e[..., :body].reshape(*e.shape[:-1], -1, w)).astype(np.float64).sum(axis=-1)
     for i in range(body, x.shape[-1]):
         total = total + e[..., i].astype(np.float64)
     return e * (1.0 / total)[..., None].astype(np.float32)
@@ -212,21 +235,25 @@ def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H,
     S = x.shape[-1]
     e = lanes.expf(x - x.max(axis=-1, keepdims=True))
     pad = np.zeros((*e.shape[:-1], -S % lanes.width), np.float32)
-    groups = reduce_halves(np.concatenate([e, pad], axis=-1).reshape(*e.shape[:-1], -1, lanes.width))
+    groups = lanes.hsum(np.concatenate([e, pad], axis=-1).reshape(*e.shape[:-1], -1, lanes.width))
     inv = (1.0 / groups.astype(np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
     return e * inv
 
 
-def f16_dots(a, b, many, padded, path=AVX512):  # [..., n] f32, [..., n] f32 (float16 values) -> [...]: sum of
-    """a * b as ggml sums a float16 product. Products of float16 values are exact in float32, so only the order of
-    additions matters. With w the path's lanes (16; AVX2's 8): `many` (a batch of 2+ tokens): llamafile's tinyBLAS,
-    lane l adding elements w c + l over c, then the vector's sum (halves). One token (or n not a multiple of w,
-    which tinyBLAS declines): ggml_vec_dot_f16, 4 x w lanes per 4 w elements, lanes (0+2)+(1+3), GGML_F32_VEC_REDUCE's
-    end, then the n % 4w leftovers added in float64, unless the row is `padded`: llama.cpp's KV view is 256 cells
-    long, zeros past the keys in use, so the sums over S (kqv) fill whole lanes."""
+def f16_dots(a, b, tokens, padded, path=AVX512):  # [..., n] f32, [..., n] f32 (float16 values) -> [...]: sum
+    """of a * b as ggml sums a float16 product of `tokens` tokens. Products of float16 values are exact in float32,
+    so on x86 only the order of additions matters. With w the path's lanes (16; AVX2's 8): a batch of 2+ tokens
+    (llamafile's tinyBLAS), lane l adding elements w c + l over c, then the vector's sum (halves). One token (or n
+    not a multiple of w, which tinyBLAS declines): ggml_vec_dot_f16, 4 x w lanes per 4 w elements, lanes
+    (0+2)+(1+3), GGML_F32_VEC_REDUCE's end, then the n % 4w leftovers added in float64, unless the row is `padded`:
+    llama.cpp's KV view is 256 cells long, zeros past the keys in use, so the sums over S (kqv) fill whole lanes.
+    ARM's float16 arithmetic sums in float16 instead (f16_dots_half)."""
     lanes = LANES[path]
+    if lanes.half:
+        many = lanes.llamafile and tokens >= lanes.tiny_f16 and (padded or a.shape[-1] % 8 == 0)
+        return f16_dots_half(a, b, many, padded)
     n = a.shape[-1]
-    many = many and (padded or n % lanes.width == 0)
+    many = lanes.llamafile and tokens >= lanes.tiny_f16 and (padded or n % lanes.width == 0)
     width = lanes.width if many else 4 * lanes.width
     body = n if many or padded else n - n % width
     p = a * b
@@ -238,9 +265,42 @@ def f16_dots(a, b, many, padded, path=AVX512):  # [..., n] f32, [..., n] f32 (fl
     if not many:
         acc = acc.reshape(*acc.shape[:-1], 4, lanes.width)
         acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-    total = (reduce_halves(acc) if many else lanes.reduce(acc)).astype(np.float64)
+    total = (lanes.hsum(acc) if many else lanes.reduce(acc)).astype(np.float64)
     for i in range(body, n):
         total = total + p[..., i]
+    return total.astype(np.float32)
+
+
+def fma_f16(a, b, c):  # [...] f32 (float16 values) -> a * b + c rounded once to float16, as ARM's vfmaq_f16
+    """float64 holds a * b (22 bits) exactly, and a * b + c wherever the float16 rounding could depend on it."""
+    return round_f16(a.astype(np.float64) * b + c)
+
+
+def add_f16(a, b):  # [...] f32 (float16 values) -> a + b rounded to float16 (vaddq_f16; exact in float64)
+    return round_f16(a.astype(np.float64) + b)
+
+
+def f16_dots_half(a, b, many, padded):  # [..., n], [..., n] f32 (float16 values) -> [...]: ARM's float16 sums
+    """With __ARM_FEATURE_FP16_VECTOR_ARITHMETIC (Apple's chips, every ARM server core with dotprod) ggml sums a
+    float16 product in float16 lanes, 8 a vector, each step one fused multiply-add rounded to float16. `many`
+    (llamafile's tinyBLAS: 8+ tokens, n a multiple of 8): lane l over elements 8c + l, then its halves widened to
+    float32 and added, then pairs (hsum). Else ggml_vec_dot_f16: 4 vectors over each 32 elements, added in float16
+    (0+2), (1+3), then the two; widened and summed as tinyBLAS's; the n % 32 leftovers added in float64, unless
+    `padded` (f16_dots)."""
+    n = a.shape[-1]
+    width = 8 if many else 32
+    body = n if many or padded else n - n % width
+    shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
+    acc = np.zeros((*shape, width), np.float32)
+    for c in range(0, body, width):  # zeros past n (padded) leave every lane as it is
+        ac, bc = (np.pad(v[..., c:c + width], [(0, 0)] * (v.ndim - 1) + [(0, max(0, c + width - n))]) for v in (a, b))
+        acc = fma_f16(ac, bc, acc)
+    if not many:
+        acc = acc.reshape(*shape, 4, 8)
+        acc = add_f16(add_f16(acc[..., 0, :], acc[..., 2, :]), add_f16(acc[..., 1, :], acc[..., 3, :]))
+    total = reduce_pairs(acc[..., :4] + acc[..., 4:]).astype(np.float64)
+    for i in range(body, n):
+        total = total + a[..., i] * b[..., i]
     return total.astype(np.float32)
 
 
@@ -264,7 +324,7 @@ def attention_scores(q, k, path=AVX512):  # [T, H, HD], [KVH, S, HD] f32 (float1
     T, H, HD = q.shape
     KVH, S, _ = k.shape
     qh = round_f16(q).transpose(1, 0, 2).reshape(KVH, H // KVH, T, 1, HD)
-    return f16_dots(qh, k[:, None, None], T > 1, False, path).reshape(H, T, S)
+    return f16_dots(qh, k[:, None, None], T, False, path).reshape(H, T, S)
 
 
 def attention_mix(p, v, path=AVX512):  # [H, T, S], [KVH, S, HD] f32 (float16 values) -> [T, H*HD]: kqv
@@ -272,7 +332,7 @@ def attention_mix(p, v, path=AVX512):  # [H, T, S], [KVH, S, HD] f32 (float16 va
     KVH, _, HD = v.shape
     ph = round_f16(p).reshape(KVH, H // KVH, T, 1, S)
     vt = v.transpose(0, 2, 1)[:, None, None]  # [KVH, 1, 1, HD, S]
-    return f16_dots(ph, vt, T > 1, True, path).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
+    return f16_dots(ph, vt, T, True, path).reshape(H, T, HD).transpose(1, 0, 2).reshape(T, H * HD)
 
 
 def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope computes them (sincosf of float32 angles)
@@ -306,17 +366,17 @@ def _cos_sin(angle):
     return c, s
 
 
-def quantize_q8_0(x):  # [T, K] f32 -> q [T, K] int8, d32, d [T, K/32] f32 (d: float16 values)
+def quantize_q8_0(x, inverse_d=False):  # [T, K] f32 -> q [T, K] int8, d32, d [T, K/32] f32 (d: float16 values)
     """Blocks of 32: d = amax / 127, q = round-half-even(x * (127 / amax)) (127 / amax, not 1 / d; 0 for an
     all-zero block); d is stored as float16 (d32: before that rounding, which Q8_1's s uses). ggml's x86
-    quantize_row_q8_0; the portable C one rounds half away."""
+    quantize_row_q8_0; its ARM one (`inverse_d`) scales by 1 / d; the portable C one rounds half away."""
     xp = array_module(x)
     T, K = x.shape
     b = x.reshape(T, K // 32, 32)
     amax = xp.abs(b).max(axis=-1)  # [T, K/32]
     d = amax / np.float32(127)
     with np.errstate(divide="ignore"):
-        inv = xp.where(amax != 0, np.float32(127) / amax, np.float32(0))
+        inv = xp.where(amax != 0, (np.float32(1) / d) if inverse_d else (np.float32(127) / amax), np.float32(0))
     q = xp.rint(b * inv[..., None]).astype(np.int8)  # [T, K/32, 32]
     return q.reshape(T, K), d, round_f16(d)
 
@@ -425,7 +485,9 @@ class GgmlMatrix(WeightMatrix):
 
     def __init__(self, raw, qtype, shape, xp=np, repack=True, path=AVX512):
         self.qtype, self.shape, self.xp = qtype, tuple(shape), xp
-        self.repacked = repack and repacked(qtype, shape, path)
+        self.form = repacked(qtype, shape, path) if repack else None
+        self.repacked = self.form is not None
+        self.arm, self.llamafile = path.startswith("neon"), LANES[path].llamafile
         w = int_weights(raw, qtype, shape)
         group = GROUP.get(qtype, 32)
         N, K = shape
@@ -443,7 +505,13 @@ class GgmlMatrix(WeightMatrix):
             four = T - T % 4
             parts = [(x[t:t + 4], "gemm") for t in range(0, four, 4)] + [(x[t:t + 1], "gemv") for t in range(four, T)]
             return xp.concatenate([self._matmul(p, path) for p, path in parts])
-        path = "tiled" if VEC_DOT_TYPE[self.qtype] == Q8_K and T >= 8 else "vec_dot"
+        if self.repacked and self.arm:  # ARM's gemm rows in fours, the rest through its gemv (activations alike)
+            four = T - T % 4
+            return xp.concatenate([self._matmul(p, path) for p, path in ((x[:four], "gemm"), (x[four:], "gemv"))])
+        if VEC_DOT_TYPE[self.qtype] == Q8_K:
+            path = "tiled" if T >= 8 else "vec_dot"
+        else:  # llamafile's tinyBLAS_Q0 for a batch (on x86 it sums as the vec_dot)
+            path = "tinyblas" if T > 1 and self.llamafile else "vec_dot"
         step = max(1, self.ROWS_PER_PASS // (N * K // 4))
         return xp.concatenate([self._matmul(x[t:t + step], path) for t in range(0, T, step)])
 
@@ -452,7 +520,7 @@ class GgmlMatrix(WeightMatrix):
         activations quantized row by row; any other matrix as matmul takes a batch of that many rows."""
         if self.repacked and VEC_DOT_TYPE[self.qtype] == Q8_K:
             return self.xp.concatenate([self._matmul(x[t:t + 1], "gemv") for t in range(len(x))])
-        return self.matmul(x)
+        return self.matmul(x) if not self.arm else self._matmul(x, "vec_dot")  # x86's tinyBLAS sums as its vec_dot
 
     def _matmul(self, x, path):
         xp, vdt = self.xp, VEC_DOT_TYPE[self.qtype]
@@ -465,17 +533,21 @@ class GgmlMatrix(WeightMatrix):
         if vdt == Q8_1:
             xq, dx, sx = quantize_q8_1(x)
             return self._dot_lanes(xq, dx, sx)
-        xq, _, dx = quantize_q8_0(x)
-        return self._dot_blocks(xq, dx) if self.repacked else self._dot_lanes(xq, dx, None)
+        xq, _, dx = quantize_q8_0(x, inverse_d=self.arm)
+        if self.repacked:
+            return self._dot_blocks(xq, dx, fused=not (path == "gemm" and self.form in UNFUSED_GEMM))
+        return self._dot_arm(xq, dx, path == "tinyblas") if self.arm else self._dot_lanes(xq, dx, None)
 
-    def _dot_blocks(self, xq, dx):  # blocks of 32 x Q8_0 [T, K] -> [T, N]
-        """x86's repacked ggml_gemv/gemm_q4_0_8x8_q8_0: each block's exact integer sum, rounded to float32 once,
-        acc = fma(isum, d_w * d_x, acc) block by block (the gemm's activations are Q8_0's own)."""
+    def _dot_blocks(self, xq, dx, fused=True):  # blocks of 32 x Q8_0 [T, K] -> [T, N]
+        """x86's repacked ggml_gemv/gemm_q4_0_8x8_q8_0 (and ARM's q8_0_4x4): each block's exact integer sum, rounded
+        to float32 once, acc = fma(isum, d_w * d_x, acc) block by block (the gemm's activations are Q8_0's own).
+        Not `fused`: acc + isum * (d_w * d_x), product rounded first (ARM's gemm: GCC keeps vmlaq_f32 unfused)."""
         xp, w = self.xp, self.w
         sums = block_sums(xq, self.codes_t, 32)  # [K/32, T, N]
         acc = xp.zeros(sums.shape[1:], np.float32)
         for b in range(len(sums)):
-            acc = fma(sums[b], w.d[None, :, b] * dx[:, b, None], acc)
+            scale = w.d[None, :, b] * dx[:, b, None]
+            acc = fma(sums[b], scale, acc) if fused else acc + sums[b] * scale
         return acc
 
     def _k_steps(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]
@@ -567,6 +639,29 @@ class GgmlMatrix(WeightMatrix):
         r4 = acc[4:] + acc[:4]  # hsum_float_8: high half + low half, then pairs, then the two left
         return ((r4[0] + r4[2]) + (r4[1] + r4[3])) + summs
 
+    def _dot_arm(self, xq, dx, tiny):  # blocks of 32 x Q8_0, in ggml's ARM order (dotprod): [T, K] -> [T, N]
+        """Lane j of a block sums its products 4j..4j+3 and 16+4j..16+4j+3 (two vdotq_s32), exactly; each lane
+        acc + lane * (d_w * d_x), the product rounded first (GCC keeps vmlaq_n_f32 unfused). `tiny` (llamafile's
+        tinyBLAS_Q0_ARM, a batch): one vector over every block, its lanes summed in pairs. Else
+        ggml_vec_dot_q8_0_q8_0: even and odd blocks in two vectors, each summed in pairs, then added; an odd last
+        block's integer sum fma'd onto that (the build's code: fmul and fadd in the loop, fmadd after it)."""
+        xp, w = self.xp, self.w
+        T, N = len(xq), self.shape[0]
+        groups = block_sums(xq, self.codes_t.reshape(-1, 4, N), 4).reshape(-1, 8, T, N)  # [K/32, 8, T, N]
+        lanes = (groups[:, :4] + groups[:, 4:]).transpose(0, 2, 3, 1)  # [K/32, T, N, 4]
+        scale = (w.d.T[:, None, :] * dx.T[:, :, None])[..., None]  # [K/32, T, N, 1]: d_w * d_x in float32
+        nb = len(lanes)
+        if tiny:
+            acc = xp.zeros((T, N, 4), np.float32)
+            for b in range(nb):
+                acc = acc + lanes[b] * scale[b]
+            return reduce_pairs(acc)
+        acc = [xp.zeros((T, N, 4), np.float32), xp.zeros((T, N, 4), np.float32)]
+        for b in range(nb - nb % 2):
+            acc[b % 2] = acc[b % 2] + lanes[b] * scale[b]
+        total = reduce_pairs(acc[0]) + reduce_pairs(acc[1])
+        return fma(lanes[-1].sum(axis=-1), scale[-1, ..., 0], total) if nb % 2 else total
+
     def __getitem__(self, rows):  # [T] -> [T, K] f32, dequantized
         N, K = self.shape
         rows = self.xp.asarray(rows).reshape(-1)
@@ -600,7 +695,7 @@ def f32_dots(x, w, path=AVX512):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T su
     (0+2)+(1+3), GGML_F32_VEC_REDUCE's end, then the K % 4w leftovers' products added one by one in float32."""
     lanes = LANES[path]
     T, K = x.shape
-    many = T > 1 and K % lanes.width == 0 and len(w) % 4 == 0
+    many = lanes.llamafile and T >= lanes.tiny_f32 and K % lanes.width == 0 and len(w) % 4 == 0
     width = lanes.width if many else 4 * lanes.width
     body = K if many else K - K % width
     out = np.empty((T, len(w)), np.float32)
@@ -613,7 +708,7 @@ def f32_dots(x, w, path=AVX512):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T su
         if not many:
             acc = acc.reshape(T, len(wa), 4, lanes.width)
             acc = (acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :])
-        total = reduce_halves(acc) if many else lanes.reduce(acc)
+        total = lanes.hsum(acc) if many else lanes.reduce(acc)
         for i in range(body, K):
             total = total + x[:, None, i] * wa[None, :, i]
         out[:, a:a + step] = total
@@ -646,11 +741,13 @@ class GgmlPlacement(Placement):
         self.repack, self.path = repack, path
 
     def prepare(self, qtypes, cfg):
-        unsupported = {t for t in qtypes if t not in self.keep and t not in (QT.F32,)}
+        keep = (self.keep | {QT.F32}) if self.path not in TYPES else {QT[name] for name in TYPES[self.path]}
+        unsupported = {t for t in qtypes if t not in keep}
         if unsupported:
             names = ", ".join(sorted(t.name for t in unsupported))
-            raise RefllamaError(f"numerics 'ggml' has no emulation of {names} matrices (it has "
-                                f"{', '.join(sorted(t.name for t in self.keep))} and F32)")
+            on = f" on the {self.path} path" if self.path in TYPES else ""
+            raise RefllamaError(f"numerics 'ggml' has no emulation of {names} matrices{on} (it has "
+                                f"{', '.join(sorted(t.name for t in keep))})")
 
     def __call__(self, a):
         if isinstance(a, QuantizedTensor):
