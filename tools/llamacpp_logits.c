@@ -5,12 +5,28 @@
  *   llamacpp_logits MODEL.gguf N_CTX ID,ID,... OUT.f32 [--no-repack]
  *     -> OUT.f32: float32 [n_ids, n_vocab], rows in order; stdout: llama_print_system_info().
  *     --no-repack: the CPU repack off (use_extra_bufts, llama-cli's --no-repack)
+ *   LLAMACPP_STAGES=DIR: also every named float32 tensor of the graph as DIR/NAME.f32 (its data in ggml's order), to
+ *     find the first stage where an emulation parts from this build
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ggml.h"
 #include "llama.h"
+
+static const char * stages;  // LLAMACPP_STAGES
+
+static bool stage(struct ggml_tensor * t, bool ask, void * user) {
+    (void) user;
+    if (ask) return true;
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || !t->name[0]) return true;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.f32", stages, t->name);
+    FILE * f = fopen(path, "wb");
+    if (f) fwrite(t->data, 1, ggml_nbytes(t), f), fclose(f);
+    return true;
+}
 
 static void quiet(enum ggml_log_level level, const char * text, void * user) { (void) level; (void) text; (void) user; }
 
@@ -39,6 +55,7 @@ int main(int argc, char ** argv) {
     cp.n_batch = cp.n_ubatch = (uint32_t) n_ids;
     cp.n_threads = cp.n_threads_batch = 1;
     cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    if ((stages = getenv("LLAMACPP_STAGES"))) cp.cb_eval = stage, cp.cb_eval_user_data = NULL;
     struct llama_context * ctx = llama_init_from_model(model, cp);
 
     struct llama_batch batch = llama_batch_init(n_ids, 0, 1);

@@ -14,6 +14,12 @@ llama.cpp's float32 logits (all positions asked for) and its top 4; then its 32 
 them (only the last position's logits asked for).
 
     python tools/make_llamacpp_exact.py --llama-cpp /tmp/llama-cpp-python-0.3.36/vendor/llama.cpp   # ~1 minute
+    python tools/make_llamacpp_exact.py --arm DIR [--arm DIR2]   # ~2 minutes a path
+
+--arm writes tests/data/llamacpp_exact_arm.json instead: the logits' SHA-256 per position of llama.cpp cross-built
+for each ARM path (tools/build_llamacpp_arm.sh, run under qemu-aarch64) on SmolLM2-135M-Instruct Q4_1 (Q4_1, Q8_0)
+and the checkpoint suite's prompts (checkpoints/ref/llamacpp/*/manifest.json), repack on and off (no greedy tokens:
+the ARM program runs one batch).
 Needs llama-cpp-python 0.3.36 (../shared/wheels); for the tiny Qwen2 also torch==2.13.0, transformers, sentencepiece
 (llama.cpp's converter imports it) and the same version's sdist (README: "Regenerating the references").
 """
@@ -139,11 +145,42 @@ def reference(model_path, prompts):
     return out
 
 
+ARM_PROMPTS = ("short", "chat")  # checkpoints/ref/llamacpp/NAME: 5 and 40 tokens (an odd and an even batch)
+
+
+def arm_reference(arms):
+    """tests/data/llamacpp_exact_arm.json: SmolLM2's logits' SHA-256 per position on each ARM build in `arms`."""
+    from llamacpp_arm import arm_logits
+
+    from refllama.api import default_model_path
+
+    model = Path(default_model_path())
+    root = Path(__file__).resolve().parent.parent / "checkpoints" / "ref" / "llamacpp"
+    prompts = {name: json.loads((root / name / "manifest.json").read_text())["token_ids"] for name in ARM_PROMPTS}
+    paths, models = {}, {"smollm2": {"model": model.name, "model_sha256": file_sha256(model), "prompts": {}}}
+    for arm in arms:
+        for name, ids in prompts.items():
+            case = models["smollm2"]["prompts"].setdefault(name, {"ids": ids})
+            for repack in (True, False):
+                logits, info = arm_logits(arm, model, ids, 256, repack)
+                paths[llamacpp_path(info)] = info
+                case.setdefault(llamacpp_path(info), {})["repack" if repack else "no_repack"] = {
+                    "logits_sha256": [hashlib.sha256(row.tobytes()).hexdigest() for row in logits]}
+    text = json.dumps({"tool": "tools/make_llamacpp_exact.py --arm", "llama.cpp": "llama-cpp-python 0.3.36's "
+                       "llama.cpp cross-built for aarch64, under qemu-aarch64; CPU, flash attention off, float16 KV "
+                       "cache, n_ctx 256, 1 thread", "paths": paths, "models": models}, indent=1)
+    (DATA / "llamacpp_exact_arm.json").write_text(text + "\n")
+    print(f"wrote {DATA / 'llamacpp_exact_arm.json'}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--llama-cpp", help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (to make the tiny "
                                        "Qwen2; without it, the files already in tests/data are used)")
+    p.add_argument("--arm", action="append", metavar="DIR", help="an ARM build of tools/build_llamacpp_arm.sh")
     args = p.parse_args()
+    if args.arm:
+        return arm_reference(args.arm)
     tiny = make_kquant_qwen2(args.llama_cpp) if args.llama_cpp else sorted(KQUANT.glob("*.gguf"))
     tiny += make_kquant_moe(args.llama_cpp) if args.llama_cpp else sorted(MOE_KQUANT.glob("*.gguf"))
     flags = llama_cpp.llama_print_system_info().decode()

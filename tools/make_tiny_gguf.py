@@ -37,6 +37,7 @@ import make_tokenizer_table
 import numpy as np
 import torch
 import transformers
+from llamacpp_arm import arm_logits
 from make_tiny_models import random_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
@@ -158,18 +159,6 @@ SHORT = (1, 5)  # ARM references also run the prompt's first 1 and 5 tokens alon
 # the repack off (Q8_0's vec_dot and tinyBLAS_Q0_ARM, which the repacked forms replace)
 
 
-def arm_logits(arm, model, ids, repack=True):
-    """(llama.cpp's logits [T, V] for ids in one batch, its llama_print_system_info()) from the ARM build in
-    `arm` (tools/llamacpp_logits.c: flash attention off, float16 cache, the repack on or off), under qemu-aarch64."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "logits.f32"
-        cpu = (Path(arm) / "qemu-cpu").read_text().strip()
-        info = subprocess.run(["qemu-aarch64", "-cpu", cpu, str(Path(arm) / "llamacpp_logits"), str(model),
-                               str(N_CTX), ",".join(map(str, ids)), str(out)] + ([] if repack else ["--no-repack"]),
-                              check=True, capture_output=True, text=True).stdout.strip()
-        return np.fromfile(out, np.float32).reshape(len(ids), -1), info
-
-
 def ggml_logits(families, arm=None):
     """llama.cpp's Q8_0 logits (float16 cache) into each family's reference.npz, keyed by its path: the installed
     llama-cpp-python's, or (`arm`) an ARM build's under qemu-user."""
@@ -189,9 +178,9 @@ def ggml_logits(families, arm=None):
         if arm is None:
             logits = dump_llamacpp.capture(str(model), ids, 2, kv_f32=False, n_ctx=N_CTX)[0]["result_output"]
         else:
-            logits, info = arm_logits(arm, model, ids)
-            short = {f"first{n}": arm_logits(arm, model, ids[:n])[0] for n in SHORT}
-            short.update({f"first{n}_norepack": arm_logits(arm, model, ids[:n], repack=False)[0]
+            logits, info = arm_logits(arm, model, ids, N_CTX)
+            short = {f"first{n}": arm_logits(arm, model, ids[:n], N_CTX)[0] for n in SHORT}
+            short.update({f"first{n}_norepack": arm_logits(arm, model, ids[:n], N_CTX, repack=False)[0]
                           for n in (1, len(ids))})
             producer = "llama.cpp of llama-cpp-python 0.3.36 cross-built for aarch64, under qemu-aarch64"
         path = llamacpp_path(info)

@@ -304,20 +304,26 @@ def f16_dots_half(a, b, many, padded):  # [..., n], [..., n] f32 (float16 values
     return total.astype(np.float32)
 
 
-def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
+def rope(x, cos, sin, interleaved, arm=False):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
     """ggml's rotate_pairs: x0' = x0 cos - x1 sin, x1' = x0 sin + x1 cos, each with one fused multiply-add, as GCC
     compiles ggml's C++ (the products x1 sin and x1 cos rounded first). Pairs (2i, 2i+1) if `interleaved` (NORM),
-    else (i, i + R/2) (NEOX)."""
+    else (i, i + R/2) (NEOX). `arm`: GCC for aarch64 vectorizes NORM's loop, 4 pairs a step (ld2, fmls, fmla), and
+    there x0' = fma(-x1, sin, x0 cos) with x0 cos rounded first; the pairs past the last whole 4 as above."""
     half = cos.shape[-1]
     pairs = (slice(0, 2 * half, 2), slice(1, 2 * half, 2)) if interleaved else (slice(0, half), slice(half, 2 * half))
     x0, x1 = x[..., pairs[0]], x[..., pairs[1]]
     c, s = cos[:, None, :], sin[:, None, :]
     out = x.copy()
-    out[..., pairs[0]], out[..., pairs[1]] = fma(x0, c, -(x1 * s)), fma(x0, s, x1 * c)
+    first = fma(x0, c, -(x1 * s))
+    if arm and interleaved:
+        vector = half - half % 4
+        first[..., :vector] = fma(-x1[..., :vector], s[..., :vector], x0[..., :vector] * c[..., :vector])
+    out[..., pairs[0]], out[..., pairs[1]] = first, fma(x0, s, x1 * c)
     return out
 
 
 ROPE = {"interleaved": partial(rope, interleaved=True), "half": partial(rope, interleaved=False)}  # as layers.ROPE
+ROPE_ARM = {"interleaved": partial(rope, interleaved=True, arm=True), "half": ROPE["half"]}
 
 
 def attention_scores(q, k, path=AVX512):  # [T, H, HD], [KVH, S, HD] f32 (float16 values) -> [H, T, S]: kq
@@ -381,10 +387,10 @@ def quantize_q8_0(x, inverse_d=False):  # [T, K] f32 -> q [T, K] int8, d32, d [T
     return q.reshape(T, K), d, round_f16(d)
 
 
-def quantize_q8_1(x):  # [T, K] f32 -> q [T, K] int8, d [T, K/32], s [T, K/32] f32 (float16 values)
+def quantize_q8_1(x, inverse_d=False):  # [T, K] f32 -> q [T, K] int8, d [T, K/32], s [T, K/32] f32 (float16 values)
     """Q8_0's codes and scale, and s = d * sum(q) per block, with the float32 d before its float16 rounding."""
     T, K = x.shape
-    q, d32, d = quantize_q8_0(x)
+    q, d32, d = quantize_q8_0(x, inverse_d)
     s = d32 * q.reshape(T, K // 32, 32).sum(axis=-1, dtype=np.int32).astype(np.float32)
     return q, d, round_f16(s)
 
@@ -530,9 +536,9 @@ class GgmlMatrix(WeightMatrix):
             if path == "vec_dot":
                 return self._k_lanes(xq, dx, bsums)
             return self._k_steps(xq, dx, bsums, path)
-        if vdt == Q8_1:
-            xq, dx, sx = quantize_q8_1(x)
-            return self._dot_lanes(xq, dx, sx)
+        if vdt == Q8_1:  # no tinyBLAS and no repacked form: every product a vec_dot
+            xq, dx, sx = quantize_q8_1(x, inverse_d=self.arm)
+            return self._dot_arm(xq, dx, False, sx) if self.arm else self._dot_lanes(xq, dx, sx)
         xq, _, dx = quantize_q8_0(x, inverse_d=self.arm)
         if self.repacked:
             return self._dot_blocks(xq, dx, fused=not (path == "gemm" and self.form in UNFUSED_GEMM))
@@ -639,12 +645,14 @@ class GgmlMatrix(WeightMatrix):
         r4 = acc[4:] + acc[:4]  # hsum_float_8: high half + low half, then pairs, then the two left
         return ((r4[0] + r4[2]) + (r4[1] + r4[3])) + summs
 
-    def _dot_arm(self, xq, dx, tiny):  # blocks of 32 x Q8_0, in ggml's ARM order (dotprod): [T, K] -> [T, N]
+    def _dot_arm(self, xq, dx, tiny, sx=None):  # blocks of 32 x Q8_0 or Q8_1 (sx), ARM's order: [T, K] -> [T, N]
         """Lane j of a block sums its products 4j..4j+3 and 16+4j..16+4j+3 (two vdotq_s32), exactly; each lane
         acc + lane * (d_w * d_x), the product rounded first (GCC keeps vmlaq_n_f32 unfused). `tiny` (llamafile's
         tinyBLAS_Q0_ARM, a batch): one vector over every block, its lanes summed in pairs. Else
         ggml_vec_dot_q8_0_q8_0: even and odd blocks in two vectors, each summed in pairs, then added; an odd last
-        block's integer sum fma'd onto that (the build's code: fmul and fadd in the loop, fmadd after it)."""
+        block's integer sum fma'd onto that (the build's code: fmul and fadd in the loop, fmadd after it). Q8_1's
+        offsets (ggml_vec_dot_q4_1_q8_1): summs + fma(m_w s_x of the even block, round(that of the odd one)) a pair,
+        added after the lanes; an odd last block adds fma(d_w d_x, isum, round(m_w s_x)) after that."""
         xp, w = self.xp, self.w
         T, N = len(xq), self.shape[0]
         groups = block_sums(xq, self.codes_t.reshape(-1, 4, N), 4).reshape(-1, 8, T, N)  # [K/32, 8, T, N]
@@ -657,9 +665,17 @@ class GgmlMatrix(WeightMatrix):
                 acc = acc + lanes[b] * scale[b]
             return reduce_pairs(acc)
         acc = [xp.zeros((T, N, 4), np.float32), xp.zeros((T, N, 4), np.float32)]
+        summs = xp.zeros((T, N), np.float32)
+        offset = None if sx is None else w.m.T[:, None, :] * sx.T[:, :, None]  # [K/32, T, N]: m_w s_x, exact
         for b in range(nb - nb % 2):
             acc[b % 2] = acc[b % 2] + lanes[b] * scale[b]
+            if offset is not None and b % 2:
+                summs = summs + fma(w.m.T[b - 1][None, :], sx.T[b - 1][:, None], offset[b])
         total = reduce_pairs(acc[0]) + reduce_pairs(acc[1])
+        if offset is not None:
+            total = total + summs
+        if nb % 2 and offset is not None:
+            return total + fma(scale[-1, ..., 0], lanes[-1].sum(axis=-1), offset[-1])
         return fma(lanes[-1].sum(axis=-1), scale[-1, ..., 0], total) if nb % 2 else total
 
     def __getitem__(self, rows):  # [T] -> [T, K] f32, dequantized
@@ -771,4 +787,7 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
 def path_ops(path):
     """OPS on a CPU path (LANES): its float steps' lanes and expf."""
     steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu)
-    return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps}) if path != AVX512 else OPS
+    if path == AVX512:
+        return OPS
+    return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps},
+                        **({"rope": ROPE_ARM} if path.startswith("neon") else {}))
