@@ -145,7 +145,9 @@ def reference(model_path, prompts):
     return out
 
 
-ARM_PROMPTS = ("short", "chat")  # checkpoints/ref/llamacpp/NAME: 5 and 40 tokens (an odd and an even batch)
+ARM_PROMPTS = {"short": ("short", 5), "chat": ("chat", 40), "chat-38": ("chat", 38)}  # name -> (the prompt of
+# checkpoints/ref/llamacpp/NAME, its first n tokens): an odd batch, an even one, and one whose work chunks (16 x 13,
+# 16 x 12) give i8mm's two-row vec_dots only some tokens
 
 
 def arm_reference(arms):
@@ -156,7 +158,8 @@ def arm_reference(arms):
 
     model = Path(default_model_path())
     root = Path(__file__).resolve().parent.parent / "checkpoints" / "ref" / "llamacpp"
-    prompts = {name: json.loads((root / name / "manifest.json").read_text())["token_ids"] for name in ARM_PROMPTS}
+    prompts = {name: json.loads((root / case / "manifest.json").read_text())["token_ids"][:n]
+               for name, (case, n) in ARM_PROMPTS.items()}
     paths, models = {}, {"smollm2": {"model": model.name, "model_sha256": file_sha256(model), "prompts": {}}}
     for arm in arms:
         for name, ids in prompts.items():

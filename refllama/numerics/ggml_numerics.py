@@ -56,6 +56,25 @@ def repacked(qtype, shape, path=AVX512):
     return form[0] if form is not None and shape[0] % form[1] == 0 else None
 
 
+def mmla_pairs(N, T, threads=1):  # -> [T, N] bool: the outputs ggml's mul_mat gives to a two-row vec_dot
+    """ARM's i8mm vec_dots (Q4_1, Q8_0: vmmlaq_s32) take two rows and two tokens at once where the product's N and T
+    are even and so are both ranges of the work chunk (ggml_compute_forward_mul_mat): chunks of 16 x 16 (64 where N
+    or T is 1), re-planned as one chunk a thread where there are fewer than 4 a thread, each range ceil(N / chunks)
+    long. `threads`: llama.cpp's (the ARM references run 1); the plan depends on it only in that re-planning."""
+    out = np.zeros((T, N), bool)
+    if N % 2 or T % 2:
+        return out
+    size = 64 if N == 1 or T == 1 else 16
+    n0, n1 = -(-N // size), -(-T // size)
+    if n0 * n1 < 4 * threads:
+        n0, n1 = (threads, 1) if N > T else (1, threads)
+    d0, d1 = -(-N // n0), -(-T // n1)
+    for a in range(0, N, d0):
+        for b in range(0, T, d1):
+            out[b:b + d1, a:a + d0] = min(d0, N - a) % 2 == 0 and min(d1, T - b) % 2 == 0
+    return out
+
+
 def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
     """float64 holds the product of two float32 numbers exactly; the sum is rounded twice (53 bits, then 24), which
     differs from one rounding only when the 53-bit result is a float32 tie: never seen on llama.cpp's values."""
@@ -514,6 +533,15 @@ class GgmlMatrix(WeightMatrix):
         if self.repacked and self.arm:  # ARM's gemm rows in fours, the rest through its gemv (activations alike)
             four = T - T % 4
             return xp.concatenate([self._matmul(p, path) for p, path in ((x[:four], "gemm"), (x[four:], "gemv"))])
+        if self.arm and not self.llamafile and not self.repacked and VEC_DOT_TYPE[self.qtype] != Q8_K and T > 1:
+            pairs = mmla_pairs(N, T)  # i8mm: ggml's vec_dots, two rows at a time where the work chunk allows
+            if pairs.any():
+                step, parts = max(1, self.ROWS_PER_PASS // (N * K // 4)), []
+                for t in range(0, T, step):
+                    xs, ps = x[t:t + step], pairs[t:t + step]
+                    two = self._matmul(xs, "mmla")
+                    parts.append(two if ps.all() else xp.where(xp.asarray(ps), two, self._matmul(xs, "vec_dot")))
+                return xp.concatenate(parts)
         if VEC_DOT_TYPE[self.qtype] == Q8_K:
             path = "tiled" if T >= 8 else "vec_dot"
         else:  # llamafile's tinyBLAS_Q0 for a batch (on x86 it sums as the vec_dot)
@@ -538,23 +566,30 @@ class GgmlMatrix(WeightMatrix):
             return self._k_steps(xq, dx, bsums, path)
         if vdt == Q8_1:  # no tinyBLAS and no repacked form: every product a vec_dot
             xq, dx, sx = quantize_q8_1(x, inverse_d=self.arm)
+            if path == "mmla":
+                return self._dot_blocks(xq, dx, False, sx)
             return self._dot_arm(xq, dx, False, sx) if self.arm else self._dot_lanes(xq, dx, sx)
         xq, _, dx = quantize_q8_0(x, inverse_d=self.arm)
-        if self.repacked:
-            return self._dot_blocks(xq, dx, fused=not (path == "gemm" and self.form in UNFUSED_GEMM))
+        if self.repacked or path == "mmla":
+            return self._dot_blocks(xq, dx, fused=path != "mmla" and not (path == "gemm" and self.form in UNFUSED_GEMM))
         return self._dot_arm(xq, dx, path == "tinyblas") if self.arm else self._dot_lanes(xq, dx, None)
 
-    def _dot_blocks(self, xq, dx, fused=True):  # blocks of 32 x Q8_0 [T, K] -> [T, N]
+    def _dot_blocks(self, xq, dx, fused=True, sx=None):  # blocks of 32 x Q8_0 or Q8_1 (sx) [T, K] -> [T, N]
         """x86's repacked ggml_gemv/gemm_q4_0_8x8_q8_0 (and ARM's q8_0_4x4): each block's exact integer sum, rounded
         to float32 once, acc = fma(isum, d_w * d_x, acc) block by block (the gemm's activations are Q8_0's own).
-        Not `fused`: acc + isum * (d_w * d_x), product rounded first (ARM's gemm: GCC keeps vmlaq_f32 unfused)."""
+        Not `fused`: acc + isum * (d_w * d_x), product rounded first (ARM's 4x4 gemm and i8mm's two-row vec_dots:
+        GCC keeps vmlaq_f32 unfused). Q8_1's offsets (Q4_1's two-row vec_dot): m_w s_x summed block by block apart,
+        added at the end."""
         xp, w = self.xp, self.w
         sums = block_sums(xq, self.codes_t, 32)  # [K/32, T, N]
         acc = xp.zeros(sums.shape[1:], np.float32)
+        summs = xp.zeros(sums.shape[1:], np.float32)
         for b in range(len(sums)):
             scale = w.d[None, :, b] * dx[:, b, None]
             acc = fma(sums[b], scale, acc) if fused else acc + sums[b] * scale
-        return acc
+            if sx is not None:
+                summs = summs + w.m[None, :, b] * sx[:, b, None]
+        return acc if sx is None else acc + summs
 
     def _k_steps(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]
         """The K-quant kernels that sum exact integers over a step of sub-blocks, then take float steps: isum (the
