@@ -17,9 +17,9 @@ them (only the last position's logits asked for).
     python tools/make_llamacpp_exact.py --arm DIR [--arm DIR2]   # ~2 minutes a path
 
 --arm writes tests/data/llamacpp_exact_arm.json instead: the logits' SHA-256 per position of llama.cpp cross-built
-for each ARM path (tools/build_llamacpp_arm.sh, run under qemu-aarch64) on SmolLM2-135M-Instruct Q4_1 (Q4_1, Q8_0)
-and the checkpoint suite's prompts (checkpoints/ref/llamacpp/*/manifest.json), repack on and off (no greedy tokens:
-the ARM program runs one batch).
+for each ARM path (tools/build_llamacpp_arm.sh, run under qemu-aarch64) on SmolLM2-135M-Instruct Q4_1 (Q4_1, Q8_0;
+the checkpoint suite's prompts, repack on and off) and Gemma 3 270M Q4_K_M (its two short prompts, repack on, where
+the path's types are reproduced); no greedy tokens: the ARM program runs one batch.
 Needs llama-cpp-python 0.3.36 (../shared/wheels); for the tiny Qwen2 also torch==2.13.0, transformers, sentencepiece
 (llama.cpp's converter imports it) and the same version's sdist (README: "Regenerating the references").
 """
@@ -151,24 +151,35 @@ ARM_PROMPTS = {"short": ("short", 5), "chat": ("chat", 40), "chat-38": ("chat", 
 
 
 def arm_reference(arms):
-    """tests/data/llamacpp_exact_arm.json: SmolLM2's logits' SHA-256 per position on each ARM build in `arms`."""
+    """tests/data/llamacpp_exact_arm.json: the logits' SHA-256 per position on each ARM build in `arms`, of SmolLM2
+    (ARM_PROMPTS, repack on and off) and Gemma 3 270M (llamacpp_exact.json's short prompts, on the paths numerics
+    ggml reproduces its types on, repack on: ARM's K-quant vec_dots are not reproduced)."""
     from llamacpp_arm import arm_logits
 
-    from refllama.api import default_model_path
+    from refllama.api import default_model_path, matrix_types
+    from refllama.numerics.cpu_paths import TYPES
 
-    model = Path(default_model_path())
     root = Path(__file__).resolve().parent.parent / "checkpoints" / "ref" / "llamacpp"
-    prompts = {name: json.loads((root / case / "manifest.json").read_text())["token_ids"][:n]
+    smollm2 = {name: json.loads((root / case / "manifest.json").read_text())["token_ids"][:n]
                for name, (case, n) in ARM_PROMPTS.items()}
-    paths, models = {}, {"smollm2": {"model": model.name, "model_sha256": file_sha256(model), "prompts": {}}}
+    gemma3 = {name: case["ids"] for name, case in json.loads((DATA / OUT["avx512-vnni"]).read_text())
+              ["models"]["gemma3-270m"]["prompts"].items() if len(case["ids"]) <= 64}
+    runs = [("smollm2", Path(default_model_path()), smollm2, (True, False)),
+            ("gemma3-270m", Path(gemma3_path()), gemma3, (True,))]
+    paths, models = {}, {}
     for arm in arms:
-        for name, ids in prompts.items():
-            case = models["smollm2"]["prompts"].setdefault(name, {"ids": ids})
-            for repack in (True, False):
-                logits, info = arm_logits(arm, model, ids, 256, repack)
-                paths[llamacpp_path(info)] = info
-                case.setdefault(llamacpp_path(info), {})["repack" if repack else "no_repack"] = {
-                    "logits_sha256": [hashlib.sha256(row.tobytes()).hexdigest() for row in logits]}
+        for key, model, prompts, repacks in runs:
+            entry = models.setdefault(key, {"model": model.name, "model_sha256": file_sha256(model), "prompts": {}})
+            for name, ids in prompts.items():
+                case = entry["prompts"].setdefault(name, {"ids": ids})
+                for repack in repacks:
+                    logits, info = arm_logits(arm, model, ids, 256, repack)
+                    path = llamacpp_path(info)
+                    paths[path] = info
+                    if not matrix_types(model) <= TYPES[path]:
+                        break
+                    case.setdefault(path, {})["repack" if repack else "no_repack"] = {
+                        "logits_sha256": [hashlib.sha256(row.tobytes()).hexdigest() for row in logits]}
     text = json.dumps({"tool": "tools/make_llamacpp_exact.py --arm", "llama.cpp": "llama-cpp-python 0.3.36's "
                        "llama.cpp cross-built for aarch64, under qemu-aarch64; CPU, flash attention off, float16 KV "
                        "cache, n_ctx 256, 1 thread", "paths": paths, "models": models}, indent=1)

@@ -41,7 +41,8 @@ NEON, I8MM = "neon-dotprod", "neon-i8mm"  # ARM's with dotprod and float16 arith
 # llama.cpp repacks these at load into interleaved forms on these paths, if their rows are a multiple of the form's
 # (ggml_repack_get_optimal_repack_type): type -> {path: (form, rows)}
 REPACK = {QT.Q4_0: {AVX512: ("q4_0_8x8_q8_0", 8), "avx2": ("q4_0_8x8_q8_0", 8)},
-          QT.Q4_K: {AVX512: ("q4_K_8x8_q8_K", 8), "avx2": ("q4_K_8x8_q8_K", 8)},
+          QT.Q4_K: {AVX512: ("q4_K_8x8_q8_K", 8), "avx2": ("q4_K_8x8_q8_K", 8), NEON: ("q4_K_8x4_q8_K", 8)},
+          QT.Q6_K: {NEON: ("q6_K_8x4_q8_K", 8)},
           QT.Q2_K: {AVX512: ("q2_K_8x8_q8_K", 8)}, QT.Q8_0: {NEON: ("q8_0_4x4_q8_0", 4), I8MM: ("q8_0_4x8_q8_0", 4)}}
 UNFUSED_GEMM = {"q8_0_4x4_q8_0"}  # repacked forms whose gemm adds acc + isum * scale (vmlaq_f32: GCC keeps it unfused)
 GEMM_STEP = {QT.Q4_K: 2, QT.Q2_K: 4}  # a repacked gemm's float step, in sub-blocks of 32 (the gemv's: a block)
@@ -414,12 +415,14 @@ def quantize_q8_1(x, inverse_d=False):  # [T, K] f32 -> q [T, K] int8, d [T, K/3
     return q, d, round_f16(s)
 
 
-def quantize_q8_K(x, in_fours=False):  # [T, K] f32 -> q [T, K] int8, d [T, K/256] f32, bsums [T, K/16] int32
+def quantize_q8_K(x, in_fours=False, fused=False):  # [T, K] f32 -> q [T, K] int8, d [T, K/256], bsums [T, K/16]
     """Blocks of 256: `max` is the signed value of the first largest |x|; q = min(127, round-half-even(x * -127 /
     max)), d = 1 / (-127 / max) in float32; bsums are the sums of each 16 codes. A zero block: d = 0, q = 0.
     ggml's quantize_row_q8_K_ref, which its x86 build uses too. `in_fours`: the rows that a repacked matrix's
     gemm takes, four at a time (the first T - T % 4), as x86's ggml_quantize_mat_q8_K_4x8 does: `max` is +|x|max
-    when any value equals it, else -|x|max (a tie of +a and -a goes to +a whatever their order)."""
+    when any value equals it, else -|x|max (a tie of +a and -a goes to +a whatever their order). `fused`: ARM's
+    build, where GCC fuses x * iscale into nearest_int's magic-number addition: the exact product rounded (float64
+    holds it), not the float32 one."""
     xp = array_module(x)
     T, K = x.shape
     b = x.reshape(T, K // 256, 256)
@@ -431,7 +434,8 @@ def quantize_q8_K(x, in_fours=False):  # [T, K] f32 -> q [T, K] int8, d [T, K/25
     with np.errstate(divide="ignore", invalid="ignore"):
         iscale = xp.where(mx != 0, np.float32(-127) / mx, np.float32(0))
         d = xp.where(mx != 0, np.float32(1) / iscale, np.float32(0))
-    q = xp.minimum(127, xp.rint(b * iscale[..., None])).astype(np.int8).reshape(T, K)
+    product = (b.astype(np.float64) if fused else b) * iscale[..., None]
+    q = xp.minimum(127, xp.rint(product)).astype(np.int8).reshape(T, K)
     return q, d, q.reshape(T, K // 16, 16).sum(axis=-1, dtype=np.int32)
 
 
@@ -513,6 +517,10 @@ class GgmlMatrix(WeightMatrix):
         self.form = repacked(qtype, shape, path) if repack else None
         self.repacked = self.form is not None
         self.arm, self.llamafile = path.startswith("neon"), LANES[path].llamafile
+        if self.arm and VEC_DOT_TYPE.get(qtype) == Q8_K and not self.repacked:
+            off = "with the repack off " if not repack else ""
+            raise RefllamaError(f"a {qtype.name} matrix of {shape[0]} rows {off}on the {path} path: ARM's K-quant "
+                                "vec_dot is not reproduced (only its repacked forms)")
         w = int_weights(raw, qtype, shape)
         group = GROUP.get(qtype, 32)
         N, K = shape
@@ -532,8 +540,10 @@ class GgmlMatrix(WeightMatrix):
             return xp.concatenate([self._matmul(p, path) for p, path in parts])
         if self.repacked and self.arm:  # ARM's gemm rows in fours, the rest through its gemv (activations alike)
             four = T - T % 4
-            return xp.concatenate([self._matmul(p, path) for p, path in ((x[:four], "gemm"), (x[four:], "gemv"))])
-        if self.arm and not self.llamafile and not self.repacked and VEC_DOT_TYPE[self.qtype] != Q8_K and T > 1:
+            parts = ((x[:four], "gemm"), (x[four:], "gemv"))
+            return xp.concatenate([self._matmul(p, path) for p, path in parts])
+        two_rows = self.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0)  # the types whose i8mm vec_dot takes two rows
+        if self.arm and not self.llamafile and not self.repacked and two_rows and T > 1:
             pairs = mmla_pairs(N, T)  # i8mm: ggml's vec_dots, two rows at a time where the work chunk allows
             if pairs.any():
                 step, parts = max(1, self.ROWS_PER_PASS // (N * K // 4)), []
@@ -544,8 +554,9 @@ class GgmlMatrix(WeightMatrix):
                 return xp.concatenate(parts)
         if VEC_DOT_TYPE[self.qtype] == Q8_K:
             path = "tiled" if T >= 8 else "vec_dot"
-        else:  # llamafile's tinyBLAS_Q0 for a batch (on x86 it sums as the vec_dot)
-            path = "tinyblas" if T > 1 and self.llamafile else "vec_dot"
+        else:  # llamafile's tinyBLAS_Q0 for a batch (on x86 it sums as the vec_dot; ARM's has no Q5_0)
+            tiny = self.llamafile and (not self.arm or self.qtype in (QT.Q4_0, QT.Q8_0))
+            path = "tinyblas" if T > 1 and tiny else "vec_dot"
         step = max(1, self.ROWS_PER_PASS // (N * K // 4))
         return xp.concatenate([self._matmul(x[t:t + step], path) for t in range(0, T, step)])
 
@@ -560,7 +571,9 @@ class GgmlMatrix(WeightMatrix):
         xp, vdt = self.xp, VEC_DOT_TYPE[self.qtype]
         x = xp.ascontiguousarray(x, dtype=np.float32)
         if vdt == Q8_K:
-            xq, dx, bsums = quantize_q8_K(x, in_fours=path == "gemm")
+            xq, dx, bsums = quantize_q8_K(x, in_fours=path == "gemm" and not self.arm, fused=self.arm)
+            if self.arm:
+                return self._k_arm(xq, dx, bsums, path)
             if path == "vec_dot":
                 return self._k_lanes(xq, dx, bsums)
             return self._k_steps(xq, dx, bsums, path)
@@ -621,6 +634,31 @@ class GgmlMatrix(WeightMatrix):
                 acc = fma(isum, w.d[None, :, B] * dx[:, B, None], acc)
                 accm = fma(msum, w.dmin[None, :, B] * dx[:, B, None], accm)
         return acc - accm
+
+    def _k_arm(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]: ARM's repacked 8x4 forms (dotprod)
+        """ggml_gemv/gemm_q4_K_8x4_q8_K: acc = fma(isum, d_w * d_x, acc) a step of 64 values, then after each block
+        acc - msum * (dmin_w * d_x), the product rounded first (vmlsq_f32). ggml_gemv/gemm_q6_K_8x4_q8_K: a block's
+        whole integer sum (the -32 taken off through x's sums), acc = fma(isum, d_w * d_x, acc) in the gemv (GCC
+        fuses its vmulq and vaddq), acc + isum * (d_w * d_x) in the gemm (it does not)."""
+        xp, w = self.xp, self.w
+        T, N = len(xq), self.shape[0]
+        sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
+        steps = 64 // self.group if self.qtype == QT.Q4_K else 256 // self.group  # sub-blocks per float step
+        xsums = bsums.reshape(T, -1, 2).sum(axis=-1).astype(np.float64)  # [T, K/32]: x's sums of 32
+        acc = xp.zeros((T, N), np.float32)
+        for j in range(0, len(sums), steps):
+            B = j * self.group // 256
+            scale = w.d[None, :, B] * dx[:, B, None]
+            isum = (sums[j:j + steps].astype(np.float64) * w.sc.T[j:j + steps, None, :]).sum(axis=0).astype(np.float32)
+            if self.qtype == QT.Q6_K and path == "gemm":
+                acc = acc + isum * scale
+            else:
+                acc = fma(isum, scale, acc)
+            if w.dmin is not None and (j + steps) * self.group % 256 == 0:  # a block's end: its mins
+                g = slice(B * 8, B * 8 + 8)
+                msum = (xsums[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
+                acc = acc - msum * (w.dmin[None, :, B] * dx[:, B, None])
+        return acc
 
     def _k_lanes(self, xq, dx, bsums):  # Q8_K x [T, K] -> [T, N]
         """x86's ggml_vec_dot_q4_K_q8_K (q5_K, q6_K), step by step: element e of each block of 256 adds into int32
