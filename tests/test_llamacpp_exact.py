@@ -83,14 +83,16 @@ ARM_CASES = [(model, prompt, cpu, path) for model, entry in ARM["models"].items(
 
 @pytest.mark.parametrize("name, prompt, cpu, path", ARM_CASES, ids=["-".join(c) for c in ARM_CASES])
 def test_logits_on_arm_paths_are_llamacpps(name, prompt, cpu, path):
-    """SmolLM2 (Q4_1, Q8_0) and Gemma 3 270M (Q4_K, Q6_K, Q5_0, Q8_0) on ARM's paths, against llama.cpp cross-built
-    for aarch64 and run under qemu: every position's logits to the bit. SmolLM2 repack on (its Q8_0 matrices in the
+    """SmolLM2 (Q4_1, Q8_0), Gemma 3 270M (Q4_K, Q6_K, Q5_0, Q8_0) and the tiny Qwen2 and mixtures of experts in
+    Q4_K_M on ARM's paths, against llama.cpp cross-built for aarch64 and run under qemu: every position's logits to
+    the bit. SmolLM2 repack on (its Q8_0 matrices in the
     4x4 or 4x8 form) and off (Q8_0's vec_dot and tinyBLAS_Q0_ARM), with ARM's Q4_1 vec_dot, float16 sums in float16
     and GCC's vectorized RoPE; on i8mm an even batch's two-row vec_dots where ggml's work chunks allow them (all of
-    chat's 40 tokens, 12 of chat-38's). Gemma 3 on neon-dotprod, repack on: Q4_K and Q6_K in the 8x4 forms, their
-    activations rounded from the exact product (GCC fuses it into nearest_int), Q5_0 by vec_dot."""
+    chat's 40 tokens, 12 of chat-38's). The K-quant files repack on: Q4_K and Q6_K in the 8x4 forms (dotprod) or 8x8
+    (i8mm), their activations rounded from the exact product (GCC fuses it into nearest_int), Q5_0 by vec_dot, the
+    experts' rows one at a time through the gemv."""
     case = ARM["models"][name]["prompts"][prompt]
-    path_to = model_file(name) if name == "gemma3-270m" else None
+    path_to = None if name == "smollm2" else model_file(name)
     m = refllama.load(path_to, numerics="ggml", cpu_path=cpu, repack=path == "repack", n_ctx=256)
     logits = np.asarray(m.logits(case["ids"]), dtype=np.float32)
     got = [hashlib.sha256(row.tobytes()).hexdigest() for row in logits]

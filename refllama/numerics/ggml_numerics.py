@@ -41,10 +41,19 @@ NEON, I8MM = "neon-dotprod", "neon-i8mm"  # ARM's with dotprod and float16 arith
 # llama.cpp repacks these at load into interleaved forms on these paths, if their rows are a multiple of the form's
 # (ggml_repack_get_optimal_repack_type): type -> {path: (form, rows)}
 REPACK = {QT.Q4_0: {AVX512: ("q4_0_8x8_q8_0", 8), "avx2": ("q4_0_8x8_q8_0", 8)},
-          QT.Q4_K: {AVX512: ("q4_K_8x8_q8_K", 8), "avx2": ("q4_K_8x8_q8_K", 8), NEON: ("q4_K_8x4_q8_K", 8)},
-          QT.Q6_K: {NEON: ("q6_K_8x4_q8_K", 8)},
+          QT.Q4_K: {AVX512: ("q4_K_8x8_q8_K", 8), "avx2": ("q4_K_8x8_q8_K", 8), NEON: ("q4_K_8x4_q8_K", 8),
+                    I8MM: ("q4_K_8x8_q8_K", 8)},
+          QT.Q6_K: {NEON: ("q6_K_8x4_q8_K", 8), I8MM: ("q6_K_8x8_q8_K", 8)},
           QT.Q2_K: {AVX512: ("q2_K_8x8_q8_K", 8)}, QT.Q8_0: {NEON: ("q8_0_4x4_q8_0", 4), I8MM: ("q8_0_4x8_q8_0", 4)}}
 UNFUSED_GEMM = {"q8_0_4x4_q8_0"}  # repacked forms whose gemm adds acc + isum * scale (vmlaq_f32: GCC keeps it unfused)
+# ARM's repacked K-quant forms, (form, gemv or gemm) -> (values a float step sums, whether acc = fma(isum, d_w d_x,
+# acc) (else acc + isum * (d_w d_x), the product rounded first), whether a block's mins come off before its sums
+# (else after); the mins always acc - msum * (dmin_w d_x), unfused (vmlsq_f32). Read in arch/arm/repack.cpp and in
+# the builds' code (which vmulq/vaddq pairs GCC fuses).
+ARM_K_FORMS = {("q4_K_8x4_q8_K", "gemv"): (64, True, False), ("q4_K_8x4_q8_K", "gemm"): (64, True, False),
+               ("q6_K_8x4_q8_K", "gemv"): (256, True, False), ("q6_K_8x4_q8_K", "gemm"): (256, False, False),
+               ("q4_K_8x8_q8_K", "gemv"): (32, True, False), ("q4_K_8x8_q8_K", "gemm"): (256, False, True),
+               ("q6_K_8x8_q8_K", "gemv"): (256, False, False), ("q6_K_8x8_q8_K", "gemm"): (256, False, False)}
 GEMM_STEP = {QT.Q4_K: 2, QT.Q2_K: 4}  # a repacked gemm's float step, in sub-blocks of 32 (the gemv's: a block)
 GROUP = {QT.Q2_K: 16, QT.Q3_K: 16, QT.Q6_K: 16}  # values per integer sum: 32, but sub-blocks of 16 in these
 SUPER = {QT.Q2_K: 256, QT.Q3_K: 256, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per d: 32, the K-quants' 256
@@ -635,29 +644,32 @@ class GgmlMatrix(WeightMatrix):
                 accm = fma(msum, w.dmin[None, :, B] * dx[:, B, None], accm)
         return acc - accm
 
-    def _k_arm(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]: ARM's repacked 8x4 forms (dotprod)
-        """ggml_gemv/gemm_q4_K_8x4_q8_K: acc = fma(isum, d_w * d_x, acc) a step of 64 values, then after each block
-        acc - msum * (dmin_w * d_x), the product rounded first (vmlsq_f32). ggml_gemv/gemm_q6_K_8x4_q8_K: a block's
-        whole integer sum (the -32 taken off through x's sums), acc = fma(isum, d_w * d_x, acc) in the gemv (GCC
-        fuses its vmulq and vaddq), acc + isum * (d_w * d_x) in the gemm (it does not)."""
+    def _k_arm(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]: ARM's repacked K-quant forms
+        """ggml_gemv/gemm_q4_K_8x4_q8_K and the others of ARM_K_FORMS: exact integer sums over a step of values
+        (Q6_K's -32 taken off through x's sums), each rounded to float32 once and added fused or not; Q4_K's mins,
+        msum (x's sums of 32 times each sub-block's min, a block's), taken off unfused before or after its sums."""
         xp, w = self.xp, self.w
         T, N = len(xq), self.shape[0]
+        step, fused, mins_first = ARM_K_FORMS[self.form, path]
         sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
-        steps = 64 // self.group if self.qtype == QT.Q4_K else 256 // self.group  # sub-blocks per float step
         xsums = bsums.reshape(T, -1, 2).sum(axis=-1).astype(np.float64)  # [T, K/32]: x's sums of 32
         acc = xp.zeros((T, N), np.float32)
-        for j in range(0, len(sums), steps):
-            B = j * self.group // 256
+        per_block = 256 // self.group
+        for B in range(len(sums) // per_block):
             scale = w.d[None, :, B] * dx[:, B, None]
-            isum = (sums[j:j + steps].astype(np.float64) * w.sc.T[j:j + steps, None, :]).sum(axis=0).astype(np.float32)
-            if self.qtype == QT.Q6_K and path == "gemm":
-                acc = acc + isum * scale
-            else:
-                acc = fma(isum, scale, acc)
-            if w.dmin is not None and (j + steps) * self.group % 256 == 0:  # a block's end: its mins
+            mins = None
+            if w.dmin is not None:
                 g = slice(B * 8, B * 8 + 8)
                 msum = (xsums[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
-                acc = acc - msum * (w.dmin[None, :, B] * dx[:, B, None])
+                mins = msum * (w.dmin[None, :, B] * dx[:, B, None])
+            if mins is not None and mins_first:
+                acc = acc - mins
+            for j in range(B * per_block, (B + 1) * per_block, step // self.group):
+                isum = (sums[j:j + step // self.group].astype(np.float64)
+                        * w.sc.T[j:j + step // self.group, None, :]).sum(axis=0).astype(np.float32)
+                acc = fma(isum, scale, acc) if fused else acc + isum * scale
+            if mins is not None and not mins_first:
+                acc = acc - mins
         return acc
 
     def _k_lanes(self, xq, dx, bsums):  # Q8_K x [T, K] -> [T, N]
