@@ -54,9 +54,9 @@ def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypat
     assert cpu_paths.choose()[0] == "avx512-vnni"
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
     assert cpu_paths.choose(None, "numpy", {"Q8_0", "F32"}) == ("neon-dotprod", None)
-    path, notice = cpu_paths.choose(None, "numpy", {"Q4_0", "Q5_K", "F32"})  # a path for some types only
+    path, notice = cpu_paths.choose(None, "numpy", {"Q2_K", "Q3_K", "F32"})  # a path for some types only
     assert path == "avx512-vnni"
-    assert "reproduces for F16, F32, Q4_1, Q4_K, Q5_0, Q6_K, Q8_0 matrices only (this model has Q4_0, Q5_K)" in notice
+    assert "F32, Q4_0, Q4_1, Q4_K, Q5_0, Q5_K, Q6_K, Q8_0 matrices only (this model has Q2_K, Q3_K)" in notice
     path, notice = cpu_paths.choose(None, "numba")
     assert path == "avx512-vnni" and "neon-dotprod path, which numerics 'ggml' does not reproduce on numba" in notice
 
@@ -66,8 +66,8 @@ def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypat
      "cpu path 'avx2' is not one numerics 'ggml' reproduces on cupy .* and avx2 on numpy, numba"),
     (dict(numerics="ggml", cpu_path="neon-i8mm", backend="numba"),
      "'neon-i8mm' is not one numerics 'ggml' reproduces on numba .* and neon-i8mm on numpy"),
-    (dict(path=DATA / "gguf-qwen2-kquant" / "qwen2-q5_k_m.gguf", numerics="ggml", cpu_path="neon-i8mm"),
-     "no emulation of .*Q5_K.* matrices on the neon-i8mm path"),
+    (dict(path=DATA / "gguf-qwen2-kquant" / "qwen2-q2_k.gguf", numerics="ggml", cpu_path="neon-i8mm"),
+     "no emulation of Q2_K, Q3_K matrices on the neon-i8mm path"),
     (dict(path=DATA / "gguf-qwen2-kquant" / "qwen2-q4_k_m.gguf", numerics="ggml", cpu_path="neon-dotprod",
           repack=False), "a Q._K matrix of .* rows with the repack off on the neon-dotprod path"),
     (dict(numerics="ggml", cpu_path="sse"), "unknown cpu path 'sse'"),

@@ -40,20 +40,24 @@ AVX512 = "avx512-vnni"  # the CPU path (refllama.numerics.cpu_paths) a call take
 NEON, I8MM = "neon-dotprod", "neon-i8mm"  # ARM's with dotprod and float16 arithmetic, and with i8mm too
 # llama.cpp repacks these at load into interleaved forms on these paths, if their rows are a multiple of the form's
 # (ggml_repack_get_optimal_repack_type): type -> {path: (form, rows)}
-REPACK = {QT.Q4_0: {AVX512: ("q4_0_8x8_q8_0", 8), "avx2": ("q4_0_8x8_q8_0", 8)},
+REPACK = {QT.Q4_0: {AVX512: ("q4_0_8x8_q8_0", 8), "avx2": ("q4_0_8x8_q8_0", 8), NEON: ("q4_0_4x4_q8_0", 4),
+                    I8MM: ("q4_0_4x8_q8_0", 4)},
           QT.Q4_K: {AVX512: ("q4_K_8x8_q8_K", 8), "avx2": ("q4_K_8x8_q8_K", 8), NEON: ("q4_K_8x4_q8_K", 8),
                     I8MM: ("q4_K_8x8_q8_K", 8)},
+          QT.Q5_K: {NEON: ("q5_K_8x4_q8_K", 8), I8MM: ("q5_K_8x8_q8_K", 8)},
           QT.Q6_K: {NEON: ("q6_K_8x4_q8_K", 8), I8MM: ("q6_K_8x8_q8_K", 8)},
           QT.Q2_K: {AVX512: ("q2_K_8x8_q8_K", 8)}, QT.Q8_0: {NEON: ("q8_0_4x4_q8_0", 4), I8MM: ("q8_0_4x8_q8_0", 4)}}
 UNFUSED_GEMM = {"q8_0_4x4_q8_0"}  # repacked forms whose gemm adds acc + isum * scale (vmlaq_f32: GCC keeps it unfused)
 # ARM's repacked K-quant forms, (form, gemv or gemm) -> (values a float step sums, whether acc = fma(isum, d_w d_x,
-# acc) (else acc + isum * (d_w d_x), the product rounded first), whether a block's mins come off before its sums
-# (else after); the mins always acc - msum * (dmin_w d_x), unfused (vmlsq_f32). Read in arch/arm/repack.cpp and in
-# the builds' code (which vmulq/vaddq pairs GCC fuses).
-ARM_K_FORMS = {("q4_K_8x4_q8_K", "gemv"): (64, True, False), ("q4_K_8x4_q8_K", "gemm"): (64, True, False),
-               ("q6_K_8x4_q8_K", "gemv"): (256, True, False), ("q6_K_8x4_q8_K", "gemm"): (256, False, False),
-               ("q4_K_8x8_q8_K", "gemv"): (32, True, False), ("q4_K_8x8_q8_K", "gemm"): (256, False, True),
-               ("q6_K_8x8_q8_K", "gemv"): (256, False, False), ("q6_K_8x8_q8_K", "gemm"): (256, False, False)}
+# acc) (else acc + isum * (d_w d_x), the product rounded first), when the mins come off: a block's "after" its sums
+# or "first", or "each" 64 values' after theirs; the mins always acc - msum * (dmin_w d_x), unfused (vmlsq_f32).
+# Read in arch/arm/repack.cpp and in the builds' code (which vmulq/vaddq pairs GCC fuses).
+ARM_K_FORMS = {("q4_K_8x4_q8_K", "gemv"): (64, True, "after"), ("q4_K_8x4_q8_K", "gemm"): (64, True, "after"),
+               ("q5_K_8x4_q8_K", "gemv"): (64, True, "after"), ("q5_K_8x4_q8_K", "gemm"): (64, True, "after"),
+               ("q6_K_8x4_q8_K", "gemv"): (256, True, None), ("q6_K_8x4_q8_K", "gemm"): (256, False, None),
+               ("q4_K_8x8_q8_K", "gemv"): (32, True, "after"), ("q4_K_8x8_q8_K", "gemm"): (256, False, "first"),
+               ("q5_K_8x8_q8_K", "gemv"): (32, True, "each"), ("q5_K_8x8_q8_K", "gemm"): (256, False, "first"),
+               ("q6_K_8x8_q8_K", "gemv"): (256, False, None), ("q6_K_8x8_q8_K", "gemm"): (256, False, None)}
 GEMM_STEP = {QT.Q4_K: 2, QT.Q2_K: 4}  # a repacked gemm's float step, in sub-blocks of 32 (the gemv's: a block)
 GROUP = {QT.Q2_K: 16, QT.Q3_K: 16, QT.Q6_K: 16}  # values per integer sum: 32, but sub-blocks of 16 in these
 SUPER = {QT.Q2_K: 256, QT.Q3_K: 256, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per d: 32, the K-quants' 256
@@ -646,30 +650,32 @@ class GgmlMatrix(WeightMatrix):
 
     def _k_arm(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]: ARM's repacked K-quant forms
         """ggml_gemv/gemm_q4_K_8x4_q8_K and the others of ARM_K_FORMS: exact integer sums over a step of values
-        (Q6_K's -32 taken off through x's sums), each rounded to float32 once and added fused or not; Q4_K's mins,
-        msum (x's sums of 32 times each sub-block's min, a block's), taken off unfused before or after its sums."""
+        (Q6_K's -32 taken off through x's sums), each rounded to float32 once and added fused or not; Q4_K's and
+        Q5_K's mins, msum (x's sums of 32 times each sub-block's min), taken off unfused where the form does."""
         xp, w = self.xp, self.w
         T, N = len(xq), self.shape[0]
-        step, fused, mins_first = ARM_K_FORMS[self.form, path]
+        step, fused, when = ARM_K_FORMS[self.form, path]
         sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
         xsums = bsums.reshape(T, -1, 2).sum(axis=-1).astype(np.float64)  # [T, K/32]: x's sums of 32
         acc = xp.zeros((T, N), np.float32)
-        per_block = 256 // self.group
-        for B in range(len(sums) // per_block):
+
+        def mins(B, subs):  # the mins of block B's sub-blocks of 32 `subs`, times dmin_w d_x (rounded)
+            msum = (xsums[:, subs] @ w.m[:, subs].T.astype(np.float64)).astype(np.float32)
+            return msum * (w.dmin[None, :, B] * dx[:, B, None])
+
+        per, span = 256 // self.group, step // self.group  # a block's groups, a step's
+        for B in range(len(sums) // per):
             scale = w.d[None, :, B] * dx[:, B, None]
-            mins = None
-            if w.dmin is not None:
-                g = slice(B * 8, B * 8 + 8)
-                msum = (xsums[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
-                mins = msum * (w.dmin[None, :, B] * dx[:, B, None])
-            if mins is not None and mins_first:
-                acc = acc - mins
-            for j in range(B * per_block, (B + 1) * per_block, step // self.group):
-                isum = (sums[j:j + step // self.group].astype(np.float64)
-                        * w.sc.T[j:j + step // self.group, None, :]).sum(axis=0).astype(np.float32)
-                acc = fma(isum, scale, acc) if fused else acc + isum * scale
-            if mins is not None and not mins_first:
-                acc = acc - mins
+            if when == "first":
+                acc = acc - mins(B, slice(8 * B, 8 * B + 8))
+            for j in range(B * per, (B + 1) * per, span):
+                isum = (sums[j:j + span].astype(np.float64) * w.sc.T[j:j + span, None, :]).sum(axis=0)
+                acc = fma(isum.astype(np.float32), scale, acc) if fused else acc + isum.astype(np.float32) * scale
+                end = (j + span) * self.group // 32  # sub-blocks of 32 summed so far
+                if when == "each" and end % 2 == 0:
+                    acc = acc - mins(B, slice(end - 2, end))
+            if when == "after":
+                acc = acc - mins(B, slice(8 * B, 8 * B + 8))
         return acc
 
     def _k_lanes(self, xq, dx, bsums):  # Q8_K x [T, K] -> [T, N]
@@ -735,7 +741,8 @@ class GgmlMatrix(WeightMatrix):
         acc + lane * (d_w * d_x), the product rounded first (GCC keeps vmlaq_n_f32 unfused). `tiny` (llamafile's
         tinyBLAS_Q0_ARM, a batch): one vector over every block, its lanes summed in pairs. Else
         ggml_vec_dot_q8_0_q8_0: even and odd blocks in two vectors, each summed in pairs, then added; an odd last
-        block's integer sum fma'd onto that (the build's code: fmul and fadd in the loop, fmadd after it). Q8_1's
+        block's integer sum fma'd onto that (the build's code: fmul and fadd in the loop, fmadd after it; Q4_0's
+        (isum d_w) d_x, isum d_w rounded first). Q8_1's
         offsets (ggml_vec_dot_q4_1_q8_1): summs + fma(m_w s_x of the even block, round(that of the odd one)) a pair,
         added after the lanes; an odd last block adds fma(d_w d_x, isum, round(m_w s_x)) after that."""
         xp, w = self.xp, self.w
@@ -761,6 +768,8 @@ class GgmlMatrix(WeightMatrix):
             total = total + summs
         if nb % 2 and offset is not None:
             return total + fma(scale[-1, ..., 0], lanes[-1].sum(axis=-1), offset[-1])
+        if nb % 2 and self.qtype == QT.Q4_0:  # its C: sumf += sumi * d_w * d_x
+            return fma(lanes[-1].sum(axis=-1) * w.d.T[-1][None, :], dx.T[-1][:, None], total)
         return fma(lanes[-1].sum(axis=-1), scale[-1, ..., 0], total) if nb % 2 else total
 
     def __getitem__(self, rows):  # [T] -> [T, K] f32, dequantized
