@@ -88,9 +88,10 @@ def test_logits_on_arm_paths_are_llamacpps(name, prompt, cpu, path):
     the bit. SmolLM2 repack on (its Q8_0 matrices in the
     4x4 or 4x8 form) and off (Q8_0's vec_dot and tinyBLAS_Q0_ARM), with ARM's Q4_1 vec_dot, float16 sums in float16
     and GCC's vectorized RoPE; on i8mm an even batch's two-row vec_dots where ggml's work chunks allow them (all of
-    chat's 40 tokens, 12 of chat-38's). The K-quant files repack on: Q4_K and Q6_K in the 8x4 forms (dotprod) or 8x8
-    (i8mm), their activations rounded from the exact product (GCC fuses it into nearest_int), Q5_0 by vec_dot, the
-    experts' rows one at a time through the gemv."""
+    chat's 40 tokens, 12 of chat-38's). The K-quant files: repack on, Q4_K, Q5_K and Q6_K in the 8x4 forms (dotprod)
+    or 8x8 (i8mm), the experts' rows one at a time through the gemv; repack off (and Q2_K, Q3_K always), ARM's
+    K-quant vec_dots; their activations rounded from the exact product (GCC fuses it into nearest_int); Q5_0 and
+    Q4_0 by ARM's vec_dot or tinyBLAS_Q0_ARM."""
     case = ARM["models"][name]["prompts"][prompt]
     path_to = None if name == "smollm2" else model_file(name)
     m = refllama.load(path_to, numerics="ggml", cpu_path=cpu, repack=path == "repack", n_ctx=256)

@@ -18,8 +18,8 @@ them (only the last position's logits asked for).
 
 --arm writes tests/data/llamacpp_exact_arm.json instead: the logits' SHA-256 per position of llama.cpp cross-built
 for each ARM path (tools/build_llamacpp_arm.sh, run under qemu-aarch64) on SmolLM2-135M-Instruct Q4_1 (Q4_1, Q8_0;
-the checkpoint suite's prompts, repack on and off), Gemma 3 270M Q4_K_M (its two short prompts) and the tiny K-quant
-files of ARM's types (repack on); no greedy tokens: the ARM program runs one batch.
+the checkpoint suite's prompts), the tiny K-quant files of ARM's types, both repack on and off, and Gemma 3 270M
+Q4_K_M (its two short prompts, repack on); no greedy tokens: the ARM program runs one batch.
 Needs llama-cpp-python 0.3.36 (../shared/wheels); for the tiny Qwen2 also torch==2.13.0, transformers, sentencepiece
 (llama.cpp's converter imports it) and the same version's sdist (README: "Regenerating the references").
 """
@@ -152,9 +152,9 @@ ARM_PROMPTS = {"short": ("short", 5), "chat": ("chat", 40), "chat-38": ("chat", 
 
 def arm_reference(arms):
     """tests/data/llamacpp_exact_arm.json: the logits' SHA-256 per position on each ARM build in `arms`, of SmolLM2
-    (ARM_PROMPTS, repack on and off), Gemma 3 270M (llamacpp_exact.json's short prompts) and the tiny K-quant files
-    whose types numerics ggml reproduces on ARM (their prompts there), these two repack on only (ARM's K-quant
-    vec_dots are not reproduced)."""
+    (ARM_PROMPTS) and the tiny K-quant files whose types numerics ggml reproduces on ARM (their odd-length prompts
+    in llamacpp_exact.json), repack on and off, and Gemma 3 270M (its short prompts; repack on: off, its even
+    batches would take i8mm's two-row K-quant vec_dot, which refllama does not reproduce)."""
     from llamacpp_arm import arm_logits
 
     from refllama.api import default_model_path, matrix_types
@@ -168,7 +168,7 @@ def arm_reference(arms):
     exact = json.loads((DATA / OUT["avx512-vnni"]).read_text())["models"]
     runs = [("smollm2", Path(default_model_path()), smollm2, (True, False)),
             ("gemma3-270m", Path(gemma3_path()), gemma3, (True,))]
-    runs += [(f.stem, f, {name: case["ids"] for name, case in exact[f.stem]["prompts"].items()}, (True,))
+    runs += [(f.stem, f, {name: case["ids"] for name, case in exact[f.stem]["prompts"].items()}, (True, False))
              for f in sorted(KQUANT.glob("*.gguf")) + sorted(MOE_KQUANT.glob("*.gguf"))
              if any(matrix_types(f) <= types for types in TYPES.values())]  # the tiny K-quant files ARM's are for
     paths, models = {}, {}

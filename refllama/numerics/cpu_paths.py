@@ -21,9 +21,8 @@ PATHS = {
 }
 EMULATED = {"numpy": ("avx512-vnni", "avx2", "neon-i8mm", "neon-dotprod"),  # backend -> the paths numerics "ggml"
             "numba": ("avx512-vnni", "avx2"), "cupy": ("avx512-vnni",)}  # computes there, to the bit (see TYPES)
-TYPES = {path: {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "F16", "F32"}
-         for path in ("neon-i8mm", "neon-dotprod")}  # paths reproduced for these matrix types only: not yet any
-# K-quant's NEON vec_dot (a K-quant matrix not repacked; Q2_K and Q3_K, never repacked on ARM), nor Q5_1's
+TYPES = {path: {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "F32"}
+         for path in ("neon-i8mm", "neon-dotprod")}  # paths reproduced for these matrix types only (not yet Q5_1)
 NEAREST = {"avx512": "avx512-vnni"}  # a path not emulated -> the emulated one that differs from it least
 BUILT = {  # name -> the flags llama_print_system_info() shows "= 1" for a build that takes it
     "avx512-vnni": ("AVX512", "AVX512_VNNI"), "avx512": ("AVX512",), "avx2": ("AVX2", "FMA", "F16C"),

@@ -530,10 +530,7 @@ class GgmlMatrix(WeightMatrix):
         self.form = repacked(qtype, shape, path) if repack else None
         self.repacked = self.form is not None
         self.arm, self.llamafile = path.startswith("neon"), LANES[path].llamafile
-        if self.arm and VEC_DOT_TYPE.get(qtype) == Q8_K and not self.repacked:
-            off = "with the repack off " if not repack else ""
-            raise RefllamaError(f"a {qtype.name} matrix of {shape[0]} rows {off}on the {path} path: ARM's K-quant "
-                                "vec_dot is not reproduced (only its repacked forms)")
+
         w = int_weights(raw, qtype, shape)
         group = GROUP.get(qtype, 32)
         N, K = shape
@@ -555,6 +552,10 @@ class GgmlMatrix(WeightMatrix):
             four = T - T % 4
             parts = ((x[:four], "gemm"), (x[four:], "gemv"))
             return xp.concatenate([self._matmul(p, path) for p, path in parts])
+        if self.arm and not self.llamafile and not self.repacked and self.qtype in (QT.Q4_K, QT.Q6_K) and T > 1 \
+                and mmla_pairs(N, T).any():
+            raise RefllamaError(f"a {self.qtype.name} matrix not repacked, {T} tokens on the neon-i8mm path: its "
+                                "two-row vec_dot (vmmlaq_s32) is not reproduced; run an odd number of tokens")
         two_rows = self.qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0)  # the types whose i8mm vec_dot takes two rows
         if self.arm and not self.llamafile and not self.repacked and two_rows and T > 1:
             pairs = mmla_pairs(N, T)  # i8mm: ggml's vec_dots, two rows at a time where the work chunk allows
@@ -586,7 +587,7 @@ class GgmlMatrix(WeightMatrix):
         if vdt == Q8_K:
             xq, dx, bsums = quantize_q8_K(x, in_fours=path == "gemm" and not self.arm, fused=self.arm)
             if self.arm:
-                return self._k_arm(xq, dx, bsums, path)
+                return self._k_arm(xq, dx, bsums, path) if self.repacked else self._k_vec_dot_arm(xq, dx, bsums)
             if path == "vec_dot":
                 return self._k_lanes(xq, dx, bsums)
             return self._k_steps(xq, dx, bsums, path)
@@ -676,6 +677,32 @@ class GgmlMatrix(WeightMatrix):
                     acc = acc - mins(B, slice(end - 2, end))
             if when == "after":
                 acc = acc - mins(B, slice(8 * B, 8 * B + 8))
+        return acc
+
+    def _k_vec_dot_arm(self, xq, dx, bsums):  # Q8_K x [T, K] -> [T, N]: ARM's ggml_vec_dot_q*_K_q8_K (NEON)
+        """A block's code products and its mins' products are exact integers (isum, msum); the float steps, as the
+        build's code has them (d = d_w d_x, dmin = dmin_w d_x): Q2_K sum = fma(-dmin, msum, sum), then fma(isum, d,
+        sum); Q3_K and Q6_K fma(isum, d, sum); Q4_K sum - msum dmin fused, then fma(isum, d, sum); Q5_K
+        sum + fma(isum, d, -(msum dmin))."""
+        xp, w = self.xp, self.w
+        T, N = len(xq), self.shape[0]
+        sums = block_sums(xq, self.codes_t, self.group)  # [K/group, T, N]
+        xs = bsums.reshape(T, -1, self.group // 16).sum(axis=-1).astype(np.float64)  # [T, K/group]: x's group sums
+        per = 256 // self.group
+        acc = xp.zeros((T, N), np.float32)
+        for B in range(len(sums) // per):
+            g = slice(B * per, (B + 1) * per)
+            d = w.d[None, :, B] * dx[:, B, None]
+            isum = (sums[g].astype(np.float64) * w.sc.T[g, None, :]).sum(axis=0).astype(np.float32)
+            if w.dmin is None:  # Q3_K, Q6_K
+                acc = fma(isum, d, acc)
+                continue
+            msum = (xs[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
+            dmin = w.dmin[None, :, B] * dx[:, B, None]
+            if self.qtype == QT.Q5_K:
+                acc = acc + fma(isum, d, -(msum * dmin))
+            else:  # Q2_K, Q4_K
+                acc = fma(isum, d, fma(-dmin, msum, acc))
         return acc
 
     def _k_lanes(self, xq, dx, bsums):  # Q8_K x [T, K] -> [T, N]
