@@ -91,8 +91,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
                             "paths to reproduce)")
     if numerics == "ggml":
         try:
-            partial = cpu_path is None and cpu_paths.host_path() in cpu_paths.TYPES  # a path for some types only
-            cpu_path, notice = cpu_paths.choose(cpu_path, backend, matrix_types(path) if partial else ())
+            cpu_path, notice = cpu_paths.choose(cpu_path, backend, lambda: matrix_types(path))
         except ValueError as e:
             raise RefllamaError(str(e)) from None
         if notice:

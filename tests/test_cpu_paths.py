@@ -48,13 +48,14 @@ def test_a_llamacpp_builds_path_is_read_from_its_system_info(path):
 def test_the_host_path_where_reproduced_else_the_nearest_with_a_notice(monkeypatch):
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx2")
     assert cpu_paths.choose(None, "numpy") == cpu_paths.choose(None, "numba") == ("avx2", None)
+    assert cpu_paths.choose(None, "numpy", lambda: pytest.fail("x86 paths need no type list")) == ("avx2", None)
     path, notice = cpu_paths.choose(None, "cupy")
     assert path == "avx512-vnni" and "takes the avx2 path" in notice and "(it does on numpy, numba)" in notice
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "avx512")
     assert cpu_paths.choose()[0] == "avx512-vnni"
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
-    assert cpu_paths.choose(None, "numpy", {"Q8_0", "F32"}) == ("neon-dotprod", None)
-    path, notice = cpu_paths.choose(None, "numpy", {"Q5_1", "Q4_K", "F32"})  # a path for some types only
+    assert cpu_paths.choose(None, "numpy", lambda: {"Q8_0", "F32"}) == ("neon-dotprod", None)
+    path, notice = cpu_paths.choose(None, "numpy", lambda: {"Q5_1", "Q4_K", "F32"})  # a path for some types only
     assert path == "avx512-vnni"
     assert "Q6_K, Q8_0 matrices only (this model has Q5_1)" in notice
     path, notice = cpu_paths.choose(None, "numba")

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Cross-build llama.cpp for an ARM CPU path and tools/llamacpp_logits.c against it, static, to run under Debian's
 # qemu-user (apt-get install qemu-user g++-aarch64-linux-gnu): the references of numerics ggml's NEON paths.
-#   sh tools/build_llamacpp_arm.sh SDIST_LLAMA_CPP neon-dotprod OUT_DIR   # ~12 minutes on 2 cores
+#   sh tools/build_llamacpp_arm.sh SDIST_LLAMA_CPP neon-dotprod OUT_DIR   # 145 s on 2 cores (2026-11-27)
 #   qemu-aarch64 OUT_DIR/llamacpp_logits MODEL.gguf 256 1,2,3 logits.f32
 # neon-dotprod is Apple M1's (armv8.2-a, dotprod, fp16 vector arithmetic); neon-i8mm adds i8mm (Apple M2 and up).
 set -eu

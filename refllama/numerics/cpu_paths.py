@@ -53,10 +53,11 @@ def host_path(features=None, machine=None):
     return None
 
 
-def choose(cpu_path=None, backend="numpy", qtypes=()):
+def choose(cpu_path=None, backend="numpy", qtypes=set):
     """-> (the path numerics "ggml" computes on `backend`, a notice or None). `cpu_path` None: the host's, where
-    reproduced (for the model's quantized matrix types, `qtypes`' names), else the nearest reproduced one, with a
-    notice saying so; a name: that path, which must be reproduced on that backend."""
+    reproduced (for the model's matrix types: `qtypes()`, their names, asked for only where the host's path is
+    reproduced for some types, TYPES), else the nearest reproduced one, with a notice saying so; a name: that path,
+    which must be reproduced on that backend."""
     host, emulated = host_path(), EMULATED[backend]
     if cpu_path is not None:
         if cpu_path not in PATHS:
@@ -67,7 +68,7 @@ def choose(cpu_path=None, backend="numpy", qtypes=()):
                              f"in: {PATHS[cpu_path][1]}); it reproduces {', '.join(emulated)} there"
                              + (f", and {cpu_path} on {', '.join(elsewhere)}" if elsewhere else ""))
         return cpu_path, None
-    uncovered = sorted(set(qtypes) - TYPES[host]) if host in TYPES else []
+    uncovered = sorted(set(qtypes()) - TYPES[host]) if host in TYPES and host in emulated else []
     if host in emulated and not uncovered:
         return host, None
     chosen = NEAREST.get(host, emulated[0])

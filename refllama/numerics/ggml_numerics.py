@@ -71,22 +71,23 @@ def repacked(qtype, shape, path=AVX512):
 
 
 def mmla_pairs(N, T, threads=1):  # -> [T, N] bool: the outputs ggml's mul_mat gives to a two-row vec_dot
-    """ARM's i8mm vec_dots (Q4_1, Q8_0: vmmlaq_s32) take two rows and two tokens at once where the product's N and T
-    are even and so are both ranges of the work chunk (ggml_compute_forward_mul_mat): chunks of 16 x 16 (64 where N
-    or T is 1), re-planned as one chunk a thread where there are fewer than 4 a thread, each range ceil(N / chunks)
-    long. `threads`: llama.cpp's (the ARM references run 1); the plan depends on it only in that re-planning."""
-    out = np.zeros((T, N), bool)
+    """ARM's i8mm vec_dots (Q4_0, Q4_1, Q8_0: vmmlaq_s32) take two rows and two tokens at once where the product's
+    N and T are even and so are both ranges of the work chunk (ggml_compute_forward_mul_mat): chunks of 16 x 16 (64
+    where N or T is 1), re-planned as one chunk a thread where there are fewer than 4 a thread, each range
+    ceil(N / chunks) long. `threads`: llama.cpp's (the ARM references run 1); the plan depends on it only in that
+    re-planning."""
     if N % 2 or T % 2:
-        return out
+        return np.zeros((T, N), bool)
     size = 64 if N == 1 or T == 1 else 16
     n0, n1 = -(-N // size), -(-T // size)
     if n0 * n1 < 4 * threads:
         n0, n1 = (threads, 1) if N > T else (1, threads)
-    d0, d1 = -(-N // n0), -(-T // n1)
-    for a in range(0, N, d0):
-        for b in range(0, T, d1):
-            out[b:b + d1, a:a + d0] = min(d0, N - a) % 2 == 0 and min(d1, T - b) % 2 == 0
-    return out
+
+    def even(n, d):  # [n] bool: whether the chunk (of d) each index falls in has an even length
+        start = np.arange(n) // d * d
+        return (np.minimum(start + d, n) - start) % 2 == 0
+
+    return even(T, -(-T // n1))[:, None] & even(N, -(-N // n0))[None, :]
 
 
 def fma(a, b, c):  # [...] f32 -> a * b + c rounded once to float32, as an FMA instruction
@@ -324,10 +325,10 @@ def f16_dots_half(a, b, many, padded):  # [..., n], [..., n] f32 (float16 values
     width = 8 if many else 32
     body = n if many or padded else n - n % width
     shape = np.broadcast_shapes(a.shape[:-1], b.shape[:-1])
-    acc = np.zeros((*shape, width), np.float32)
-    for c in range(0, body, width):  # zeros past n (padded) leave every lane as it is
-        ac, bc = (np.pad(v[..., c:c + width], [(0, 0)] * (v.ndim - 1) + [(0, max(0, c + width - n))]) for v in (a, b))
-        acc = fma_f16(ac, bc, acc)
+    a0, b0 = (np.pad(v[..., :body], [(0, 0)] * (v.ndim - 1) + [(0, -body % width)]) for v in (a, b))  # zeros past
+    acc = np.zeros((*shape, width), np.float32)  # n (padded) leave every lane as it is
+    for c in range(0, body, width):
+        acc = fma_f16(a0[..., c:c + width], b0[..., c:c + width], acc)
     if not many:
         acc = acc.reshape(*shape, 4, 8)
         acc = add_f16(add_f16(acc[..., 0, :], acc[..., 2, :]), add_f16(acc[..., 1, :], acc[..., 3, :]))
@@ -530,7 +531,6 @@ class GgmlMatrix(WeightMatrix):
         self.form = repacked(qtype, shape, path) if repack else None
         self.repacked = self.form is not None
         self.arm, self.llamafile = path.startswith("neon"), LANES[path].llamafile
-
         w = int_weights(raw, qtype, shape)
         group = GROUP.get(qtype, 32)
         N, K = shape
@@ -618,6 +618,14 @@ class GgmlMatrix(WeightMatrix):
                 summs = summs + w.m[None, :, b] * sx[:, b, None]
         return acc if sx is None else acc + summs
 
+    def _isum(self, sums, g):  # [K/group, T, N] block sums, a slice of groups -> [T, N] f32
+        """The groups' code products times their sub-block scales: an exact integer (float64), rounded once."""
+        return (sums[g].astype(np.float64) * self.w.sc.T[g, None, :]).sum(axis=0).astype(np.float32)
+
+    def _msum(self, xs, g):  # [T, K/group'] x's sums of each min's sub-block (float64), a slice -> [T, N] f32
+        """x's sums times the sub-blocks' mins: an exact integer, rounded once."""
+        return (xs[:, g] @ self.w.m[:, g].T.astype(np.float64)).astype(np.float32)
+
     def _k_steps(self, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]
         """The K-quant kernels that sum exact integers over a step of sub-blocks, then take float steps: isum (the
         sub-blocks' scales times their code products) and msum (their mins times x's sums of 32), each rounded to
@@ -636,9 +644,8 @@ class GgmlMatrix(WeightMatrix):
         acc, accm = xp.zeros((T, N), np.float32), xp.zeros((T, N), np.float32)
         for j in range(0, len(sums) // per, span):
             g, B = slice(j * per, (j + span) * per), j // 8
-            isum = (sums[j * per:(j + span) * per].astype(np.float64)
-                    * w.sc.T[j * per:(j + span) * per, None, :]).sum(axis=0).astype(np.float32)  # [T, N]
-            msum = None if w.dmin is None else (xsums[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
+            isum = self._isum(sums, g)  # [T, N]
+            msum = None if w.dmin is None else self._msum(xsums, g)
             if path == "tiled":
                 r = isum * w.d[None, :, B]
                 if msum is not None:
@@ -661,8 +668,7 @@ class GgmlMatrix(WeightMatrix):
         acc = xp.zeros((T, N), np.float32)
 
         def mins(B, subs):  # the mins of block B's sub-blocks of 32 `subs`, times dmin_w d_x (rounded)
-            msum = (xsums[:, subs] @ w.m[:, subs].T.astype(np.float64)).astype(np.float32)
-            return msum * (w.dmin[None, :, B] * dx[:, B, None])
+            return self._msum(xsums, subs) * (w.dmin[None, :, B] * dx[:, B, None])
 
         per, span = 256 // self.group, step // self.group  # a block's groups, a step's
         for B in range(len(sums) // per):
@@ -670,8 +676,8 @@ class GgmlMatrix(WeightMatrix):
             if when == "first":
                 acc = acc - mins(B, slice(8 * B, 8 * B + 8))
             for j in range(B * per, (B + 1) * per, span):
-                isum = (sums[j:j + span].astype(np.float64) * w.sc.T[j:j + span, None, :]).sum(axis=0)
-                acc = fma(isum.astype(np.float32), scale, acc) if fused else acc + isum.astype(np.float32) * scale
+                isum = self._isum(sums, slice(j, j + span))
+                acc = fma(isum, scale, acc) if fused else acc + isum * scale
                 end = (j + span) * self.group // 32  # sub-blocks of 32 summed so far
                 if when == "each" and end % 2 == 0:
                     acc = acc - mins(B, slice(end - 2, end))
@@ -693,11 +699,11 @@ class GgmlMatrix(WeightMatrix):
         for B in range(len(sums) // per):
             g = slice(B * per, (B + 1) * per)
             d = w.d[None, :, B] * dx[:, B, None]
-            isum = (sums[g].astype(np.float64) * w.sc.T[g, None, :]).sum(axis=0).astype(np.float32)
+            isum = self._isum(sums, g)
             if w.dmin is None:  # Q3_K, Q6_K
                 acc = fma(isum, d, acc)
                 continue
-            msum = (xs[:, g] @ w.m[:, g].T.astype(np.float64)).astype(np.float32)
+            msum = self._msum(xs, g)
             dmin = w.dmin[None, :, B] * dx[:, B, None]
             if self.qtype == QT.Q5_K:
                 acc = acc + fma(isum, d, -(msum * dmin))
