@@ -3,7 +3,9 @@ mirrors against the forward, and the 16-bit matrices against float32 products; w
 CUDA kernel against its mirror and the graphed decode against the forward on the device. tools/gpu_check.py runs the
 GPU half with the speed and memory figures."""
 
+import ctypes
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +15,10 @@ from safetensors.numpy import load_file
 
 import refllama
 from refllama.api import Model
+from refllama.formats.ggml_types import BLOCK_SIZES, QuantizedTensor
+from refllama.formats.ggml_types import GGMLType as QT
 from refllama.layers import rope_cos_sin
-from refllama.loader import load_hf
+from refllama.loader import load_gguf, load_hf
 from refllama.numerics import gpu
 from refllama.numerics.gpu_decode import QKV, GraphDecoder, eligible, join_rows
 from refllama.xp import to_numpy
@@ -22,7 +26,7 @@ from refllama.xp import to_numpy
 DATA = Path(__file__).parent / "data"
 PROMPT, STEPS = [1, 5, 9, 2, 7], [3, 11, 4, 8]
 MODELS = {"llama-gguf": DATA / "gguf-llama" / "llama-f32.gguf", **{f: DATA / f"tiny-{f}" for f in (
-    "llama", "mistral", "qwen2", "qwen3", "phi3")}}
+    "llama", "mistral", "qwen2", "qwen3", "phi3")}, "qwen2-q4_k_m": DATA / "gguf-qwen2-kquant" / "qwen2-q4_k_m.gguf"}
 
 
 def rel(got, want):
@@ -73,20 +77,23 @@ def test_the_decode_step_joins_a_layers_matrices_without_a_copy():
     assert d.layers[0].qkv_bias.shape == (d.layers[0].qkv.shape[0],)  # Qwen2's q/k/v biases, side by side
 
 
-def test_matrices_of_several_types_join_as_their_float32_values():
-    """q and k 16-bit of two kinds beside a float32 v (a GGUF's quantized v, converted at load): each part widened on
-    its own, none read from another's place in the shared scratch."""
+def test_matrices_of_several_kinds_stay_apart_and_multiply_as_their_float32_values():
+    """q and k 16-bit of two kinds beside a float32 v (a GGUF's quantized v, converted at load): no matrix joined or
+    widened, each multiplied into its own rows of the step's output, as their float32 values."""
     rng, scratch = np.random.default_rng(2), gpu.Scratch(np)
-    parts = [gpu.GpuHalfMatrix(bits(rng, (6, 16), "bf16"), "bf16", scratch),
-             gpu.GpuHalfMatrix(bits(rng, (4, 16), "f16"), "f16", scratch),
+    parts = [gpu.GpuMatrix(bits(rng, (6, 16), "bf16"), "bf16", scratch),
+             gpu.GpuMatrix(bits(rng, (4, 16), "f16"), "f16", scratch),
              rng.standard_normal((4, 16)).astype(np.float32)]
-    want = [p.float32(0, p.shape[0]).copy() if isinstance(p, gpu.GpuHalfMatrix) else p for p in parts]
+    want = np.concatenate([p.float32(0, p.shape[0]).copy() if isinstance(p, gpu.GpuMatrix) else p for p in parts])
     lw = dict(zip(QKV, parts))
-    whole = join_rows(lw, QKV)
-    np.testing.assert_array_equal(whole, np.concatenate(want))
-    for n, w in zip(QKV, want):
-        assert np.shares_memory(lw[n], whole)
-        np.testing.assert_array_equal(lw[n], w)
+    joined = join_rows(lw, QKV)
+    assert [(a, b) for _, a, b in joined] == [(0, 6), (6, 10), (10, 14)]
+    assert all(lw[n] is p for n, p in zip(QKV, parts))
+    x, out = rng.standard_normal(16).astype(np.float32), np.zeros(14, np.float32)
+    decoder = GraphDecoder.__new__(GraphDecoder)
+    decoder.k = gpu.NumpyKernels()
+    decoder.gemv(joined, x, out, np.arange(14, dtype=np.float32))
+    np.testing.assert_allclose(out, want @ x + np.arange(14), rtol=1e-6, atol=1e-6)
 
 
 def test_models_the_graph_does_not_reproduce_are_not_taken():
@@ -110,12 +117,118 @@ def test_16bit_matrices_multiply_as_their_float32_values(kind, K):
         np.testing.assert_array_equal(w32.view(np.uint32) & 0xFFFF, 0)
     else:
         np.testing.assert_array_equal(w32, b.view(np.float16).astype(np.float32))
-    m = gpu.GpuHalfMatrix(b, kind, gpu.Scratch(np))
+    m = gpu.GpuMatrix(b, kind, gpu.Scratch(np))
     x = rng.standard_normal((3, K)).astype(np.float32)
     np.testing.assert_allclose(x[:1] @ m.T, x[:1] @ w32.T, rtol=1e-5, atol=1e-5)  # one token: the gemv
     np.testing.assert_array_equal(x @ m.T, x @ w32.T)  # several: widened, then the same product
     np.testing.assert_array_equal(m[np.array([4, 0])], w32[[4, 0]])
     np.testing.assert_array_equal(m.rows(3, 9).float32(0, 6), w32[3:9])
+
+
+def random_blocks(rng, qtype, rows, K):  # [rows, row bytes] random blocks, their float16 scales finite
+    """Every byte random but the scales (d, dmin, m: float16 at these offsets), drawn finite, some subnormal."""
+    block, size = BLOCK_SIZES[qtype]
+    b = rng.integers(0, 256, (rows * K // block, size), dtype=np.uint8)
+    for at in SCALES[qtype]:
+        d = rng.standard_normal(len(b)).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 2, len(b))
+        b[:, at:at + 2] = d.astype(np.float16)[:, None].view(np.uint8)
+    return b.reshape(rows, -1)
+
+
+SCALES = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,), QT.Q2_K: (80, 82),
+          QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+
+
+def assert_same_values(got, want):  # bit for bit, but any NaN for a NaN
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+HOST = r"""
+#include <string.h>
+#define __device__
+#define __forceinline__ static inline
+static inline float f16(unsigned int h) {
+    unsigned short s = (unsigned short)h;
+    _Float16 f;
+    memcpy(&f, &s, 2);
+    return f;
+}
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+"""
+# each type's groups in order: a row of K values at a time, as the CUDA widen kernels walk them
+HOST_ROWS = r"""
+#define HOST_DQ(T, QK, BYTES) void host_##T(const unsigned char* W, float* out, long long n, int K) {              \
+    for (long long t = 0; t < n; ++t)                                                                            \
+        dq_##T(W + t / (K / 32) * (K / QK) * BYTES + t % (K / 32) / (QK / 32) * BYTES, t % (K / 32) % (QK / 32), \
+               out + t * 32);                                                                                    \
+}
+DQ_TYPES(HOST_DQ)
+"""
+
+
+def test_the_cuda_dequantizers_compute_gguf_pys_values_on_the_host(tmp_path):
+    """gpu.DEQUANT is plain C but for a few names: compiled by the host's C compiler (float16 from _Float16, no
+    fused multiply-add), every type's values equal gguf-py's dequantize bit for bit, as the loaders convert them."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler here (cc) to run the CUDA dequantizers' C on the host")
+    src, lib = tmp_path / "dequant.c", tmp_path / "dequant.so"
+    src.write_text(HOST + gpu.DEQUANT + gpu.DQ_TYPES + "\n" + HOST_ROWS)
+    subprocess.run([cc, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    so, rng = ctypes.CDLL(str(lib)), np.random.default_rng(5)
+    for qtype, kind in gpu.QUANT.items():
+        K = 512
+        raw = random_blocks(rng, qtype, 6, K)
+        out = np.zeros((6, K), np.float32)
+        getattr(so, f"host_{kind}")(raw.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
+                                    ctypes.c_longlong(out.size // 32), ctypes.c_int(K))
+        assert_same_values(out, QuantizedTensor(raw, qtype, (6, K)).to_float32())
+
+
+@pytest.mark.parametrize("qtype", list(gpu.QUANT))
+def test_quantized_matrices_multiply_as_their_float32_values(qtype):
+    """The cupy backend's quantized matrix on its mirrors: one token's product (the gemv), several tokens' (widened,
+    then the same product), embedding rows and row views, each as the float32 values gguf-py gives."""
+    rng = np.random.default_rng(3)
+    raw = random_blocks(rng, qtype, 12, 512)
+    w32 = QuantizedTensor(raw, qtype, (12, 512)).to_float32()
+    m = gpu.GpuMatrix(raw, gpu.QUANT[qtype], gpu.Scratch(np))
+    assert m.shape == (12, 512) and m.nbytes == raw.nbytes
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    np.testing.assert_allclose(x[:1] @ m.T, x[:1] @ w32.T, rtol=1e-5, atol=1e-5 * np.abs(w32).max())
+    np.testing.assert_array_equal(x @ m.T, x @ w32.T)
+    assert_same_values(m[np.array([4, 0])], w32[[4, 0]])
+    assert_same_values(m.rows(3, 9).float32(0, 6), w32[3:9])
+    out = np.zeros(512, np.float32)
+    gpu.NumpyKernels().embed(np.array([7], np.int32), m, out)
+    assert_same_values(out, w32[7])
+
+
+QUANTIZED = {p.stem: p for p in (*sorted((DATA / "gguf-qwen2-kquant").glob("*.gguf")),
+                                  DATA / "gguf-llama" / "llama-q8_0.gguf")}
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_a_quantized_gguf_on_the_gpu_placement_computes_its_float32_values(name):
+    """The cupy backend's weights for a quantized GGUF (here on NumPy): every matrix kept in its blocks (GpuMatrix),
+    and the logits those of the float32 arithmetic on the dequantized values, prefill and decode step (a layer's
+    q/k/v of several types multiplied apart)."""
+    path = QUANTIZED[name]
+    loaded = load_gguf(path, gpu.GpuPlacement(np))
+    kinds = {w.kind for lw in loaded.weights["layers"] for w in lw.values() if isinstance(w, gpu.GpuMatrix)}
+    assert kinds and kinds <= set(gpu.QUANT.values())
+    m = Model(str(path), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, 32)
+    want = refllama.load(path, n_ctx=32)  # numpy: dequantized to float32 at load
+    np.testing.assert_allclose(m.logits(PROMPT), want.logits(PROMPT), rtol=0, atol=1e-5)
+    got_logits, _ = decoder_steps(m, GraphDecoder(m), STEPS)
+    want_logits, _ = forward_steps(want, STEPS)
+    assert max(rel(g, w) for g, w in zip(got_logits, want_logits)) < 1e-5
 
 
 def bf16_copy(name, tmp_path):  # a tiny family's HF directory with its tensors in bfloat16
@@ -131,7 +244,7 @@ def test_a_bfloat16_model_on_the_gpu_placement_computes_its_float32_values(tmp_p
     either way the logits of the float32 arithmetic on the same values, prefill and decode step."""
     d = bf16_copy("qwen2", tmp_path)
     loaded = load_hf(d, gpu.GpuPlacement(np, in_file))
-    assert isinstance(loaded.weights["layers"][0]["attn_q"], gpu.GpuHalfMatrix) == (in_file is None)
+    assert isinstance(loaded.weights["layers"][0]["attn_q"], gpu.GpuMatrix) == (in_file is None)
     m = Model(str(d), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, 32)
     want = refllama.load(d, n_ctx=32)  # numpy: the bfloat16 values converted to float32 at load
     np.testing.assert_allclose(m.logits(PROMPT), want.logits(PROMPT), rtol=0, atol=1e-5)
@@ -176,7 +289,7 @@ def test_each_cuda_kernel_equals_its_mirror():
             outs = []
             for k, xp in ((cuda, cp), (mirror, np)):
                 o = xp.zeros(70, xp.float32)
-                k.gemv(gpu.GpuHalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), xp.asarray(x), o,
+                k.gemv(gpu.GpuMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), xp.asarray(x), o,
                        bias=xp.asarray(x[:1].repeat(70)), res=xp.asarray(W[:, 0].copy()))
                 outs.append(to_numpy(o))
             assert rel(*outs) < 2e-6, kind
@@ -220,9 +333,46 @@ def test_each_cuda_kernel_equals_its_mirror():
         outs = []
         for k, xp in ((cuda, cp), (mirror, np)):
             o = xp.zeros(40, xp.float32)
-            k.embed(xp.asarray(np.array([3], np.int32)), gpu.GpuHalfMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), o)
+            k.embed(xp.asarray(np.array([3], np.int32)), gpu.GpuMatrix(xp.asarray(b), kind, gpu.Scratch(xp)), o)
             outs.append(to_numpy(o))
         np.testing.assert_array_equal(*outs)
+
+
+def test_each_quantized_types_cuda_kernels_equal_their_mirrors():
+    """Widening (prefill's products, embeddings) gives gguf-py's values bit for bit; the gemv, the float32 product
+    of those values."""
+    cp = cupy_or_skip()
+    cuda, mirror, rng = gpu.kernels(cp), gpu.NumpyKernels(), np.random.default_rng(4)
+    for qtype, kind in gpu.QUANT.items():
+        raw = random_blocks(rng, qtype, 70, 768)
+        want = QuantizedTensor(raw, qtype, (70, 768)).to_float32()
+        m = gpu.GpuMatrix(cp.asarray(raw), kind, gpu.Scratch(cp))
+        assert_same_values(to_numpy(m.float32(0, 70)), want)
+        assert_same_values(to_numpy(m[np.array([5, 69, 0])]), want[[5, 69, 0]])
+        out = cp.zeros(768, cp.float32)
+        cuda.embed(cp.asarray(np.array([9], np.int32)), m, out)
+        assert_same_values(to_numpy(out), want[9])
+        finite = np.isfinite(want).all(axis=1)
+        x, bias, res = (rng.standard_normal(n).astype(np.float32) for n in (768, 70, 70))
+        outs = []
+        for k, xp, w in ((cuda, cp, m), (mirror, np, gpu.GpuMatrix(raw, kind, gpu.Scratch(np)))):
+            o = xp.zeros(70, xp.float32)
+            k.gemv(w, xp.asarray(x), o, bias=xp.asarray(bias), res=xp.asarray(res))
+            outs.append(to_numpy(o)[finite])
+        assert rel(*outs) < 2e-6, kind
+
+
+def test_quantized_weights_stay_quantized_on_the_gpu():
+    cp = cupy_or_skip()
+    path = QUANTIZED["qwen2-q4_k_m"]
+    m = refllama.load(path, backend="cupy", n_ctx=32)
+    w = m.weights["layers"][0]["ffn_down"]
+    assert isinstance(w, gpu.GpuMatrix) and w.raw.dtype == cp.uint8 and w.kind in ("q4_k", "q6_k")
+    want = refllama.load(path, n_ctx=32)
+    assert rel(m.logits(PROMPT), want.logits(PROMPT)) < 1e-5
+    got, _ = forward_steps(m, STEPS)
+    ref, _ = forward_steps(want, STEPS)
+    assert max(rel(g, r) for g, r in zip(got, ref)) < 1e-5
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -244,7 +394,7 @@ def test_bfloat16_weights_stay_16_bit_on_the_gpu(tmp_path):
     d = bf16_copy("llama", tmp_path)
     m = refllama.load(d, backend="cupy", n_ctx=32)
     w = m.weights["layers"][0]["ffn_down"]
-    assert isinstance(w, gpu.GpuHalfMatrix) and w.bits.dtype == cp.uint16
+    assert isinstance(w, gpu.GpuMatrix) and w.raw.dtype == cp.uint16
     want = refllama.load(d, n_ctx=32)
     assert rel(m.logits(PROMPT), want.logits(PROMPT)) < 1e-5
     got, _ = forward_steps(m, STEPS)

@@ -8,12 +8,16 @@ own initialisation, real shapes: SmolLM2-135M's and Llama-3.1-8B's), then:
    float32 and bfloat16 eager, on the same GPU, with the decode's bandwidth bound (the weights read once a token at
    the copy bandwidth measured here) and each engine's peak GPU memory;
 3. compares refllama cupy with transformers float32 stage by stage (every stage of a 16-token prompt, refllama's
-   trace against transformers' hooks, tools/dump_hf.py), at both shapes.
+   trace against transformers' hooks, tools/dump_hf.py), at both shapes;
+4. times a Q4_K_M GGUF at Llama-3.1-8B's shapes (tools/make_synthetic_model.py) with its blocks kept on the GPU and
+   widened to float32, comparing the two stage by stage, and a Qwen2.5-32B-shaped model in bfloat16 made on the
+   device (65 GB: what fits one 80 GB GPU).
 
 It prints one table and writes it, with every figure and error, to OUT/gpu_check.md and OUT/gpu_check.json as each
 part ends, so a run cut short still leaves what it measured. A part that fails is recorded and the next runs.
 
-    python tools/gpu_check.py -o OUT [--shapes smollm2-135m,llama-3.1-8b] [--skip-tests]
+    python tools/gpu_check.py -o OUT [--shapes smollm2-135m,llama-3.1-8b,llama-3.1-8b-q4_k_m,qwen2.5-32b]
+        [--skip-tests]
 """
 
 import argparse
@@ -40,6 +44,7 @@ SHAPES = {  # transformers LlamaConfig fields of each synthetic model; "dtype": 
                          num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0,
                          max_position_embeddings=131072, dtype="bfloat16"),
 }
+PARTS = (*SHAPES, "llama-3.1-8b-q4_k_m", "qwen2.5-32b")  # and a GGUF at 8B's shapes, a 32B made on the device
 PROMPT, DECODE, STAGE_PROMPT, N_CTX = 128, 32, 16, 1024
 DEVICE = "cuda"  # where transformers makes the models
 TARGETS = ("SmolLM2 decode >= 3x transformers float32 eager, prefill >= 1.0x; 8B decode >= 70 tok/s (float32 "
@@ -225,9 +230,7 @@ def refllama_speed(m, ids, n_decode, peak):  # -> prefill tok/s, decode tok/s, p
 
 
 def nbytes(w):
-    from refllama.numerics.gpu import GpuHalfMatrix
-
-    return w.bits.nbytes if isinstance(w, GpuHalfMatrix) else getattr(w, "nbytes", 0)
+    return getattr(w, "nbytes", 0)  # arrays and GpuMatrix
 
 
 def weight_bytes(m):  # -> (bytes of every weight, bytes a decode step reads: all but an untied embedding)
@@ -254,6 +257,87 @@ def refllama_stages(m, ids):  # -> refllama's stages of a prompt, q/k in transfo
     return dict(t)
 
 
+def add_row(report, model, engine, weights, prefill, decode, mem, extra=None):
+    r = {"model": model, "engine": engine, "weights": weights, "prefill": prefill, "decode": decode, "peak": mem,
+         **(extra or {})}
+    report.rows.append(r)
+    print(f"   {engine} {weights}: prefill {prefill:.0f} tok/s, decode {decode:.1f} tok/s, peak {gib(mem)}", flush=True)
+
+
+def timed_row(report, model, weights, m, ids, peak, load_s):  # refllama's speed and memory against its budget
+    total, read = weight_bytes(m)
+    kv = sum(a.nbytes for a in m.cache.k + m.cache.v)
+    extra = {"bound": report.info.get("copy_GBps", 0) * 1e9 / read, "budget": total + kv + 2**30,
+             "load_s": round(load_s, 1)}
+    add_row(report, model, "refllama cupy", weights, *refllama_speed(m, ids, DECODE, peak), extra)
+
+
+def gguf_check(report, work, peak):
+    """Llama-3.1-8B's shapes as a Q4_K_M GGUF (tools/make_synthetic_model.py, a synthetic vocabulary): refllama cupy
+    with the blocks kept on the device, and with them widened to float32 at load, timed; their stages compared (the
+    same values multiplied, so float32's noise only)."""
+    import make_synthetic_model
+
+    import refllama
+
+    name, V = "llama-3.1-8b", SHAPES["llama-3.1-8b"]["vocab_size"]
+    path = make_synthetic_model.write(name, "q4_k_m", work, n_vocab=V)
+    ids = np.random.default_rng(0).integers(1, V, PROMPT).tolist()
+    stages = {}
+    for in_file, kind in ((None, "Q4_K_M kept"), (False, "float32")):
+        peak.reset()
+        t0 = time.perf_counter()
+        m = refllama.load(path, backend="cupy", n_ctx=N_CTX, weights_in_file=in_file)
+        timed_row(report, f"{name} GGUF", kind, m, ids, peak, time.perf_counter() - t0)
+        stages[kind] = refllama_stages(m, ids[:STAGE_PROMPT])
+        del m
+        peak.reset()
+    w = report.stages[f"{name} GGUF: refllama cupy Q4_K_M kept vs float32"] = worst_stage(*stages.values())
+    os.remove(path)
+    return {"summary": f"Q4_K_M kept vs widened to float32: {w['n']} stages, worst {w['worst']:.2e} at {w['at']}"}
+
+
+def device_check(report, name, peak):
+    """A model too big to write in the check's minutes (Qwen2.5-32B's shapes: 65 GB of bfloat16), made on the
+    device: its tensors as the synthetic GGUF would hold them (make_synthetic_model.plan), bfloat16 matrices kept
+    16-bit (GpuMatrix). Shows what fits one GPU and its speed; no reference holds it in float32 there."""
+    import cupy
+    import make_synthetic_model
+
+    from refllama import arch as archs
+    from refllama.api import Model
+    from refllama.arch.tables import read_weights
+    from refllama.numerics.gpu import GpuMatrix, Scratch
+
+    V = 152064
+    cfg, tensors = make_synthetic_model.plan(name, "bf16", make_synthetic_model.SHAPES[name]["n_layer"], V)
+    plan = {n: (s, is_norm) for n, s, _, is_norm in tensors}
+    scratch, rng = Scratch(cupy), cupy.random.default_rng(0)
+
+    def make(n, shape):
+        s, is_norm = plan[n]
+        if len(s) == 1:
+            return (1.0 if is_norm else 0.0) + make_synthetic_model.SPREAD * rng.standard_normal(s, cupy.float32)
+        bits = cupy.empty(s, cupy.uint16)
+        for a in range(0, s[0], 4096):  # rows at a time: a float32 temporary of at most 4096 rows
+            x = make_synthetic_model.SPREAD * rng.standard_normal((min(4096, s[0] - a), s[1]), cupy.float32)
+            bits[a:a + len(x)] = (x.view(cupy.uint32) >> 16).astype(cupy.uint16)
+        return GpuMatrix(bits, "bf16", scratch)
+
+    peak.reset()
+    t0 = time.perf_counter()
+    weights = read_weights(archs.get(cfg.arch), cfg, "gguf", make, plan.__contains__, lambda a: a)
+    m = Model(f"synthetic {name} (made on the device)", cfg, weights, None, None, "cupy", cupy, N_CTX)
+    peak.reset()
+    ids = np.random.default_rng(0).integers(1, V, PROMPT).tolist()
+    timed_row(report, name, "16-bit kept", m, ids, peak, time.perf_counter() - t0)
+    r = report.rows[-1]
+    del m, weights
+    peak.reset()
+    return {"summary": f"{gib(r['peak'])} at most on the GPU (weights + KV + 1 GiB: {gib(r['budget'])}), decode "
+                       f"{r['decode']:.1f} tok/s"}
+
+
 def shape_check(report, name, directory, peak):
     """One synthetic shape: transformers bfloat16 and float32 timed and traced, then refllama cupy from the saved
     directory, its 16-bit weights kept (and, at 8B, widened to float32 at load), timed and compared."""
@@ -269,12 +353,8 @@ def shape_check(report, name, directory, peak):
     stage_ids = ids[:STAGE_PROMPT]
     hf = make_model(name, directory)
 
-    def row(engine, weights, prefill, decode, mem, extra=None):
-        r = {"model": name, "engine": engine, "weights": weights, "prefill": prefill, "decode": decode, "peak": mem,
-             **(extra or {})}
-        report.rows.append(r)
-        print(f"   {engine} {weights}: prefill {prefill:.0f} tok/s, decode {decode:.1f} tok/s, peak {gib(mem)}",
-              flush=True)
+    def row(*args):
+        add_row(report, name, *args)
 
     for dtype in (torch.float32, torch.bfloat16):  # float32 first: .to(bfloat16) also rounds RoPE's inv_freq buffer
         hf = hf.to(dtype)
@@ -292,15 +372,11 @@ def shape_check(report, name, directory, peak):
         peak.reset()
         t0 = time.perf_counter()
         m = refllama.load(directory, backend="cupy", n_ctx=N_CTX, weights_in_file=in_file)
-        load_s = time.perf_counter() - t0
-        total, read = weight_bytes(m)
-        kv = sum(a.nbytes for a in m.cache.k + m.cache.v)
         kind = "16-bit kept" if in_file is None and SHAPES[name]["dtype"] != "float32" else "float32"
-        extra = {"bound": report.info.get("copy_GBps", 0) * 1e9 / read, "budget": total + kv + 2**30,
-                 "load_s": round(load_s, 1)}
-        row("refllama cupy", kind, *refllama_speed(m, ids, DECODE, peak), extra)
+        timed_row(report, name, kind, m, ids, peak, time.perf_counter() - t0)
         if name == "smollm2-135m":
             m.graph = False
+            extra = {k: report.rows[-1][k] for k in ("bound", "budget", "load_s")}
             row("refllama cupy, no graph", kind, *refllama_speed(m, ids, DECODE, peak), extra)
             m.graph = True
         got = refllama_stages(m, stage_ids)
@@ -321,7 +397,7 @@ def work_dir():
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-o", "--out", required=True, help="folder for gpu_check.md and gpu_check.json")
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--shapes", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
     p.add_argument("--skip-tests", action="store_true", help="the models only")
     p.add_argument("--work", default=work_dir(), help="where the synthetic models are written (default: /dev/shm, "
                    "in memory, where it has room for the 8B's 16 GB, else the temporary folder)")
@@ -333,8 +409,13 @@ def main(argv=None):
     peak = PeakMemory()
     with tempfile.TemporaryDirectory(dir=args.work) as work:
         for name in args.shapes.split(","):
-            report.part(name, shape_check, report, name, os.path.join(work, name), peak)
-            shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+            if name in SHAPES:
+                report.part(name, shape_check, report, name, os.path.join(work, name), peak)
+                shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+            elif name == "llama-3.1-8b-q4_k_m":
+                report.part(name, gguf_check, report, work, peak)
+            else:
+                report.part(name, device_check, report, name, peak)
     print(report.table())
     return 0 if all(p["ok"] for p in report.parts.values()) else 1
 

@@ -40,6 +40,8 @@ SHAPES = {
                             head_dim=128, n_ff=14336, n_ctx_train=32768, rms_eps=1e-5, rope_base=1000000.0),
     "qwen2.5-7b": dict(arch="qwen2", vocab="qwen2", n_layer=28, n_embd=3584, n_head=28, n_head_kv=4, head_dim=128,
                        n_ff=18944, n_ctx_train=32768, rms_eps=1e-6, rope_base=1000000.0),
+    "qwen2.5-32b": dict(arch="qwen2", vocab="qwen2", n_layer=64, n_embd=5120, n_head=40, n_head_kv=8, head_dim=128,
+                        n_ff=27648, n_ctx_train=32768, rms_eps=1e-6, rope_base=1000000.0),
     "gemma-3-4b": dict(arch="gemma3", vocab="gemma3", n_layer=34, n_embd=2560, n_head=8, n_head_kv=4, head_dim=256,
                        n_ff=10240, n_ctx_train=131072, rms_eps=1e-6, rope_base=1000000.0, sliding_window=1024,
                        tied_output=True),
@@ -58,6 +60,20 @@ SHAPES = {
 }
 TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K}
 SPREAD = 0.02  # the weights' standard deviation
+
+
+def synthetic_vocabulary(n):
+    """A byte-level BPE vocabulary of n tokens, for a machine without llama.cpp's vocabulary files (a bare GPU
+    machine): the 256 byte tokens, one merge and its token, then numbered fillers; as (key, value, type, item type)."""
+    from refllama.formats.tokenizer import BYTE_CHAR
+
+    S, U32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
+    tokens = [BYTE_CHAR[b] for b in range(256)] + ["ab"]
+    tokens += [f"<|synthetic_{i}|>" for i in range(n - len(tokens))]
+    return [("tokenizer.ggml.model", "gpt2", S, None), ("tokenizer.ggml.pre", "llama-bpe", S, None),
+            ("tokenizer.ggml.tokens", tokens, gguf.GGUFValueType.ARRAY, S),
+            ("tokenizer.ggml.merges", ["a b"], gguf.GGUFValueType.ARRAY, S),
+            ("tokenizer.ggml.eos_token_id", n - 1, U32, None)]
 
 
 def vocabulary(name):
@@ -137,20 +153,14 @@ def metadata(w, cfg, name):
         w.add_expert_feed_forward_length(cfg.n_ff_exp)
 
 
-def write(name, kind, out, n_layer=None, seed=0):
+def plan(name, kind, n_layer, n_vocab):
+    """(config, [(GGUF name, numpy shape, type, is a norm)]): the tensors of a synthetic model, in the file's order."""
     spec = SHAPES[name]
     module = archs.get(spec["arch"])
-    fields = vocabulary(spec["vocab"])
-    n_vocab = len(next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens"))
     hp = {k: v for k, v in spec.items() if k != "vocab"}
-    n_layer = n_layer or spec["n_layer"]
     cfg = ModelConfig(**{**hp, "n_layer": n_layer}, vocab_size=n_vocab, rope_dim=spec["head_dim"],
                       rope_layout=module.ROPE_LAYOUT, moe_layers=(True,) * n_layer if "n_expert" in spec else None)
     d = dims(cfg)
-    cut = n_layer != spec["n_layer"]
-    path = Path(out).expanduser() / f"{name}{f'-{cfg.n_layer}l' if cut else ''}-{kind}.gguf"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".gguf.part")
     tensors = []  # (GGUF name, row key, layer or None, numpy shape)
     for row in module.WEIGHTS:
         if row.required or (row.key == "output" and not cfg.tied_output):
@@ -159,13 +169,25 @@ def write(name, kind, out, n_layer=None, seed=0):
         for row in layer_rows(module, cfg, i):
             if row.required:
                 tensors.append((f"blk.{i}.{row.gguf}", row.key, i, shape_of(row, d)))
+    return cfg, [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), "norm" in key)
+                 for n, key, i, s in tensors]
+
+
+def write(name, kind, out, n_layer=None, seed=0, n_vocab=None):
+    """`n_vocab`: a synthetic vocabulary of that size instead of the real one (synthetic_vocabulary)."""
+    spec = SHAPES[name]
+    fields = synthetic_vocabulary(n_vocab) if n_vocab else vocabulary(spec["vocab"])
+    n_vocab = len(next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens"))
+    cfg, tensors = plan(name, kind, n_layer or spec["n_layer"], n_vocab)
+    cut = cfg.n_layer != spec["n_layer"]
+    path = Path(out).expanduser() / f"{name}{f'-{cfg.n_layer}l' if cut else ''}-{kind}.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".gguf.part")
     w = gguf.GGUFWriter(tmp, spec["arch"])
     metadata(w, cfg, name)
     for key, value, vtype, sub in fields:
         w.add_key_value(key, value, vtype, sub)
-    plan = [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), "norm" in key)
-            for n, key, i, s in tensors]
-    for n, s, qtype, _ in plan:
+    for n, s, qtype, _ in tensors:
         block, size = BLOCK_SIZES[qtype]
         raw = gguf.GGMLQuantizationType(int(qtype))
         stored = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}.get(qtype, np.uint8)
@@ -175,11 +197,11 @@ def write(name, kind, out, n_layer=None, seed=0):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for n, s, qtype, is_norm in plan:
+    for n, s, qtype, is_norm in tensors:
         w.write_tensor_data(random_tensor(rng, qtype, s, is_norm))
     w.close()
     os.replace(tmp, path)
-    print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {len(plan)} tensors, synthetic weights)")
+    print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {len(tensors)} tensors, synthetic weights)")
     return path
 
 
@@ -207,8 +229,13 @@ def main(argv=None):
     p.add_argument("-o", "--out", required=True, help="folder to write into (keep big models outside the repo)")
     p.add_argument("--layers", type=int, help="keep the first N layers (widths unchanged)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--synthetic-vocab", type=int, metavar="N", help="a synthetic byte-level vocabulary of N tokens "
+                   "instead of the real one (no llama.cpp vocabulary file needed); GGUF types only")
     args = p.parse_args(argv)
-    (write_hf if args.type.startswith("hf-") else write)(args.model, args.type, args.out, args.layers, args.seed)
+    if args.type.startswith("hf-"):
+        write_hf(args.model, args.type, args.out, args.layers, args.seed)
+    else:
+        write(args.model, args.type, args.out, args.layers, args.seed, args.synthetic_vocab)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,120 @@ reads the step's position and token rather than baking them in.
 import numpy as np
 
 from .. import layers
-from ..formats.ggml_types import GGMLType, QuantizedTensor
-from ..xp import Placement, array_module
+from ..formats.ggml_types import BLOCK_SIZES, GGMLType, QuantizedTensor
+from ..xp import Placement, array_module, to_numpy
 from .matrices import SCRATCH_VALUES, Scratch, WeightMatrix
 
 WARPS = 8  # a gemv block's warps, one output row each
 HALF = {GGMLType.F16: "f16", GGMLType.BF16: "bf16"}  # the 16-bit types kept as stored on the GPU
-KIND = {kind: qtype for qtype, kind in HALF.items()}
+QUANT = {t: t.name.lower() for t in GGMLType if BLOCK_SIZES[t][0] >= 32}  # blocks of 32 or 256 values
+STORED = {**HALF, **QUANT}  # every type a matrix stays in on the GPU, by its kernels' name
+KIND = {kind: qtype for qtype, kind in STORED.items()}
+
+# GGUF's quantized blocks, a group of 32 values at a time: dq_<type>(block, g, v) writes the block's group g into
+# v[32] as gguf-py's dequantize computes them (each product and sum rounded on its own: the _rn intrinsics, which
+# are never fused into a multiply-add). Plain C but for f16, __device__, __forceinline__ and the intrinsics, so the
+# host's C compiler runs it too (tests/test_gpu.py). Layouts: ggml-common.h's block_<type>.
+DEQUANT = r"""
+__device__ __forceinline__ unsigned int u16at(const unsigned char* p) { return p[0] | (p[1] << 8); }
+__device__ __forceinline__ unsigned int u32at(const unsigned char* p) { return u16at(p) | (u16at(p + 2) << 16); }
+// 32-value blocks: d (f16), [m (f16)], [qh (32 bits)], qs (two 4-bit codes a byte: j and j + 16) or int8 codes
+__device__ __forceinline__ void dq_q4_0(const unsigned char* b, int g, float* v) {
+    float d = f16(u16at(b));
+    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
+        v[j] = __fmul_rn(d, (float)((b[2 + j] & 15) - 8));
+        v[j + 16] = __fmul_rn(d, (float)((b[2 + j] >> 4) - 8));
+    }
+}
+__device__ __forceinline__ void dq_q4_1(const unsigned char* b, int g, float* v) {
+    float d = f16(u16at(b)), m = f16(u16at(b + 2));
+    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
+        v[j] = __fadd_rn(__fmul_rn(d, (float)(b[4 + j] & 15)), m);
+        v[j + 16] = __fadd_rn(__fmul_rn(d, (float)(b[4 + j] >> 4)), m);
+    }
+}
+__device__ __forceinline__ void dq_q5_0(const unsigned char* b, int g, float* v) {
+    float d = f16(u16at(b));
+    unsigned int qh = u32at(b + 2);
+    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
+        v[j] = __fmul_rn(d, (float)((int)((b[6 + j] & 15) | ((qh >> j) & 1) << 4) - 16));
+        v[j + 16] = __fmul_rn(d, (float)((int)((b[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16));
+    }
+}
+__device__ __forceinline__ void dq_q5_1(const unsigned char* b, int g, float* v) {
+    float d = f16(u16at(b)), m = f16(u16at(b + 2));
+    unsigned int qh = u32at(b + 4);
+    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
+        v[j] = __fadd_rn(__fmul_rn(d, (float)((b[8 + j] & 15) | ((qh >> j) & 1) << 4)), m);
+        v[j + 16] = __fadd_rn(__fmul_rn(d, (float)((b[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4)), m);
+    }
+}
+__device__ __forceinline__ void dq_q8_0(const unsigned char* b, int g, float* v) {
+    float d = f16(u16at(b));
+    _Pragma("unroll") for (int j = 0; j < 32; ++j) v[j] = __fmul_rn((float)(signed char)b[2 + j], d);
+}
+// 256-value blocks, 8 groups of 32 (Q2_K, Q3_K, Q6_K: a scale per 16 values)
+__device__ __forceinline__ void dq_q2_k(const unsigned char* b, int g, float* v) {  // scales, qs, d, dmin
+    float d = f16(u16at(b + 80)), dmin = f16(u16at(b + 82));
+    const unsigned char* q = b + 16 + (g / 4) * 32;
+    int shift = 2 * (g % 4);
+    _Pragma("unroll") for (int j = 0; j < 32; ++j) {
+        int s = b[2 * g + j / 16];
+        v[j] = __fsub_rn(__fmul_rn(__fmul_rn(d, (float)(s & 15)), (float)((q[j] >> shift) & 3)),
+                         __fmul_rn(dmin, (float)(s >> 4)));
+    }
+}
+__device__ __forceinline__ void dq_q3_k(const unsigned char* b, int g, float* v) {  // hmask, qs, scales, d
+    float d = f16(u16at(b + 108));
+    const unsigned char *q = b + 32 + (g / 4) * 32, *sc = b + 96;
+    int shift = 2 * (g % 4);
+    _Pragma("unroll") for (int j = 0; j < 32; ++j) {
+        int s = 2 * g + j / 16;
+        int scale = ((s < 8 ? sc[s] & 15 : sc[s - 8] >> 4) | ((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
+        int code = ((q[j] >> shift) & 3) - ((((b[j] >> g) & 1) ^ 1) << 2);
+        v[j] = __fmul_rn(__fmul_rn(d, (float)scale), (float)code);
+    }
+}
+// Q4_K/Q5_K's 6-bit scale and min of group g (get_scale_min_k4)
+__device__ __forceinline__ void scale_min(const unsigned char* s, int g, int* sc, int* m) {
+    if (g < 4) {
+        *sc = s[g] & 63;
+        *m = s[g + 4] & 63;
+    } else {
+        *sc = (s[g + 4] & 15) | ((s[g - 4] >> 6) << 4);
+        *m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+    }
+}
+__device__ __forceinline__ void dq_q4_k(const unsigned char* b, int g, float* v) {  // d, dmin, scales, qs
+    int sc, m;
+    scale_min(b + 4, g, &sc, &m);
+    float dl = __fmul_rn(f16(u16at(b)), (float)sc), ml = __fmul_rn(f16(u16at(b + 2)), (float)m);
+    const unsigned char* q = b + 16 + (g / 2) * 32;
+    int shift = 4 * (g % 2);
+    _Pragma("unroll") for (int j = 0; j < 32; ++j) v[j] = __fsub_rn(__fmul_rn(dl, (float)((q[j] >> shift) & 15)), ml);
+}
+__device__ __forceinline__ void dq_q5_k(const unsigned char* b, int g, float* v) {  // d, dmin, scales, qh, qs
+    int sc, m;
+    scale_min(b + 4, g, &sc, &m);
+    float dl = __fmul_rn(f16(u16at(b)), (float)sc), ml = __fmul_rn(f16(u16at(b + 2)), (float)m);
+    const unsigned char* q = b + 48 + (g / 2) * 32;
+    int shift = 4 * (g % 2);
+    _Pragma("unroll") for (int j = 0; j < 32; ++j)
+        v[j] = __fsub_rn(__fmul_rn(dl, (float)(((q[j] >> shift) & 15) | ((b[16 + j] >> g) & 1) << 4)), ml);
+}
+__device__ __forceinline__ void dq_q6_k(const unsigned char* b, int g, float* v) {  // ql, qh, scales, d
+    float d = f16(u16at(b + 208));
+    const unsigned char *ql = b + (g / 4) * 64 + (g % 2) * 32, *qh = b + 128 + (g / 4) * 32;
+    int lo = 4 * ((g % 4) / 2), hi = 2 * (g % 4);
+    _Pragma("unroll") for (int j = 0; j < 32; ++j) {
+        int code = (((ql[j] >> lo) & 15) | ((qh[j] >> hi) & 3) << 4) - 32;
+        v[j] = __fmul_rn(__fmul_rn(d, (float)(signed char)b[192 + 2 * g + j / 16]), (float)code);
+    }
+}
+"""
+# each quantized type as X(kind, values a block, bytes a block), for the kernels made per type
+DQ_TYPES = "#define DQ_TYPES(X) " + " ".join(f"X({kind}, {BLOCK_SIZES[t][0]}, {BLOCK_SIZES[t][1]})"
+                                             for t, kind in QUANT.items())
 
 SOURCE = r"""
 #define WARPS 8
@@ -275,18 +382,56 @@ extern "C" __global__ void embed_bf16(const int* tok, const unsigned short* W, f
     int d = blockIdx.x * blockDim.x + threadIdx.x;
     if (d < D) out[d] = bf16(W[(long long)*tok * D + d]);
 }
+""" + DEQUANT + DQ_TYPES + r"""
+// gemv's form for quantized rows of K values: a lane a group of 32 values at a time, unpacked by dq_<type>
+#define GEMV_Q(T, QK, BYTES)                                                                                \
+extern "C" __global__ void gemv_##T(const unsigned char* __restrict__ W, const float* __restrict__ x,        \
+                                    const float* bias, const float* res, float* out, int N, int K) {         \
+    int r = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;                                 \
+    if (r >= N) return;                                                                                     \
+    const unsigned char* w = W + (long long)r * (K / QK) * BYTES;                                           \
+    float acc = 0.0f, v[32];                                                                                \
+    for (int g = lane; g < K / 32; g += 32) {                                                               \
+        dq_##T(w + g / (QK / 32) * BYTES, g % (QK / 32), v);                                                \
+        const float4* x4 = (const float4*)(x + g * 32);                                                     \
+        _Pragma("unroll")                                                                                   \
+        for (int j = 0; j < 8; ++j) {                                                                       \
+            float4 a = x4[j];                                                                               \
+            acc += v[4 * j] * a.x + v[4 * j + 1] * a.y + v[4 * j + 2] * a.z + v[4 * j + 3] * a.w;           \
+        }                                                                                                   \
+    }                                                                                                       \
+GEMV_TAIL
+DQ_TYPES(GEMV_Q)
+
+// n groups of 32 values of quantized rows of K values to float32, from row *tok where tok is given (an embedding)
+#define WIDEN_Q(T, QK, BYTES)                                                                               \
+extern "C" __global__ void widen_##T(const unsigned char* W, const int* tok, float* out, long long n, int K) {\
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                         \
+    if (t >= n) return;                                                                                     \
+    long long r = t / (K / 32) + (tok ? *tok : 0);                                                          \
+    int g = t % (K / 32);                                                                                   \
+    float v[32];                                                                                            \
+    dq_##T(W + r * (K / QK) * BYTES + g / (QK / 32) * BYTES, g % (QK / 32), v);                             \
+    float4* o = (float4*)(out + t * 32);                                                                    \
+    _Pragma("unroll")                                                                                       \
+    for (int j = 0; j < 8; ++j) o[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);     \
+}
+DQ_TYPES(WIDEN_Q)
 """
 
 NULL = np.uint64(0)  # a null pointer argument
 
 
-def widen_numpy(bits, kind, out=None):  # [..] uint16 -> [..] float32, exactly
-    """float16 or bfloat16 bits as float32, as the loaders convert a file's."""
-    return QuantizedTensor(bits, KIND[kind], bits.shape).to_float32(out)
+def widen_numpy(raw, kind, out=None):  # [..., stored] -> [..., K] float32
+    """A matrix's (or a row's) stored values as float32, as the loaders convert a file's: 16-bit bits exactly, the
+    quantized types' blocks by gguf-py's dequantize."""
+    qtype = KIND[kind]
+    block, size = BLOCK_SIZES[qtype]
+    return QuantizedTensor(raw, qtype, (*raw.shape[:-1], raw.shape[-1] * raw.itemsize // size * block)).to_float32(out)
 
 
-def stored(w):  # a weight -> (its array, its kind: "f32", "f16", "bf16")
-    return (w.bits, w.kind) if isinstance(w, GpuHalfMatrix) else (w, "f32")
+def stored(w):  # a weight -> (its array, its kind: "f32", or a key of KIND)
+    return (w.raw, w.kind) if isinstance(w, GpuMatrix) else (w, "f32")
 
 
 class NumpyKernels:
@@ -359,14 +504,19 @@ class CudaKernels:
 
     def gemv(self, w, x, out, bias=None, res=None):
         a, kind = stored(w)
-        N, K = a.shape
+        N, K = w.shape
         self._f(f"gemv_{kind}")(((N + WARPS - 1) // WARPS,), (32 * WARPS,),
                                 (a, x, NULL if bias is None else bias, NULL if res is None else res, out,
                                  np.int32(N), np.int32(K)))
 
-    def widen(self, bits, kind, out):
-        n = bits.size
-        self._f(f"widen_{kind}")(((n + 255) // 256,), (256,), (bits, out, np.int64(n)))
+    def widen(self, raw, kind, out, token=None):  # token: widen that row of raw only (an embedding)
+        if kind in QUANT.values():
+            n = out.size // 32  # groups of 32 values
+            self._f(f"widen_{kind}")(((n + 255) // 256,), (256,), (raw, NULL if token is None else token, out,
+                                                                    np.int64(n), np.int32(out.shape[-1])))
+        else:
+            n = raw.size
+            self._f(f"widen_{kind}")(((n + 255) // 256,), (256,), (raw, out, np.int64(n)))
 
     def rms_norm(self, x, w, eps, out):
         D = x.shape[-1]
@@ -402,6 +552,8 @@ class CudaKernels:
 
     def embed(self, token, w, out):
         a, kind = stored(w)
+        if kind in QUANT.values():
+            return self.widen(a, kind, out, token)
         D = a.shape[1]
         self._f(f"embed_{kind}")(((D + 255) // 256,), (256,), (token, a, out, np.int32(D)))
 
@@ -459,15 +611,17 @@ OPS = layers.FLOAT32._replace(rms_norm=rms_norm, rope={layout: rope_in(layout) f
                               swiglu=swiglu, attention_weights=attention_weights)
 
 
-class GpuHalfMatrix(WeightMatrix):
-    """A [N, K] float16 or bfloat16 weight kept as its 16-bit bits on the device: half a float32 copy's memory and
-    reads. One token's product (decode) reads the bits in the gemv kernel, each value widened exactly to float32
-    and accumulated in float32; a product of several tokens widens blocks of rows into the scratch and multiplies
-    them there (cuBLAS): the values multiplied are those of a float32 copy either way."""
+class GpuMatrix(WeightMatrix):
+    """A [N, K] weight kept on the device as stored: float16/bfloat16 bits (`raw` [N, K] uint16) or GGUF's quantized
+    blocks (`raw` [N, row bytes] uint8), a fraction of a float32 copy's memory and reads. One token's product (decode)
+    reads them in the gemv kernel, each value unpacked exactly to its float32 value and accumulated in float32; a
+    product of several tokens widens blocks of rows into the scratch and multiplies them there (cuBLAS): the values
+    multiplied are those of a float32 copy either way."""
 
-    def __init__(self, bits, kind, scratch):
-        self.bits, self.kind, self.scratch = bits, kind, scratch
-        self.shape = tuple(bits.shape)
+    def __init__(self, raw, kind, scratch):
+        self.raw, self.kind, self.scratch = raw, kind, scratch
+        block, size = BLOCK_SIZES[KIND[kind]]
+        self.shape = (raw.shape[0], raw.shape[1] * raw.itemsize // size * block)
         self.xp = scratch.xp
         self.k = kernels(self.xp)
 
@@ -475,12 +629,16 @@ class GpuHalfMatrix(WeightMatrix):
     def array_module(self):
         return self.xp
 
-    def rows(self, a, b):  # rows a:b, still 16-bit (a view)
-        return GpuHalfMatrix(self.bits[a:b], self.kind, self.scratch)
+    @property
+    def nbytes(self):
+        return self.raw.nbytes
+
+    def rows(self, a, b):  # rows a:b, still as stored (a view)
+        return GpuMatrix(self.raw[a:b], self.kind, self.scratch)
 
     def float32(self, a, b, out=None):  # rows a:b -> [b - a, K] float32
         out = self.scratch.take((b - a, self.shape[1])) if out is None else out
-        self.k.widen(self.bits[a:b], self.kind, out)
+        self.k.widen(self.raw[a:b], self.kind, out)
         return out
 
     def matmul(self, x):  # [T, K] -> [T, N]
@@ -498,27 +656,27 @@ class GpuHalfMatrix(WeightMatrix):
         return out
 
     def __getitem__(self, rows):  # embedding rows: [T] -> [T, K] float32
-        bits = self.bits[rows]
-        out = self.xp.empty(bits.shape, self.xp.float32)
-        self.k.widen(bits, self.kind, out)
+        raw = self.raw[self.xp.asarray(self.row_ids(to_numpy(rows)))]
+        out = self.xp.empty((len(raw), self.shape[1]), self.xp.float32)
+        self.k.widen(raw, self.kind, out)
         return out
 
 
 class GpuPlacement(Placement):
-    """Weights for the cupy backend: float32 arrays on the device, but for float16/bfloat16 matrices, which stay in
-    their 16-bit form (GpuHalfMatrix) unless `in_file` is False: then they are widened to float32 on the device, where
-    it is fast, not on the CPU. The products are the same either way. Other types are converted to float32 at
-    load, as the loaders convert them."""
+    """Weights for the cupy backend: float32 arrays on the device, but for float16/bfloat16 and quantized matrices,
+    which stay as stored (GpuMatrix) unless `in_file` is False: then they are widened to float32 on the device, where
+    it is fast, not on the CPU. The products are the same either way."""
 
     def __init__(self, xp, in_file=None):
         super().__init__(xp)
-        self.keep = frozenset(HALF)
+        self.keep = frozenset(STORED)
         self.in_file = in_file is not False
         self.scratch = Scratch(xp)
 
     def __call__(self, a):
         if not isinstance(a, QuantizedTensor):
             return self.xp.asarray(a)
-        m = GpuHalfMatrix(self.xp.asarray(np.ascontiguousarray(a.raw).view(np.uint16).reshape(a.shape)), HALF[a.qtype],
-                       self.scratch)
+        raw = np.ascontiguousarray(a.raw)
+        m = GpuMatrix(self.xp.asarray(raw.view(np.uint16) if a.qtype in HALF else raw).reshape(len(raw), -1),
+                      STORED[a.qtype], self.scratch)
         return m if self.in_file else m.float32(0, m.shape[0], self.xp.empty(m.shape, self.xp.float32))

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ..arch import blocks
 from ..xp import array_module
-from .gpu import GpuHalfMatrix, kernels
+from .gpu import GpuMatrix, kernels
 
 QKV, GATE_UP = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
 
@@ -26,22 +26,24 @@ def eligible(model):
             and cfg.head_dim <= 1024 and not any(cfg.is_moe(i) for i in range(cfg.n_layer)))
 
 
-def join_rows(lw, names):  # -> [sum of N, K]: the matrices `names` of a layer, rows stacked
-    """One matrix for the step's one product where the forward has several; each name of the layer becomes a view
-    of its rows of it, so the model holds no second copy. A GpuHalfMatrix where all are of one 16-bit kind, else a
-    float32 array (a 16-bit part widened: a GGUF's F16 q/k beside a quantized v, converted at load)."""
+def join_rows(lw, names):  # -> [sum of N, K], or its parts [(matrix, first row, end)]
+    """One matrix for the step's one product where the forward has several, where they are of one kind (GpuMatrix
+    of one stored type, or float32 arrays): each name of the layer becomes a view of its rows of it, so the model
+    holds no second copy. Matrices of several kinds (a GGUF's Q4_K q/k beside a Q6_K v) stay as they are, and the
+    step multiplies each into its rows of the output."""
     parts = [lw[n] for n in names]
     starts = [0]
     for p in parts:
         starts.append(starts[-1] + p.shape[0])
-    if all(isinstance(p, GpuHalfMatrix) and p.kind == parts[0].kind for p in parts):
-        whole = GpuHalfMatrix(parts[0].xp.concatenate([p.bits for p in parts]), parts[0].kind, parts[0].scratch)
-        lw.update((n, whole.rows(a, b)) for n, a, b in zip(names, starts, starts[1:]))
-    else:
-        xp = array_module(parts[0])
-        whole = xp.concatenate([p.float32(0, p.shape[0], xp.empty(p.shape, xp.float32))
-                                if isinstance(p, GpuHalfMatrix) else p for p in parts])
+    kinds = {p.kind if isinstance(p, GpuMatrix) else "f32" for p in parts}
+    if len(kinds) > 1:
+        return list(zip(parts, starts, starts[1:]))
+    if kinds == {"f32"}:
+        whole = array_module(parts[0]).concatenate(parts)
         lw.update((n, whole[a:b]) for n, a, b in zip(names, starts, starts[1:]))
+    else:
+        whole = GpuMatrix(parts[0].xp.concatenate([p.raw for p in parts]), parts[0].kind, parts[0].scratch)
+        lw.update((n, whole.rows(a, b)) for n, a, b in zip(names, starts, starts[1:]))
     return whole
 
 
@@ -55,14 +57,14 @@ class Layer(NamedTuple):
     """A block's weights as the step reads them."""
 
     attn_norm: object  # [D]
-    qkv: object  # [QKV, D]
+    qkv: object  # [QKV, D] (or its parts: join_rows)
     qkv_bias: object  # [QKV] or None
     q_norm: object  # [HD] or None (Qwen3)
     k_norm: object
     attn_output: object  # [D, H*HD]
     attn_output_bias: object
     ffn_norm: object  # [D]
-    gate_up: object  # [2F, D]
+    gate_up: object  # [2F, D] (or its parts)
     gate_up_bias: object
     ffn_down: object  # [D, F]
     ffn_down_bias: object
@@ -97,18 +99,22 @@ class GraphDecoder:
         k.embed(self.token, self.embd, self.x)  # x [D]
         for i, L in enumerate(self.layers):
             k.rms_norm(self.x, L.attn_norm, cfg.rms_eps, self.h)
-            k.gemv(L.qkv, self.h, self.qkv, bias=L.qkv_bias)  # [QKV]
+            self.gemv(L.qkv, self.h, self.qkv, L.qkv_bias)  # [QKV]
             k.rope_store(self.qkv, cache.cos, cache.sin, self.pos, self.q, cache.k[i], cache.v[i], L.q_norm,
                          L.k_norm, cfg.rms_eps, self.heads, cfg.rope_layout)  # q [H*HD]; k, v into the cache
             k.attention(self.q, cache.k[i], cache.v[i], self.pos, self.scores, self.attn, cfg.kq_scale, self.heads,
                         cfg.sliding_window)  # [H*HD]
             k.gemv(L.attn_output, self.attn, self.x, bias=L.attn_output_bias, res=self.x)  # x += attn_out
             k.rms_norm(self.x, L.ffn_norm, cfg.rms_eps, self.h)
-            k.gemv(L.gate_up, self.h, self.gu, bias=L.gate_up_bias)  # [2F]
+            self.gemv(L.gate_up, self.h, self.gu, L.gate_up_bias)  # [2F]
             k.swiglu(self.gu[:cfg.n_ff], self.gu[cfg.n_ff:], self.act)  # [F]
             k.gemv(L.ffn_down, self.act, self.x, bias=L.ffn_down_bias, res=self.x)  # x += ffn_out
         k.rms_norm(self.x, self.out_norm, cfg.rms_eps, self.h)
         k.gemv(self.output, self.h, self.logits[0])
+
+    def gemv(self, w, x, out, bias):  # a joined matrix's product, or its parts' each into its rows of out
+        for m, a, b in w if isinstance(w, list) else [(w, 0, len(out))]:
+            self.k.gemv(m, x, out[a:b], bias=None if bias is None else bias[a:b])
 
     def step(self, token, pos):  # -> [1, V] logits (a new array)
         if self.xp.__name__ != "cupy":
