@@ -161,12 +161,13 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 """
-# each type's groups in order: a row of K values at a time, as the CUDA widen kernels walk them
+# each type's runs of 8 values in order: a row of K values at a time, as the CUDA widen kernels walk them
 HOST_ROWS = r"""
 #define HOST_DQ(T, QK, BYTES) void host_##T(const unsigned char* W, float* out, long long n, int K) {              \
-    for (long long t = 0; t < n; ++t)                                                                            \
-        dq_##T(W + t / (K / 32) * (K / QK) * BYTES + t % (K / 32) / (QK / 32) * BYTES, t % (K / 32) % (QK / 32), \
-               out + t * 32);                                                                                    \
+    for (long long t = 0; t < n; ++t) {                                                                          \
+        int g = t % (K / 8) / 4;                                                                                 \
+        dq_##T(W + t / (K / 8) * (K / QK) * BYTES + g / (QK / 32) * BYTES, g % (QK / 32), 8 * (t % 4), out + t * 8); \
+    }                                                                                                            \
 }
 DQ_TYPES(HOST_DQ)
 """
@@ -187,7 +188,7 @@ def test_the_cuda_dequantizers_compute_gguf_pys_values_on_the_host(tmp_path):
         raw = random_blocks(rng, qtype, 6, K)
         out = np.zeros((6, K), np.float32)
         getattr(so, f"host_{kind}")(raw.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p),
-                                    ctypes.c_longlong(out.size // 32), ctypes.c_int(K))
+                                    ctypes.c_longlong(out.size // 8), ctypes.c_int(K))
         assert_same_values(out, QuantizedTensor(raw, qtype, (6, K)).to_float32())
 
 

@@ -22,105 +22,90 @@ QUANT = {t: t.name.lower() for t in GGMLType if BLOCK_SIZES[t][0] >= 32}  # bloc
 STORED = {**HALF, **QUANT}  # every type a matrix stays in on the GPU, by its kernels' name
 KIND = {kind: qtype for qtype, kind in STORED.items()}
 
-# GGUF's quantized blocks, a group of 32 values at a time: dq_<type>(block, g, v) writes the block's group g into
-# v[32] as gguf-py's dequantize computes them (each product and sum rounded on its own: the _rn intrinsics, which
-# are never fused into a multiply-add). Plain C but for f16, __device__, __forceinline__ and the intrinsics, so the
-# host's C compiler runs it too (tests/test_gpu.py). Layouts: ggml-common.h's block_<type>.
+# GGUF's quantized blocks, 8 values at a time: dq_<type>(block, g, j0, v) writes values j0 .. j0 + 7 of the block's
+# group g of 32 (j0 a multiple of 8) into v[8], as gguf-py's dequantize computes them (each product and sum rounded
+# on its own: the _rn intrinsics, which are never fused into a multiply-add). Eight lanes share a group, so that a
+# warp's loads of codes and of x are contiguous. Plain C but for f16, __device__, __forceinline__ and the
+# intrinsics, so the host's C compiler runs it too (tests/test_gpu.py). Layouts: ggml-common.h's block_<type>.
 DEQUANT = r"""
+#define DQ(T) __device__ __forceinline__ void dq_##T(const unsigned char* b, int g, int j0, float* v)
 __device__ __forceinline__ unsigned int u16at(const unsigned char* p) { return p[0] | (p[1] << 8); }
 __device__ __forceinline__ unsigned int u32at(const unsigned char* p) { return u16at(p) | (u16at(p + 2) << 16); }
-// 32-value blocks: d (f16), [m (f16)], [qh (32 bits)], qs (two 4-bit codes a byte: j and j + 16) or int8 codes
-__device__ __forceinline__ void dq_q4_0(const unsigned char* b, int g, float* v) {
+// 32-value blocks: d (f16), [m (f16)], [qh (32 bits)], qs (the codes of j and j + 16 in a byte's two halves), or
+// Q8_0's int8 codes
+__device__ __forceinline__ int nibble(const unsigned char* qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
+DQ(q4_0) {
     float d = f16(u16at(b));
-    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
-        v[j] = __fmul_rn(d, (float)((b[2 + j] & 15) - 8));
-        v[j + 16] = __fmul_rn(d, (float)((b[2 + j] >> 4) - 8));
-    }
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, (float)(nibble(b + 2, j0 + i) - 8));
 }
-__device__ __forceinline__ void dq_q4_1(const unsigned char* b, int g, float* v) {
+DQ(q4_1) {
     float d = f16(u16at(b)), m = f16(u16at(b + 2));
-    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
-        v[j] = __fadd_rn(__fmul_rn(d, (float)(b[4 + j] & 15)), m);
-        v[j + 16] = __fadd_rn(__fmul_rn(d, (float)(b[4 + j] >> 4)), m);
-    }
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(__fmul_rn(d, (float)nibble(b + 4, j0 + i)), m);
 }
-__device__ __forceinline__ void dq_q5_0(const unsigned char* b, int g, float* v) {
+DQ(q5_0) {
     float d = f16(u16at(b));
     unsigned int qh = u32at(b + 2);
-    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
-        v[j] = __fmul_rn(d, (float)((int)((b[6 + j] & 15) | ((qh >> j) & 1) << 4) - 16));
-        v[j + 16] = __fmul_rn(d, (float)((int)((b[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16));
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) {
+        int j = j0 + i;
+        v[i] = __fmul_rn(d, (float)((nibble(b + 6, j) | (int)((qh >> j) & 1) << 4) - 16));
     }
 }
-__device__ __forceinline__ void dq_q5_1(const unsigned char* b, int g, float* v) {
+DQ(q5_1) {
     float d = f16(u16at(b)), m = f16(u16at(b + 2));
     unsigned int qh = u32at(b + 4);
-    _Pragma("unroll") for (int j = 0; j < 16; ++j) {
-        v[j] = __fadd_rn(__fmul_rn(d, (float)((b[8 + j] & 15) | ((qh >> j) & 1) << 4)), m);
-        v[j + 16] = __fadd_rn(__fmul_rn(d, (float)((b[8 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4)), m);
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) {
+        int j = j0 + i;
+        v[i] = __fadd_rn(__fmul_rn(d, (float)(nibble(b + 8, j) | (int)((qh >> j) & 1) << 4)), m);
     }
 }
-__device__ __forceinline__ void dq_q8_0(const unsigned char* b, int g, float* v) {
+DQ(q8_0) {
     float d = f16(u16at(b));
-    _Pragma("unroll") for (int j = 0; j < 32; ++j) v[j] = __fmul_rn((float)(signed char)b[2 + j], d);
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fmul_rn((float)(signed char)b[2 + j0 + i], d);
 }
-// 256-value blocks, 8 groups of 32 (Q2_K, Q3_K, Q6_K: a scale per 16 values)
-__device__ __forceinline__ void dq_q2_k(const unsigned char* b, int g, float* v) {  // scales, qs, d, dmin
-    float d = f16(u16at(b + 80)), dmin = f16(u16at(b + 82));
-    const unsigned char* q = b + 16 + (g / 4) * 32;
-    int shift = 2 * (g % 4);
-    _Pragma("unroll") for (int j = 0; j < 32; ++j) {
-        int s = b[2 * g + j / 16];
-        v[j] = __fsub_rn(__fmul_rn(__fmul_rn(d, (float)(s & 15)), (float)((q[j] >> shift) & 3)),
-                         __fmul_rn(dmin, (float)(s >> 4)));
-    }
+// 256-value blocks, 8 groups of 32 (Q2_K, Q3_K, Q6_K: a scale per 16 values, s)
+DQ(q2_k) {  // scales, qs, d, dmin
+    int s = b[2 * g + j0 / 16], shift = 2 * (g % 4);
+    float dl = __fmul_rn(f16(u16at(b + 80)), (float)(s & 15)), ml = __fmul_rn(f16(u16at(b + 82)), (float)(s >> 4));
+    const unsigned char* q = b + 16 + (g / 4) * 32 + j0;
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(__fmul_rn(dl, (float)((q[i] >> shift) & 3)), ml);
 }
-__device__ __forceinline__ void dq_q3_k(const unsigned char* b, int g, float* v) {  // hmask, qs, scales, d
-    float d = f16(u16at(b + 108));
-    const unsigned char *q = b + 32 + (g / 4) * 32, *sc = b + 96;
-    int shift = 2 * (g % 4);
-    _Pragma("unroll") for (int j = 0; j < 32; ++j) {
-        int s = 2 * g + j / 16;
-        int scale = ((s < 8 ? sc[s] & 15 : sc[s - 8] >> 4) | ((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
-        int code = ((q[j] >> shift) & 3) - ((((b[j] >> g) & 1) ^ 1) << 2);
-        v[j] = __fmul_rn(__fmul_rn(d, (float)scale), (float)code);
-    }
+DQ(q3_k) {  // hmask, qs, scales, d
+    const unsigned char *q = b + 32 + (g / 4) * 32 + j0, *sc = b + 96;
+    int s = 2 * g + j0 / 16, shift = 2 * (g % 4);
+    int scale = ((s < 8 ? sc[s] & 15 : sc[s - 8] >> 4) | ((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4) - 32;
+    float dl = __fmul_rn(f16(u16at(b + 108)), (float)scale);
+    _Pragma("unroll") for (int i = 0; i < 8; ++i)
+        v[i] = __fmul_rn(dl, (float)(((q[i] >> shift) & 3) - ((((b[j0 + i] >> g) & 1) ^ 1) << 2)));
 }
-// Q4_K/Q5_K's 6-bit scale and min of group g (get_scale_min_k4)
-__device__ __forceinline__ void scale_min(const unsigned char* s, int g, int* sc, int* m) {
-    if (g < 4) {
-        *sc = s[g] & 63;
-        *m = s[g + 4] & 63;
-    } else {
-        *sc = (s[g + 4] & 15) | ((s[g - 4] >> 6) << 4);
-        *m = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
-    }
+// Q4_K/Q5_K's 6-bit scale and min of group g (get_scale_min_k4), each times its float16 factor
+__device__ __forceinline__ void scale_min(const unsigned char* b, int g, float* dl, float* ml) {
+    const unsigned char* s = b + 4;
+    int sc = g < 4 ? s[g] & 63 : (s[g + 4] & 15) | ((s[g - 4] >> 6) << 4);
+    int m = g < 4 ? s[g + 4] & 63 : (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
+    *dl = __fmul_rn(f16(u16at(b)), (float)sc);
+    *ml = __fmul_rn(f16(u16at(b + 2)), (float)m);
 }
-__device__ __forceinline__ void dq_q4_k(const unsigned char* b, int g, float* v) {  // d, dmin, scales, qs
-    int sc, m;
-    scale_min(b + 4, g, &sc, &m);
-    float dl = __fmul_rn(f16(u16at(b)), (float)sc), ml = __fmul_rn(f16(u16at(b + 2)), (float)m);
-    const unsigned char* q = b + 16 + (g / 2) * 32;
+DQ(q4_k) {  // d, dmin, scales, qs
+    float dl, ml;
+    scale_min(b, g, &dl, &ml);
+    const unsigned char* q = b + 16 + (g / 2) * 32 + j0;
     int shift = 4 * (g % 2);
-    _Pragma("unroll") for (int j = 0; j < 32; ++j) v[j] = __fsub_rn(__fmul_rn(dl, (float)((q[j] >> shift) & 15)), ml);
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fsub_rn(__fmul_rn(dl, (float)((q[i] >> shift) & 15)), ml);
 }
-__device__ __forceinline__ void dq_q5_k(const unsigned char* b, int g, float* v) {  // d, dmin, scales, qh, qs
-    int sc, m;
-    scale_min(b + 4, g, &sc, &m);
-    float dl = __fmul_rn(f16(u16at(b)), (float)sc), ml = __fmul_rn(f16(u16at(b + 2)), (float)m);
-    const unsigned char* q = b + 48 + (g / 2) * 32;
+DQ(q5_k) {  // d, dmin, scales, qh, qs
+    float dl, ml;
+    scale_min(b, g, &dl, &ml);
+    const unsigned char* q = b + 48 + (g / 2) * 32 + j0;
     int shift = 4 * (g % 2);
-    _Pragma("unroll") for (int j = 0; j < 32; ++j)
-        v[j] = __fsub_rn(__fmul_rn(dl, (float)(((q[j] >> shift) & 15) | ((b[16 + j] >> g) & 1) << 4)), ml);
+    _Pragma("unroll") for (int i = 0; i < 8; ++i)
+        v[i] = __fsub_rn(__fmul_rn(dl, (float)(((q[i] >> shift) & 15) | ((b[16 + j0 + i] >> g) & 1) << 4)), ml);
 }
-__device__ __forceinline__ void dq_q6_k(const unsigned char* b, int g, float* v) {  // ql, qh, scales, d
-    float d = f16(u16at(b + 208));
-    const unsigned char *ql = b + (g / 4) * 64 + (g % 2) * 32, *qh = b + 128 + (g / 4) * 32;
+DQ(q6_k) {  // ql, qh, scales, d
+    float dl = __fmul_rn(f16(u16at(b + 208)), (float)(signed char)b[192 + 2 * g + j0 / 16]);
+    const unsigned char *ql = b + (g / 4) * 64 + (g % 2) * 32 + j0, *qh = b + 128 + (g / 4) * 32 + j0;
     int lo = 4 * ((g % 4) / 2), hi = 2 * (g % 4);
-    _Pragma("unroll") for (int j = 0; j < 32; ++j) {
-        int code = (((ql[j] >> lo) & 15) | ((qh[j] >> hi) & 3) << 4) - 32;
-        v[j] = __fmul_rn(__fmul_rn(d, (float)(signed char)b[192 + 2 * g + j / 16]), (float)code);
-    }
+    _Pragma("unroll") for (int i = 0; i < 8; ++i)
+        v[i] = __fmul_rn(dl, (float)((((ql[i] >> lo) & 15) | ((qh[i] >> hi) & 3) << 4) - 32));
 }
 """
 # each quantized type as X(kind, values a block, bytes a block), for the kernels made per type
@@ -383,38 +368,35 @@ extern "C" __global__ void embed_bf16(const int* tok, const unsigned short* W, f
     if (d < D) out[d] = bf16(W[(long long)*tok * D + d]);
 }
 """ + DEQUANT + DQ_TYPES + r"""
-// gemv's form for quantized rows of K values: a lane a group of 32 values at a time, unpacked by dq_<type>
+// gemv's form for quantized rows of K values: eight lanes a group of 32 values, a lane 8 of them (dq_<type>)
 #define GEMV_Q(T, QK, BYTES)                                                                                \
 extern "C" __global__ void gemv_##T(const unsigned char* __restrict__ W, const float* __restrict__ x,        \
                                     const float* bias, const float* res, float* out, int N, int K) {         \
-    int r = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;                                 \
+    int r = blockIdx.x * WARPS + threadIdx.x / 32, lane = threadIdx.x % 32, j0 = 8 * (lane % 4);            \
     if (r >= N) return;                                                                                     \
     const unsigned char* w = W + (long long)r * (K / QK) * BYTES;                                           \
-    float acc = 0.0f, v[32];                                                                                \
-    for (int g = lane; g < K / 32; g += 32) {                                                               \
-        dq_##T(w + g / (QK / 32) * BYTES, g % (QK / 32), v);                                                \
-        const float4* x4 = (const float4*)(x + g * 32);                                                     \
-        _Pragma("unroll")                                                                                   \
-        for (int j = 0; j < 8; ++j) {                                                                       \
-            float4 a = x4[j];                                                                               \
-            acc += v[4 * j] * a.x + v[4 * j + 1] * a.y + v[4 * j + 2] * a.z + v[4 * j + 3] * a.w;           \
-        }                                                                                                   \
+    float acc = 0.0f, v[8];                                                                                 \
+    for (int g = lane / 4; g < K / 32; g += 8) {                                                            \
+        dq_##T(w + g / (QK / 32) * BYTES, g % (QK / 32), j0, v);                                            \
+        float4 a = *(const float4*)(x + g * 32 + j0), c = *(const float4*)(x + g * 32 + j0 + 4);            \
+        acc += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * c.x + v[5] * c.y + v[6] * c.z      \
+             + v[7] * c.w;                                                                                  \
     }                                                                                                       \
 GEMV_TAIL
 DQ_TYPES(GEMV_Q)
 
-// n groups of 32 values of quantized rows of K values to float32, from row *tok where tok is given (an embedding)
+// n runs of 8 values of quantized rows of K values to float32, from row *tok where tok is given (an embedding)
 #define WIDEN_Q(T, QK, BYTES)                                                                               \
 extern "C" __global__ void widen_##T(const unsigned char* W, const int* tok, float* out, long long n, int K) {\
     long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                         \
     if (t >= n) return;                                                                                     \
-    long long r = t / (K / 32) + (tok ? *tok : 0);                                                          \
-    int g = t % (K / 32);                                                                                   \
-    float v[32];                                                                                            \
-    dq_##T(W + r * (K / QK) * BYTES + g / (QK / 32) * BYTES, g % (QK / 32), v);                             \
-    float4* o = (float4*)(out + t * 32);                                                                    \
-    _Pragma("unroll")                                                                                       \
-    for (int j = 0; j < 8; ++j) o[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);     \
+    long long r = t / (K / 8) + (tok ? *tok : 0);                                                           \
+    int g = t % (K / 8) / 4;                                                                                \
+    float v[8];                                                                                             \
+    dq_##T(W + r * (K / QK) * BYTES + g / (QK / 32) * BYTES, g % (QK / 32), 8 * (t % 4), v);                \
+    float4* o = (float4*)(out + t * 8);                                                                     \
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);                                                             \
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);                                                             \
 }
 DQ_TYPES(WIDEN_Q)
 """
@@ -511,7 +493,7 @@ class CudaKernels:
 
     def widen(self, raw, kind, out, token=None):  # token: widen that row of raw only (an embedding)
         if kind in QUANT.values():
-            n = out.size // 32  # groups of 32 values
+            n = out.size // 8  # runs of 8 values
             self._f(f"widen_{kind}")(((n + 255) // 256,), (256,), (raw, NULL if token is None else token, out,
                                                                     np.int64(n), np.int32(out.shape[-1])))
         else:
