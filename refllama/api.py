@@ -72,7 +72,9 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     other down).
     `weights_in_file` (numerics float32): keep every matrix (on numba, every matrix of a type without a kernel)
     memory-mapped in the file's form and convert it to float32 at each product (True), or convert them at load
-    (False); None chooses by size, in the file above 4 GiB of float32 (refllama.numerics.matrices.FilePlacement)."""
+    (False); None chooses by size, in the file above 4 GiB of float32 (refllama.numerics.matrices.FilePlacement).
+    On cupy, None and True keep F16/BF16 and GGUF's quantized matrices as stored on the GPU, False widens them to
+    float32 there at load (refllama.numerics.gpu.GpuPlacement)."""
     path = str(path) if path is not None else default_model_path()
     if path.lower().endswith(PICKLE_SUFFIXES):
         raise RefllamaError(f"{path}: pickle-based checkpoints are never loaded (unpickling can run code); "

@@ -25,8 +25,10 @@ from refllama.xp import to_numpy
 
 DATA = Path(__file__).parent / "data"
 PROMPT, STEPS = [1, 5, 9, 2, 7], [3, 11, 4, 8]
-MODELS = {"llama-gguf": DATA / "gguf-llama" / "llama-f32.gguf", **{f: DATA / f"tiny-{f}" for f in (
-    "llama", "mistral", "qwen2", "qwen3", "phi3")}, "qwen2-q4_k_m": DATA / "gguf-qwen2-kquant" / "qwen2-q4_k_m.gguf"}
+MODELS = {"llama-gguf": DATA / "gguf-llama" / "llama-f32.gguf",
+          **{f: DATA / f"tiny-{f}" for f in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")},
+          "qwen2-q4_k_m": DATA / "gguf-qwen2-kquant" / "qwen2-q4_k_m.gguf",
+          "gemma3-q8_0": DATA / "gguf-gemma3" / "gemma3-q8_0.gguf"}
 
 
 def rel(got, want):
@@ -54,7 +56,8 @@ def decoder_steps(m, decoder, steps):
 def test_the_decode_step_equals_the_forward(name):
     """The graph's kernel sequence (their mirrors, on NumPy) gives each step's logits and K/V as the forward does,
     for both pair layouts, biases (Qwen2), per-head q/k norms (Qwen3), a sliding window shorter than the context
-    (tiny Mistral's 5), Phi-3's fused matrices."""
+    (tiny Mistral's 5), Phi-3's fused matrices, Gemma 3's block (scaled embeddings, post-norms, GeGLU, local layers
+    with their own RoPE base and window beside global ones, soft-capped logits)."""
     m = refllama.load(MODELS[name], n_ctx=32)
     assert eligible(m)
     want_logits, want_k = forward_steps(m, STEPS)
@@ -97,8 +100,10 @@ def test_matrices_of_several_kinds_stay_apart_and_multiply_as_their_float32_valu
 
 
 def test_models_the_graph_does_not_reproduce_are_not_taken():
-    """Gemma 3's forward has stages of its own; numerics ggml rounds where the kernels do not: both stay ungraphed."""
-    assert not eligible(refllama.load(DATA / "tiny-gemma3"))
+    """GPT-2's and the mixtures of experts' forwards have steps the kernels lack; numerics ggml rounds where the
+    kernels do not: they stay ungraphed."""
+    assert not eligible(refllama.load(DATA / "tiny-gpt2"))
+    assert not eligible(refllama.load(DATA / "gguf-moe-kquant" / "qwen3moe-q4_k_m.gguf"))
     assert not eligible(refllama.load(MODELS["llama-gguf"], numerics="ggml"))
 
 
@@ -326,6 +331,17 @@ def test_each_cuda_kernel_equals_its_mirror():
         both("rope", x, cos[2:7], sin[2:7], layout, out=[np.zeros((5, 3, HD), f32)])
     g, u = (rng.standard_normal((3, 100)).astype(f32) * 8 for _ in range(2))
     both("swiglu", g, u, out=[np.zeros((3, 100), f32)])
+    both("geglu", g, u, out=[np.zeros((3, 100), f32)])
+    x, w, res = (rng.standard_normal(shape).astype(f32) for shape in ((3, 200), 200, (3, 200)))
+    outs = []
+    for k, xp in ((cuda, cp), (mirror, np)):  # a post-norm added to the residual; the in-place steps
+        o, y, z = xp.zeros((3, 200), xp.float32), xp.asarray(g * 3), xp.asarray(g.copy())
+        k.rms_norm(xp.asarray(x), xp.asarray(w), 1e-6, o, res=xp.asarray(res))
+        k.scale(y, 45.25)
+        k.softcap(z, 5.0)
+        outs.append([to_numpy(a) for a in (o, y, z)])
+    for got, want in zip(*outs):
+        assert rel(got, want) < 2e-6
     kq = rng.standard_normal((4, 3, 40)).astype(f32) * 5
     both("softmax_rows", kq, refllama.layers.causal_mask(37, 3, 40, np, window=30), 0.3,
          out=[np.zeros((4, 3, 40), f32)])

@@ -4,8 +4,9 @@ the formulas are refllama.layers; with numerics "float32" on numpy every step is
 
     (backend, numerics)   operations table            weights
     numpy, float32        refllama.layers.FLOAT32     matrices.FileMatrix above 1B parameters, else float32 arrays
-    cupy, float32         gpu.OPS                     gpu.GpuHalfMatrix: float16/bfloat16 kept so on the GPU; the rest
-                                                      float32 arrays there (a decode step: gpu_decode, one graph)
+    cupy, float32         gpu.OPS                     gpu.GpuMatrix: float16/bfloat16 and GGUF's quantized matrices
+                                                      kept as stored on the GPU, F32 as arrays there (a decode step:
+                                                      gpu_decode, one graph)
     numba, float32        numba_ops.OPS               quant.QuantMatrix: GGUF blocks read in place by Numba kernels;
                                                       the other types as numpy keeps them
     numpy/cupy, ggml      ggml_numerics.OPS           ggml_numerics.GgmlMatrix: llama.cpp's integer dot products
@@ -45,7 +46,7 @@ def ops_for(backend, numerics, arch, cpu_path=None):
 def placement(backend, xp, numerics="float32", in_file=None, repack=True, cpu_path=None):
     """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read.
     `in_file`: numpy's choice between file-form and float32 matrices (None: by the model's size, FilePlacement),
-    cupy's between 16-bit matrices kept so (None, True) and widened to float32 (False);
+    cupy's between 16-bit and quantized matrices kept so (None, True) and widened to float32 (False);
     `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms (ggml_numerics.REPACK) or its vec_dot;
     `cpu_path`: its float steps' CPU path (refllama.numerics.cpu_paths)."""
     if numerics == "ggml":

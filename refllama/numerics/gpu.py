@@ -225,14 +225,18 @@ __device__ double block_sum_f64(double v, double* sh) {
 }
 
 // one row of x [rows, D] a block: x * 1/sqrt(mean(x^2) + eps) * w, the float32 squares summed in float64 as
-// refllama.layers.rms_norm (and ggml) sums them
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int D, float eps) {
+// refllama.layers.rms_norm (and ggml) sums them; res + that where res is given (a post-norm's residual)
+extern "C" __global__ void rms_norm(const float* x, const float* w, const float* res, float* out, int D, float eps) {
     __shared__ double sh[32];
     const float* xr = x + (long long)blockIdx.x * D;
     double s = 0.0;
     for (int d = threadIdx.x; d < D; d += blockDim.x) s += (double)(xr[d] * xr[d]);
     float scale = 1.0f / sqrtf((float)(block_sum_f64(s, sh) / D) + eps);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) out[(long long)blockIdx.x * D + d] = xr[d] * scale * w[d];
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        long long i = (long long)blockIdx.x * D + d;
+        float y = xr[d] * scale * w[d];
+        out[i] = res ? res[i] + y : y;
+    }
 }
 
 // a block per head of qkv [QKV]: q and k normed per head where qn/kn are given (Qwen3), rotated by position *pos in
@@ -334,6 +338,26 @@ extern "C" __global__ void swiglu(const float* g, const float* u, float* out, lo
     if (i < n) out[i] = g[i] * (0.5f + 0.5f * tanhf(0.5f * g[i])) * u[i];
 }
 
+// GELU(g) (its tanh approximation) * u, n values
+extern "C" __global__ void geglu(const float* g, const float* u, float* out, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = g[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+}
+
+// cap * tanh(x / cap), n values in place (Gemma's soft-capped logits)
+extern "C" __global__ void softcap(float* x, float cap, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = cap * tanhf(x[i] / cap);
+}
+
+// x *= s, n values (Gemma's embeddings, times sqrt(D))
+extern "C" __global__ void scale(float* x, float s, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * s;
+}
+
 // a row of x [rows, n] a block: softmax(scale * x + mask), mask [T, n] (row r takes mask row r % T; null: none)
 extern "C" __global__ void softmax_rows(const float* x, const float* mask, float* out, int n, int T, float scale) {
     __shared__ float sh[32];
@@ -431,8 +455,9 @@ class NumpyKernels:
     def widen(self, bits, kind, out):
         widen_numpy(bits, kind, out)
 
-    def rms_norm(self, x, w, eps, out):  # [rows, D] -> out
-        out[...] = layers.rms_norm(x, w, eps)
+    def rms_norm(self, x, w, eps, out, res=None):  # [rows, D] (+ res) -> out
+        y = layers.rms_norm(x, w, eps)
+        out[...] = y if res is None else res + y
 
     def rope_store(self, qkv, cos, sin, pos, q_out, k_cache, v_cache, qn, kn, eps, heads, layout):
         H, KVH, HD = heads
@@ -456,6 +481,15 @@ class NumpyKernels:
 
     def swiglu(self, g, u, out):  # [n], [n] -> out [n]
         out[...] = layers.swiglu(g, u)
+
+    def geglu(self, g, u, out):  # [n], [n] -> out [n]
+        out[...] = layers.geglu(g, u)
+
+    def scale(self, x, s):  # x [n] *= s, in place
+        x *= np.float32(s)
+
+    def softcap(self, x, cap):  # x [n] -> cap tanh(x / cap), in place
+        x[...] = layers.softcap(x, cap)
 
     def softmax_rows(self, x, mask, scale, out):  # [H, T, S], [T, S] -> out [H, T, S]
         out[...] = layers.attention_weights(x, mask, scale)
@@ -500,10 +534,10 @@ class CudaKernels:
             n = raw.size
             self._f(f"widen_{kind}")(((n + 255) // 256,), (256,), (raw, out, np.int64(n)))
 
-    def rms_norm(self, x, w, eps, out):
+    def rms_norm(self, x, w, eps, out, res=None):
         D = x.shape[-1]
-        self._f("rms_norm")((x.size // D,), (min(1024, 32 * ((D + 31) // 32)),), (x, w, out, np.int32(D),
-                                                                                 np.float32(eps)))
+        self._f("rms_norm")((x.size // D,), (min(1024, 32 * ((D + 31) // 32)),), (
+            x, w, NULL if res is None else res, out, np.int32(D), np.float32(eps)))
 
     def rope_store(self, qkv, cos, sin, pos, q_out, k_cache, v_cache, qn, kn, eps, heads, layout):
         H, KVH, HD = heads
@@ -521,6 +555,18 @@ class CudaKernels:
     def swiglu(self, g, u, out):
         n = out.size
         self._f("swiglu")(((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
+
+    def geglu(self, g, u, out):
+        n = out.size
+        self._f("geglu")(((n + 255) // 256,), (256,), (g, u, out, np.int64(n)))
+
+    def scale(self, x, s):
+        n = x.size
+        self._f("scale")(((n + 255) // 256,), (256,), (x, np.float32(s), np.int64(n)))
+
+    def softcap(self, x, cap):
+        n = x.size
+        self._f("softcap")(((n + 255) // 256,), (256,), (x, np.float32(cap), np.int64(n)))
 
     def rope(self, x, cos, sin, layout, out):
         T, n, HD = x.shape
@@ -563,11 +609,14 @@ def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: layers.rms_norm as one ke
     return out
 
 
-def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: layers.swiglu as one kernel
-    gate = contiguous(gate)
-    out = array_module(gate).empty_like(gate)
-    kernels(array_module(gate)).swiglu(gate, contiguous(up), out)
-    return out
+def gated(unit):
+    def product(gate, up):  # [T, F], [T, F] -> [T, F]: layers.swiglu or layers.geglu as one kernel
+        gate = contiguous(gate)
+        out = array_module(gate).empty_like(gate)
+        getattr(kernels(array_module(gate)), unit)(gate, contiguous(up), out)
+        return out
+
+    return product
 
 
 def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: layers.attention_weights as one kernel
@@ -590,7 +639,7 @@ def rope_in(layout):
 # the cupy backend's steps in float32: a prefill's norms, RoPE, softmax and gated unit one kernel each, where CuPy's
 # array operations take several
 OPS = layers.FLOAT32._replace(rms_norm=rms_norm, rope={layout: rope_in(layout) for layout in layers.ROPE},
-                              swiglu=swiglu, attention_weights=attention_weights)
+                              swiglu=gated("swiglu"), geglu=gated("geglu"), attention_weights=attention_weights)
 
 
 class GpuMatrix(WeightMatrix):

@@ -1,16 +1,17 @@
-"""A decode step on the GPU as one CUDA graph: blocks.pre_norm_forward for one token, written as a fixed sequence
-of kernels (refllama.numerics.gpu) on buffers allocated once, captured once and replayed for every token. The step
-reads its token and position from two device scalars and attends over the keys up to that position, so one graph
-serves every position; nothing waits for the GPU until the caller reads the logits. Traces and dumps take the
-ungraphed forward (refllama.arch), which this step equals within float32 rounding (tests/test_gpu.py).
+"""A decode step on the GPU as one CUDA graph: blocks.pre_norm_forward (or gemma3.forward) for one token, written as
+a fixed sequence of kernels (refllama.numerics.gpu) on buffers allocated once, captured once and replayed for every
+token. The step reads its token and position from two device scalars and attends over the keys up to that position,
+so one graph serves every position; nothing waits for the GPU until the caller reads the logits. Traces and dumps
+take the ungraphed forward (refllama.arch), which this step equals within float32 rounding (tests/test_gpu.py).
 
 On NumPy the same sequence runs on the kernels' NumPy mirrors, uncaptured: that is how the CPU tests check it.
 """
 
+import math
 import sys
 from typing import NamedTuple
 
-from ..arch import blocks
+from ..arch import blocks, gemma3
 from ..xp import array_module
 from .gpu import GpuMatrix, kernels
 
@@ -19,11 +20,12 @@ QKV, GATE_UP = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
 
 def eligible(model):
     """Whether the graph reproduces this model's decode step: float32 arithmetic, a pre-norm forward (Llama,
-    Mistral, Qwen2, Qwen3, Phi-3), no experts, q/k norms (if any) per head."""
+    Mistral, Qwen2, Qwen3, Phi-3) or Gemma 3's, no experts, q/k norms (if any) per head."""
     cfg, lw = model.config, model.weights["layers"][0]
     per_head = "attn_q_norm" not in lw or lw["attn_q_norm"].shape[0] == cfg.head_dim
-    return (model.numerics == "float32" and model.arch.forward is blocks.pre_norm_forward and per_head
-            and cfg.head_dim <= 1024 and not any(cfg.is_moe(i) for i in range(cfg.n_layer)))
+    return (model.numerics == "float32" and model.arch.forward in (blocks.pre_norm_forward, gemma3.forward)
+            and per_head and cfg.head_dim <= 1024
+            and not any(cfg.is_moe(i) for i in range(cfg.n_layer)))
 
 
 def join_rows(lw, names):  # -> [sum of N, K], or its parts [(matrix, first row, end)]
@@ -54,8 +56,9 @@ def joined_bias(lw, names, xp):  # -> [sum of N] or None: the matrices' biases s
 
 
 class Layer(NamedTuple):
-    """A block's weights as the step reads them."""
+    """A block's weights as the step reads them, and where its attention looks."""
 
+    local: bool  # a sliding-window layer (Gemma 3's local layers; every layer of Mistral's)
     attn_norm: object  # [D]
     qkv: object  # [QKV, D] (or its parts: join_rows)
     qkv_bias: object  # [QKV] or None
@@ -68,6 +71,8 @@ class Layer(NamedTuple):
     gate_up_bias: object
     ffn_down: object  # [D, F]
     ffn_down_bias: object
+    attn_post_norm: object  # [D], Gemma 3's norms of the attention's and the feed-forward's outputs; else None
+    ffn_post_norm: object
 
 
 class GraphDecoder:
@@ -78,11 +83,16 @@ class GraphDecoder:
         cfg, w, cache, xp = model.config, model.weights, model.cache, model.xp
         self.k, self.xp, self.cfg, self.cache = kernels(xp), xp, cfg, cache
         self.heads = (cfg.n_head, cfg.n_head_kv, cfg.head_dim)
-        self.layers = [Layer(lw["attn_norm"], join_rows(lw, QKV), joined_bias(lw, QKV, xp), lw.get("attn_q_norm"),
+        gemma = model.arch is gemma3
+        self.layers = [Layer(bool(cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[i])),
+                             lw["attn_norm"], join_rows(lw, QKV), joined_bias(lw, QKV, xp), lw.get("attn_q_norm"),
                              lw.get("attn_k_norm"), lw["attn_output"], lw.get("attn_output_bias"), lw["ffn_norm"],
                              join_rows(lw, GATE_UP), joined_bias(lw, GATE_UP, xp), lw["ffn_down"],
-                             lw.get("ffn_down_bias")) for lw in w["layers"]]
+                             lw.get("ffn_down_bias"), lw.get("attn_post_norm"), lw.get("ffn_post_norm"))
+                       for i, lw in enumerate(w["layers"])]
         self.embd, self.out_norm, self.output = w["token_embd"], w["output_norm"], w["output"]
+        self.embd_scale = math.sqrt(cfg.n_embd) if gemma else None  # Gemma's inp_scaled
+        self.unit = self.k.geglu if gemma else self.k.swiglu  # the feed-forward's gated unit
         H, KVH, HD = self.heads
         f32, i32 = xp.float32, xp.int32
         self.token, self.pos = xp.zeros(1, i32), xp.zeros(1, i32)
@@ -94,23 +104,36 @@ class GraphDecoder:
         self.graph = self.stream = None
 
     def run(self):
-        """The step, kernel by kernel: pre_norm_block for each layer, then the final norm and the logits."""
-        k, cfg, cache = self.k, self.cfg, self.cache
+        """The step, kernel by kernel: pre_norm_block (or gemma3.block) for each layer, then the final norm and the
+        logits."""
+        k, cfg, cache, eps = self.k, self.cfg, self.cache, self.cfg.rms_eps
         k.embed(self.token, self.embd, self.x)  # x [D]
+        if self.embd_scale:
+            k.scale(self.x, self.embd_scale)
         for i, L in enumerate(self.layers):
-            k.rms_norm(self.x, L.attn_norm, cfg.rms_eps, self.h)
+            k.rms_norm(self.x, L.attn_norm, eps, self.h)
             self.gemv(L.qkv, self.h, self.qkv, L.qkv_bias)  # [QKV]
-            k.rope_store(self.qkv, cache.cos, cache.sin, self.pos, self.q, cache.k[i], cache.v[i], L.q_norm,
-                         L.k_norm, cfg.rms_eps, self.heads, cfg.rope_layout)  # q [H*HD]; k, v into the cache
+            cos, sin = (cache.cos_swa, cache.sin_swa) if L.local and cfg.swa_layers else (cache.cos, cache.sin)
+            k.rope_store(self.qkv, cos, sin, self.pos, self.q, cache.k[i], cache.v[i], L.q_norm, L.k_norm, eps,
+                         self.heads, cfg.rope_layout)  # q [H*HD]; k, v into the cache
             k.attention(self.q, cache.k[i], cache.v[i], self.pos, self.scores, self.attn, cfg.kq_scale, self.heads,
-                        cfg.sliding_window)  # [H*HD]
-            k.gemv(L.attn_output, self.attn, self.x, bias=L.attn_output_bias, res=self.x)  # x += attn_out
-            k.rms_norm(self.x, L.ffn_norm, cfg.rms_eps, self.h)
+                        cfg.sliding_window if L.local else None)  # [H*HD]
+            self.residual(L.attn_output, self.attn, L.attn_output_bias, L.attn_post_norm)  # x += attn_out
+            k.rms_norm(self.x, L.ffn_norm, eps, self.h)
             self.gemv(L.gate_up, self.h, self.gu, L.gate_up_bias)  # [2F]
-            k.swiglu(self.gu[:cfg.n_ff], self.gu[cfg.n_ff:], self.act)  # [F]
-            k.gemv(L.ffn_down, self.act, self.x, bias=L.ffn_down_bias, res=self.x)  # x += ffn_out
-        k.rms_norm(self.x, self.out_norm, cfg.rms_eps, self.h)
+            self.unit(self.gu[:cfg.n_ff], self.gu[cfg.n_ff:], self.act)  # [F]
+            self.residual(L.ffn_down, self.act, L.ffn_down_bias, L.ffn_post_norm)  # x += ffn_out
+        k.rms_norm(self.x, self.out_norm, eps, self.h)
         k.gemv(self.output, self.h, self.logits[0])
+        if cfg.logit_softcap:
+            k.softcap(self.logits[0], cfg.logit_softcap)
+
+    def residual(self, w, x, bias, post_norm):  # the residual x += w . x (+ bias), or += post_norm(w . x): Gemma's
+        if post_norm is None:
+            self.k.gemv(w, x, self.x, bias=bias, res=self.x)
+        else:
+            self.k.gemv(w, x, self.h, bias=bias)  # [D]
+            self.k.rms_norm(self.h, post_norm, self.cfg.rms_eps, self.x, res=self.x)
 
     def gemv(self, w, x, out, bias):  # a joined matrix's product, or its parts' each into its rows of out
         for m, a, b in w if isinstance(w, list) else [(w, 0, len(out))]:
