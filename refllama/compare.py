@@ -7,7 +7,8 @@ MINE is the dump checked, REF the reference: directories or .safetensors files i
 checkpoints/FORMAT.md, of the same token ids. Per stage: the error end to end (MINE against REF) beside the
 error of the stage before it, and, when the model is at hand, each side's local error: refllama re-runs the
 stage on that side's own inputs, so a stage that adds error is told apart from one that only carries it.
-Exit code 0: every stage within tolerance; 1: a stage diverged; 2: an input could not be read.
+Exit code 0: every stage within tolerance; 1: a stage diverged; 2: the comparison could not be made (an input
+unreadable, MINE's stage names mostly unknown, a stage of --require-stages not compared).
 """
 
 import json
@@ -149,6 +150,9 @@ def main(argv=None):
     p.add_argument("--tolerance", choices=COLUMNS, help="tolerance column (default: chosen from both dumps)")
     p.add_argument("--logits", action="store_true", help="judge the whole text by its logits: KL divergence, top-1 "
                    "agreement, perplexities")
+    p.add_argument("--require-stages", metavar="NAMES", default="",
+                   help="comma-separated stages that must be compared, else exit 2 (a CI's demand): attn_norm-3 as "
+                   "named, attn_norm in every layer compared")
     p.add_argument("--plot", help="write a layer x stage heatmap of the error to this PNG")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--all", action="store_true", help="print every stage, not only those past tolerance")
@@ -164,7 +168,8 @@ def main(argv=None):
         mine, ref = Dump(args.mine), Dump(args.ref)
         model, why = (None, "--no-rerun") if args.no_rerun else \
             find_model(args.model, mine, ref, args.numerics, args.backend)
-        rep = compare(args.mine, args.ref, model, args.tolerance, args.numerics)
+        rep = compare(args.mine, args.ref, model, args.tolerance, args.numerics,
+                      [n for n in args.require_stages.split(",") if n])
         if model is None:
             rep.notes.append(f"stages not re-run ({why}): verdicts are end to end only")
         if args.plot:

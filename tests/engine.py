@@ -34,6 +34,10 @@ def unpermute(w, n_head):  # llama.cpp's converter interleaved each head's rows;
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
 
 
+def permute(w, n_head):  # the reverse: HF's rows back to the converter's
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
 class Weights:
     def __init__(self, path):
         r = gguf.GGUFReader(path)
@@ -56,6 +60,11 @@ class Engine:
         self.w, self.bugs, self.numerics = weights, set(bugs), numerics
         self.round = bf16 if numerics == "bfloat16" else (lambda x: np.asarray(x, np.float32))
         self.t = {k: self.round(v) for k, v in weights.t.items()} if numerics == "bfloat16" else weights.t
+        if "unpermuted_weights" in self.bugs:  # GGUF's q/k rows as the converter left them, under HF's RoPE
+            self.t = dict(self.t)
+            for i in range(weights.n_layer):
+                for name, n in (("attn_q", weights.H), ("attn_k", weights.KVH)):
+                    self.t[f"blk.{i}.{name}.weight"] = permute(self.t[f"blk.{i}.{name}.weight"], n)
 
     def mm(self, x, name):
         return self.round(x @ self.t[name].T)
@@ -90,7 +99,7 @@ class Engine:
             s = {}
             x = s["inp_embd"] = self.round(self.t["token_embd.weight"][new])
             for i in range(w.n_layer):
-                blk = f"blk.{i}."
+                blk = f"blk.{i + 1 if 'neighbour_layer_7' in self.bugs and i == 7 else i}."
                 h = s[f"attn_norm-{i}"] = self.norm(x, blk + "attn_norm.weight")
                 q = s[f"Qcur-{i}"] = self.mm(h, blk + "attn_q.weight").reshape(len(new), H, HD)
                 k = s[f"Kcur-{i}"] = self.mm(h, blk + "attn_k.weight").reshape(len(new), KVH, HD)
@@ -102,13 +111,13 @@ class Engine:
                 kv = np.arange(H) % KVH if "gqa" in self.bugs else np.arange(H) // (H // KVH)
                 kq = s[f"kq-{i}"] = self.round(np.einsum("thd,shd->hts", q, ks[:, kv]))  # [H, T, S]
                 scale = 1 / HD if "softmax_scale" in self.bugs else 1 / np.sqrt(HD)
-                visible = np.arange(len(ks))[None, :] <= np.asarray(pos)[:, None]
+                visible = np.arange(len(ks))[None, :] <= np.asarray(pos)[:, None] + ("mask_off_by_one" in self.bugs)
                 z = kq * scale + (0 if "no_causal_mask" in self.bugs else np.where(visible, 0, -np.inf))
                 e = np.exp(z - z.max(-1, keepdims=True))
                 p = s[f"kq_soft_max-{i}"] = self.round(e / e.sum(-1, keepdims=True))
                 o = s[f"kqv_out-{i}"] = self.round(np.einsum("hts,shd->thd", p, vs[:, kv]).reshape(len(new), -1))
                 a = s[f"attn_out-{i}"] = self.mm(o, blk + "attn_output.weight")
-                x = s[f"ffn_inp-{i}"] = self.residual(x + a)
+                x = s[f"ffn_inp-{i}"] = self.residual(a if "no_attn_residual_5" in self.bugs and i == 5 else x + a)
                 h = s[f"ffn_norm-{i}"] = self.norm(x, blk + "ffn_norm.weight")
                 swap = "swap_gate_up_7" in self.bugs and i == 7
                 gate, up = ("ffn_up", "ffn_gate") if swap else ("ffn_gate", "ffn_up")
@@ -119,7 +128,7 @@ class Engine:
                 f = s[f"ffn_swiglu-{i}"] = self.round(act * u)
                 d = s[f"ffn_out-{i}"] = self.mm(f, blk + "ffn_down.weight")
                 x = s[f"l_out-{i}"] = self.residual(x + d)
-            s["result_norm"] = self.norm(x, "output_norm.weight")
+            s["result_norm"] = x if "no_final_norm" in self.bugs else self.norm(x, "output_norm.weight")
             logits = s["result_output"] = self.mm(s["result_norm"], "output.weight")
             records.append((pos, s))
             tokens.append(int(logits[-1].argmax()))
@@ -133,7 +142,8 @@ class Engine:
         "safetensors" (one file, manifest fields in its metadata, q/k/v as [T, H*HD], a batch axis, bfloat16)."""
         records, decode_ids = self.run(ids, decode_steps)
         manifest = {"format": "refllama-dump/1", "producer": f"tests/engine.py ({self.numerics})",
-                    "model_sha256": "", "token_ids": list(ids), "decode_ids": decode_ids, "qk_layout": "half",
+                    "model_sha256": "", "token_ids": list(ids), "decode_ids": decode_ids,
+                    "qk_layout": "interleaved" if "manifest_layout" in self.bugs else "half",
                     "numerics": self.numerics}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -220,7 +220,51 @@ def test_a_dump_of_unknown_stage_names_only_is_an_error(tiny, ids, tmp_path):
         t["name"] = "x_" + t["name"]  # every name misspelt
     (mine / "manifest.json").write_text(json.dumps(manifest))
     r = run_compare(mine, ref, "--no-rerun")
-    assert r.returncode == 2 and "none of its" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and "can read 0 of its" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def rename(dump, names):  # a copy's stages renamed (old -> new), the rest dropped where new is None
+    manifest = json.loads((dump / "manifest.json").read_text())
+    manifest["tensors"] = [{**t, "name": names.get(t["name"], t["name"])} for t in manifest["tensors"]
+                           if names.get(t["name"], "") is not None]
+    (dump / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_dump_compare_can_read_too_little_of_fails_and_says_what_it_read(tiny, ids, tmp_path):
+    """An engine's own names for a layer's stages (attn-norm-0, q_proj-0) beside one name compare knows: not a pass
+    (exit 0 on "all 1 stages within tolerance" would pass a CI), but exit 2 naming what was read."""
+    ref = tiny.dump(ids, tmp_path / "ref")
+    mine = shutil.copytree(ref, tmp_path / "mine")
+    keep = {"inp_embd": "inp_embd", "attn_norm-0": "attn-norm-0", "Qcur-0": "q_proj-0"}
+    rename(mine, {t: keep.get(t) for t in Dump(mine).names})
+    r = run_compare(mine, ref, "--no-rerun")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "can read 1 of its 3 stages (inp_embd); 2 are no stage of this family (attn-norm-0, q_proj-0), and " \
+           "layer 0 has no stage it can read" in r.stderr
+
+
+def test_a_dump_of_another_familys_forward_is_said_so_once(tmp_path):
+    """Gemma 3 run through a Llama forward: its residual named ffn_inp in every layer. One line a stage, with
+    Gemma's name for it, and one line saying whose stages they are."""
+    m = refllama.load(TINY / "gguf-gemma3" / "gemma3-f32.gguf", n_ctx=64)
+    ref = m.dump(list(range(3, 9)), tmp_path / "ref")
+    mine = shutil.copytree(ref, tmp_path / "mine")
+    rename(mine, {n: n.replace("sa_out", "ffn_inp") for n in Dump(mine).names})
+    rep = compare(mine, ref, None)
+    unknown = [line for line in rep.coverage if "ffn_inp" in line and not line.startswith("only in MINE")]
+    n = m.config.n_layer
+    assert unknown[0] == f"unknown stage 'ffn_inp' in {n} layers (0-{n - 1}) (gemma3's name for it is 'sa_out')"
+    assert len(unknown) == 2 and "are another family's (llama, " in unknown[1] and "not gemma3's" in unknown[1]
+
+
+def test_require_stages_fails_a_comparison_without_them(tiny, ids, tmp_path):
+    ref = tiny.dump(ids, tmp_path / "ref")
+    mine = shutil.copytree(ref, tmp_path / "mine")
+    rename(mine, {"kq_soft_max-1": None})
+    ok = run_compare(mine, ref, "--no-rerun", "--require-stages", "attn_norm,kq_soft_max-0,result_output")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    r = run_compare(mine, ref, "--no-rerun", "--require-stages", "attn_norm,kq_soft_max")
+    assert r.returncode == 2 and "1 required stage not compared (kq_soft_max-1)" in r.stderr, r.stderr
 
 
 def test_the_first_divergence_line_names_the_wrong_positions(tiny, ids, tmp_path):
@@ -379,7 +423,25 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
         if bug == "post_norm":  # layer 0's attention output added without its norm
             target = lw["attn_post_norm"]
             replace["rms_norm"] = lambda x, w, eps: x if w is target else ops.rms_norm(x, w, eps)
-        elif bug == "one_plus_w":  # the HF checkpoint's w taken as the weight of layer 0's first norm
+        elif bug == "neighbour_layer":  # layer 0 reads layer 1's tensors
+            mp.setitem(m.weights, "layers", [m.weights["layers"][1], *m.weights["layers"][1:]])
+        elif bug == "mask_off_by_one":  # a query sees the key after its own
+            mp.setattr(blocks, "causal_mask", lambda s, T, S, xp, window=None: np.maximum(
+                causal_mask(s, T, S, xp, window), np.pad(causal_mask(s, T, S, xp, window), ((0, 0), (1, 0)),
+                                                         constant_values=-np.inf)[:, :S]))
+        elif bug == "no_final_norm":
+            target = m.weights["output_norm"]
+            replace["rms_norm"] = lambda x, w, eps: x if w is target else ops.rms_norm(x, w, eps)
+        elif bug == "no_residual":  # layer 0's attention output taken as the residual sum, the stream dropped
+            arch, held = gemma3 if family == "gemma3" else blocks, {}
+            tap, last = arch.tap, "attn_post_norm" if family == "gemma3" else "attn_out"
+
+            def dropped(name, layer, x):
+                held[name] = x
+                return tap(name, layer, held[last] if (name, layer) == (
+                    "sa_out" if family == "gemma3" else "ffn_inp", 0) else x)
+            mp.setattr(arch, "tap", dropped)
+        elif bug in ("one_plus_w", "one_plus_w_unscaled"):  # the HF checkpoint's w as layer 0's first norm weight
             mp.setitem(lw, "attn_norm", lw["attn_norm"] - np.float32(1))
         elif bug == "q_norm_one_plus_w":
             mp.setitem(lw, "attn_q_norm", lw["attn_q_norm"] - np.float32(1))
@@ -434,7 +496,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
             mp.setattr(m, "ops", ops._replace(**replace))
         mine = m.dump(ids, tmp_path / "mine")
     # an engine without the stage it lacks: no post-norm node, no scaled embeddings dumped, no position rows
-    drop = {"post_norm": "attn_post_norm-0", "embedding_scale": "inp_scaled",
+    drop = {"post_norm": "attn_post_norm-0", "embedding_scale": "inp_scaled", "one_plus_w_unscaled": "inp_scaled",
             "positions_not_added": "pos_embd"}.get(bug)
     manifest = json.loads((mine / "manifest.json").read_text())
     manifest["tensors"] = [t for t in manifest["tensors"] if t["name"] != drop]
@@ -445,6 +507,14 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
 @pytest.mark.parametrize("family, bug, stage, hint", [
     ("gemma3", "post_norm", "sa_out-0", "sa_out = inp_scaled + attn_out with no attn_post_norm"),
     ("gemma3", "one_plus_w", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
+    ("gemma3", "one_plus_w_unscaled", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
+    ("gemma3", "mask_off_by_one", "kq_soft_max-0", "each query also sees the key after its own"),
+    ("gemma3", "no_final_norm", "result_norm", "equals its input (l_out-5): the norm (output_norm) is skipped"),
+    ("gemma3", "no_residual", "sa_out-0", "equals attn_post_norm-0 alone: the residual is not added"),
+    ("gemma3", "neighbour_layer", "attn_norm-0", "computed with block 1's weights"),
+    ("llama", "mask_off_by_one", "kq_soft_max-0", "each query also sees the key after its own"),
+    ("llama", "no_residual", "ffn_inp-0", "equals attn_out-0 alone: the residual is not added"),
+    ("llama", "neighbour_layer", "attn_norm-0", "computed with block 1's weights"),
     ("gemma3", "q_norm_one_plus_w", "Qcur_normed-0", "the 1 was not added to attn_q_norm"),
     ("gemma3", "q_norm_skipped", "Qcur_normed-0", "equals Qcur: the per-head norm (attn_q_norm) is skipped"),
     ("gemma3", "k_norm_whole_row", "Kcur_normed-0", "Kcur normed over all its heads at once"),

@@ -27,6 +27,13 @@ BUGS = {  # bug: (the stage it must be named at, words of the hint that must exp
     "swap_gate_up_7": ("ffn_gate-7", "equals the expected ffn_up-7"),
     "decode_position": ("Qcur_rope-0", "decode steps' (6-7) are not"),
     "no_causal_mask": ("kq_soft_max-0", "causal mask is missing"),
+    "mask_off_by_one": ("kq_soft_max-0", "each query also sees the key after its own"),
+    "neighbour_layer_7": ("attn_norm-7", "computed with block 8's weights: layer 7 reads its neighbour's tensors"),
+    "no_final_norm": ("result_norm", "equals its input (l_out-29): the norm (output_norm) is skipped"),
+    "no_attn_residual_5": ("ffn_inp-5", "equals attn_out-5 alone: the residual is not added"),
+    "manifest_layout": ("Qcur-0", "the manifest's qk_layout (the layout of the values dumped) should say 'half'"),
+    "unpermuted_weights": ("Qcur-0", "kq-0 is wrong: the engine's attn_q/attn_k rows are in the 'interleaved' "
+                           "layout where its RoPE pairs 'half'"),
 }
 
 

@@ -2,20 +2,18 @@
 error end to end beside the error of the stage before it, and, with the model at hand, each side's local error
 (refllama re-runs the stage on that side's own inputs), so that the first stage that adds error is named."""
 
-import itertools
+import difflib
 import os
-import tempfile
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import arch as archs
 from ..errors import RefllamaError
-from ..trace import recording, stage_name
-from ..xp import to_numpy
 from .diagnose import diagnose
-from .dump import OUTPUT_STAGES, Dump, forward_order, known_stages, model_sha256, output_rows, split_name, stack_records
+from .dump import INPUT_STAGES, OUTPUT_STAGES, SAME_VALUE, Dump, forward_order, known_stages, model_sha256, split_name
 from .metrics import metrics, spans, take, visible, within, wrong_positions
+from .rerun import Forced
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 
 COLUMNS = (*REFERENCE_KINDS, *UNIT_ROUNDOFF)
@@ -47,79 +45,6 @@ def choose_column(mine, ref, override=None):
     if coarse in UNIT_ROUNDOFF:
         return Column(coarse, f"{sides}: bands of {coarse}'s rounding for each stage re-run on its own inputs")
     return Column("float32", f"{sides}: two float32 engines on the same weights")
-
-
-# ---- re-running stages on a dump's own inputs
-
-class Forced:
-    """refllama's value of every stage when each stage a dump holds is replaced by the dump's value as the
-    forward pass goes: a stage's value here is computed from the dump's own inputs (its local check). The values
-    are saved to a temporary directory as they are computed and read back a stage at a time, so that a long
-    prompt's compare holds a few stages, not all of them."""
-
-    def __init__(self, model, dump):
-        self.model, self.dump, self.parts = model, dump, {}
-        self.wanted = set(dump.names)
-        self.tmp = tempfile.TemporaryDirectory(prefix="refllama-rerun-")  # removed with this object
-        self.held = (None, None)  # the one stage read back last
-        self.saved = itertools.count()  # the files' names
-        model.cache.reset()
-        for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
-                                                    for k, t in enumerate(dump.decode_ids)]:
-            self.here = list(range(start, start + len(ids)))  # the positions of the rows that the stages have
-            with recording(self):
-                model.forward(ids, start)
-        self.names = list(self.parts)
-
-    def record(self, name, layer, x):
-        key = stage_name(name, layer)
-        cut = key == "result_norm" and len(self.here) > 1  # logits only where the dump has them (llama.cpp's
-        if key not in self.wanted and not cut:  # output rows): a long prompt's logits are T x V floats
-            return x
-        axis = Dump.axis_of(name)
-        here = self.model.xp
-        index = {p: i for i, p in enumerate(self.here)}
-        if key in self.wanted:
-            held = [p for p in self.dump.positions(key) if p in index]  # only the rows compare reads
-            if held:
-                path = os.path.join(self.tmp.name, f"{next(self.saved)}.npy")
-                np.save(path, np.take(to_numpy(x), [index[p] for p in held], axis=axis).astype(np.float32))
-                self.parts.setdefault(key, []).append((held, path))
-            x = here.array(x, dtype=here.float32)  # a copy to write the dump's rows into
-            for positions, a in self.dump.rows(key):
-                for j, p in enumerate(positions):
-                    if p in index:
-                        i, row = index[p], np.take(a, j, axis=axis)
-                        if axis == 1:  # [H, S]: only the keys position p sees (an engine may leave the rest unset)
-                            x[:, i, :p + 1] = here.asarray(row[:, :p + 1])
-                        else:
-                            x[i] = here.asarray(row)
-        if cut:
-            start = self.here[0]
-            kept = [[p - start for p in self.dump.positions(k)] for k in OUTPUT_STAGES if k in self.wanted]
-            rows = output_rows(kept, len(self.here))
-            if len(rows) < len(self.here):
-                self.here = [start + i for i in rows]
-                x = x[here.asarray(rows)]
-        return x
-
-    def _stage(self, name):  # -> (array, positions)
-        if self.held[0] != name:
-            parts = [(positions, np.load(path, mmap_mode="r")) for positions, path in self.parts[name]]
-            self.held = (name, stack_records(parts, Dump.axis_of(split_name(name)[0])))
-        return self.held[1]
-
-    def __contains__(self, name):
-        return name in self.parts
-
-    def __getitem__(self, name):
-        return self._stage(name)[0]
-
-    def positions(self, name):
-        return self._stage(name)[1]
-
-    def token_axis(self, name):
-        return Dump.axis_of(split_name(name)[0])
 
 
 def experts_used(mine, ref, model):
@@ -158,9 +83,45 @@ def untested(model, ref, same):
 
 # ---- the comparison
 
-def compare(mine_path, ref_path, model=None, column=None, numerics=None):
+def readable(mine, known):
+    """Refuse a dump compare can read too little of (exit 2, not a pass): names of no stage of the family (a
+    misspelling, another engine's own names) while a layer they name has no stage compare can read, or while they
+    outnumber those it can. Says what it read."""
+    unknown = [n for n in mine.names if split_name(n)[0] not in known]
+    if not unknown:
+        return
+    read = [n for n in mine.names if split_name(n)[0] in known]
+    missing = sorted({split_name(n)[1] for n in unknown} - {split_name(n)[1] for n in read} - {None})
+    if missing or len(unknown) > len(read):
+        raise RefllamaError(
+            f"MINE: compare can read {len(read)} of its {len(mine.names)} stages ({_few(read) or 'none'}); "
+            f"{len(unknown)} are no stage of this family ({_few(unknown)})"
+            + (f", and layer{'s' if len(missing) > 1 else ''} {spans(missing)} {'have' if len(missing) > 1 else 'has'}"
+               " no stage it can read" if missing else "")
+            + ": the names are llama.cpp's graph names (checkpoints/FORMAT.md)")
+
+
+def _few(names, n=6):
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
+
+
+def required(rows, want, arch):
+    """Refuse a comparison that lacks stages a CI asked for (--require-stages): each name as given with its layer,
+    one without a layer in every layer compared (or once: a stage before or after the blocks)."""
+    compared = {r["name"] for r in rows}
+    layers = sorted({r["layer"] for r in rows} - {None})
+    outside = (*INPUT_STAGES, *OUTPUT_STAGES)
+    missing = [n for w in want for n in ([w] if split_name(w)[1] is not None or w in outside else
+                                         [f"{w}-{i}" for i in layers] or [w]) if n not in compared]
+    if missing:
+        raise RefllamaError(f"{len(missing)} required stage{'s' if len(missing) > 1 else ''} not compared "
+                            f"({_few(missing)}): in both dumps at the same positions? ({len(compared)} compared)")
+
+
+def compare(mine_path, ref_path, model=None, column=None, numerics=None, require=()):
     """A Report: per stage both dumps hold, in forward order, the end-to-end error and each side's local error;
-    the first stage that adds error; where it sits and what it looks like."""
+    the first stage that adds error; where it sits and what it looks like. `require`: stage names that must be
+    compared (`required`)."""
     layout, head_dim = (model.config.rope_layout, model.config.head_dim) if model else (None, None)
     ref = Dump(ref_path, layout=layout, head_dim=head_dim)  # no model: q/k in REF's own layout
     mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim)
@@ -187,10 +148,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
     same = len(os.path.commonprefix([mine.token_ids, ref.token_ids]))  # positions with the same history
     if same < min(len(mine.token_ids), len(ref.token_ids)):
         notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")
-    known = known_stages(ref.arch)
-    if mine.names and not any(split_name(n)[0] in known for n in mine.names):
-        raise RefllamaError(f"MINE: none of its {len(mine.names)} stage names is one refllama knows (e.g. "
-                            f"'{mine.names[0]}'); the names are llama.cpp's (checkpoints/FORMAT.md)")
+    readable(mine, known_stages(ref.arch))
     arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
     rows, first, previous = [], None, None
     for name in forward_order([n for n in ref.names if n in mine], archs.stage_order(arch)):
@@ -226,6 +184,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None):
         if first is None and not row["ok"]:
             first = row
             first["wrong_positions"] = wrong_positions(a, b, stage, positions, row["tol"]) if row["tol"] else []
+    required(rows, require, ref.arch)
     if model is not None:
         notes.extend(untested(model, ref, same))
     report = Report(rows, first, col, notes, coverage(mine, ref), [], [])
@@ -245,10 +204,9 @@ class Report(NamedTuple):
 
 
 def coverage(mine, ref):
-    """Lines for the summary: layers and stages compared, names in one dump only, names no architecture knows
-    (with the closest known one, so a misspelling is seen)."""
-    import difflib
-
+    """Lines for the summary: layers and stages compared, names in one dump only, names the family does not know (a
+    line a stage, with the family's own name for the value or the closest one, so a misspelling is seen), and
+    whether MINE's are another family's."""
     both = [n for n in ref.names if n in mine]
     layers = sorted({split_name(n)[1] for n in both} - {None})
     decode = sorted({p for n in both for p in mine.positions(n)} & {p for n in both for p in ref.positions(n)}
@@ -260,9 +218,22 @@ def coverage(mine, ref):
         if alone:
             lines.append(f"{who}: {len(alone)} ({', '.join(alone[:6])}{', ...' if len(alone) > 6 else ''})")
     known = known_stages(ref.arch)
+    family = ref.arch or "llama"
+    unknown = {}  # stage: the layers it is named in
     for n in dict.fromkeys([*mine.names, *ref.names]):
-        stage = split_name(n)[0]
+        stage, layer = split_name(n)
         if stage not in known:
-            close = difflib.get_close_matches(stage, known, n=1)
-            lines.append(f"unknown stage '{n}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+            unknown.setdefault(stage, []).append(layer)
+    for stage, layers in unknown.items():
+        at = [x for x in layers if x is not None]
+        where = f" in {len(at)} layers ({spans(at)})" if len(at) > 1 else f"-{at[0]}" if at else ""
+        same = next((x for pair in SAME_VALUE if stage in pair for x in pair if x != stage and x in known), None)
+        close = difflib.get_close_matches(stage, known, n=1)
+        lines.append(f"unknown stage '{stage}'{where}" + (f" ({family}'s name for it is '{same}')" if same else
+                                                          f" (did you mean '{close[0]}'?)" if close else ""))
+    theirs = {s for s in unknown if any(split_name(n)[0] == s for n in mine.names)}
+    others = [a for a in archs.ARCHITECTURES if a != family and theirs and theirs <= set(known_stages(a))]
+    if others:
+        lines.append(f"MINE's stages {', '.join(sorted(theirs))} are another family's ({', '.join(others)}), not "
+                     f"{family}'s: was it run through another family's forward?")
     return lines

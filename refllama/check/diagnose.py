@@ -11,6 +11,7 @@ from ..numerics.ggml_tables import round_f16
 from ..xp import to_numpy
 from .dump import Dump, split_name
 from .metrics import ATTENTION, metrics, spans, take, visible
+from .rerun import Forced
 
 
 def diagnose(report, mine, ref, forced, model):
@@ -28,7 +29,7 @@ def diagnose(report, mine, ref, forced, model):
     against = f"refllama re-run on {side}'s inputs" if side else "REF"
     report.where.append(f"{side or 'MINE'} against {against}:")
     report.where.extend(breakdown(stage, positions, bad, want, tol, cfg))
-    report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model))
+    report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref))
 
 
 def _error_by(diff, scale, axis):
@@ -101,6 +102,7 @@ class Evidence(NamedTuple):
     model: object  # refllama.api.Model or None
     bad_dump: object
     good: object  # the dump (or re-run) holding the expected values
+    ref: object  # REF's dump
 
     def close(self, x, y):
         return metrics(x, y)["nmse"] <= self.exact
@@ -126,11 +128,36 @@ def sign_flip(e, found):
 
 
 def other_pair_layout(e, found):
-    if e.stage in archs.QK_STAGES and e.cfg is not None:
-        other = _other_layout(e.cfg)
-        if e.close(archs.permute_qk(e.bad, other, e.cfg.rope_dim), e.want):
-            yield (f"hint: equal after converting q/k to the '{other}' pair layout: the manifest's qk_layout is "
-                    "wrong, or the weights' rows are permuted")
+    """q/k in the other pair layout than the manifest's qk_layout says (the layout of the values dumped). Which of
+    the two is wrong shows in the side's attention scores: right (kq within tolerance of REF's) where only the
+    manifest misnames the layout, wrong where the engine's q/k weights' rows are in the other layout than its RoPE
+    pairs (HF's RoPE on GGUF's rows, or the reverse: the classic unpermuted q/k)."""
+    if e.stage not in archs.QK_STAGES or e.cfg is None:
+        return
+    other = _other_layout(e.cfg)
+    # the reader applied the wrong one of the two reorderings (or none): either undoes it
+    if not any(e.close(archs.permute_qk(e.bad, to, e.cfg.rope_dim), e.want) for to in archs.LAYOUTS):
+        return
+    kq = f"kq-{e.layer}"
+    held = [p for p in e.positions if e.ref is not None and kq in e.ref and kq in e.bad_dump
+            and p in set(e.ref.positions(kq)) & set(e.bad_dump.positions(kq))]
+    if not held:
+        yield (f"hint: equal after converting q/k to the '{other}' pair layout: the manifest's qk_layout (the layout "
+               "of the values dumped) is wrong, or the engine's q/k weights' rows are in the other layout than its "
+               f"RoPE pairs ({kq} is not in both dumps to tell which)")
+        return
+    mine, ref = take(e.bad_dump, kq, held), take(e.ref, kq, held)
+    vis = visible("kq", held, ref.shape)
+    declared = e.bad_dump.manifest.get("qk_layout", e.cfg.rope_layout)
+    actual = next(x for x in archs.LAYOUTS if x != declared)
+    if e.close(mine[vis], ref[vis]):
+        yield (f"hint: equal after converting q/k to the other pair layout, and {kq} is right: the engine's q/k are "
+               f"right, stored in the '{actual}' layout; the manifest's qk_layout (the layout of the values dumped) "
+               f"should say '{actual}'")
+    else:
+        yield (f"hint: equal after converting q/k to the other pair layout, and {kq} is wrong: the engine's "
+               f"attn_q/attn_k rows are in the '{actual}' layout where its RoPE pairs '{declared}' (GGUF's rows not "
+               "unpermuted for HF-style RoPE, or the reverse), so its RoPE rotates the wrong pairs")
 
 
 def permuted_heads(e, found):
@@ -446,33 +473,123 @@ def skipped_post_norm(e, found):
                "norm of the block's output before the residual add is skipped")
 
 
-NORMS = {  # a norm's stage: its weight and the stage it norms (None: the block's input; "": the last block's output)
-    "attn_norm": ("attn_norm", None), "ffn_norm": ("ffn_norm", "sa_out"),
+NORMS = {  # a norm's stage: its weight and the stage it norms (None: the block's input; "": the last block's output;
+    # "residual": the attention's residual sum, ffn_inp or Gemma 3's sa_out)
+    "attn_norm": ("attn_norm", None), "ffn_norm": ("ffn_norm", "residual"),
     "attn_post_norm": ("attn_post_norm", "attn_out"), "ffn_post_norm": ("ffn_post_norm", "ffn_out"),
     "Qcur_normed": ("attn_q_norm", "Qcur"), "Kcur_normed": ("attn_k_norm", "Kcur"), "result_norm": ("output_norm", ""),
 }
 
 
-def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the compared positions) or None
+def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the compared positions, its name) or None
     arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
     if arch is None or e.stage not in NORMS or e.stage not in ("result_norm", *arch.STAGES):
         return None
     key, source = NORMS[e.stage]
     rows = {w.key: w for w in (arch.WEIGHTS if e.stage == "result_norm" else arch.LAYER_WEIGHTS)}
+    source = _residual(arch) if source == "residual" else source
     name = (_block_input(arch, e.layer) if source is None else f"l_out-{e.cfg.n_layer - 1}" if source == ""
             else f"{source}-{e.layer}")
     inputs = _stages(e.bad_dump, [name], e.positions)
+    if inputs is None and name == "inp_scaled":  # an engine that dumps no scaled embeddings: its inp_embd, scaled
+        inputs = _stages(e.bad_dump, ["inp_embd"], e.positions)
+        inputs = inputs and [inputs[0].astype(np.float32) * np.float32(np.sqrt(e.cfg.n_embd))]
     w = e.model.weights if e.stage == "result_norm" else e.model.weights["layers"][e.layer]
     if not inputs or key not in rows or key not in w:
         return None
-    return rows[key], to_numpy(w[key]).astype(np.float32), inputs[0].astype(np.float32)
+    return rows[key], to_numpy(w[key]).astype(np.float32), inputs[0].astype(np.float32), name
+
+
+def _residual(arch):  # the stage that adds the attention's output to the stream (Gemma 3: sa_out)
+    return "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"
+
+
+def skipped_norm(e, found):
+    """A norm skipped (the stage equals its input), or its weight not applied (the input normed, times 1); any of a
+    block's norms or the final one. Qwen3's and Gemma 3's q/k norms: qk_norm_variants."""
+    norm = _norm(e) if e.stage not in ("Qcur_normed", "Kcur_normed") and not found else None
+    if norm is None:
+        return
+    row, w, x, source = norm
+    if e.close(x, e.bad):
+        yield f"hint: equals its input ({source}): the norm ({row.key}) is skipped"
+    elif e.cfg.arch != "gpt2" and e.close(rms_norm(x, np.ones_like(w), e.cfg.rms_eps), e.bad):
+        yield f"hint: matches the input RMS-normed without its weight: {row.key} is not multiplied in"
+
+
+RESIDUAL_PARTS = {  # a residual sum: the output it adds to the stream, the first of these the dump holds
+    "ffn_inp": ("attn_out",), "sa_out": ("attn_post_norm",), "l_out": ("ffn_post_norm", "ffn_out", "ffn_moe_out")}
+
+
+def missing_residual(e, found):
+    """A residual sum that lost one addend: equal to the block's output alone (the stream not added: a dropped
+    residual), or to the stream alone (the output not added). Both read from the side's own dump."""
+    arch = archs.get(e.cfg.arch) if e.cfg is not None else None
+    if arch is None or e.stage not in RESIDUAL_PARTS or e.layer is None or found:
+        return
+    stream = _block_input(arch, e.layer) if e.stage != "l_out" else f"{_residual(arch)}-{e.layer}"
+    part = next((f"{p}-{e.layer}" for p in RESIDUAL_PARTS[e.stage] if f"{p}-{e.layer}" in e.bad_dump), None)
+    inputs = _stages(e.bad_dump, [stream, part], e.positions) if part else None
+    if inputs is None:
+        return
+    if e.close(inputs[1], e.bad):
+        yield (f"hint: equals {part} alone: the residual is not added ({e.stage} = {stream} + "
+               f"{part.rsplit('-', 1)[0]})")
+    elif e.close(inputs[0], e.bad):
+        yield f"hint: equals {stream}: {part.rsplit('-', 1)[0]} is not added to the residual"
+
+
+def mask_off_by_one(e, found):
+    """The causal mask one key off: each query also sees the key after its own (keys 0..p+1), or not its own
+    (0..p-1); re-run as the model's softmax of the side's kq over those keys (and the window, where the layer has
+    one)."""
+    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None and not found else None
+    if not inputs:
+        return
+    (kq,) = inputs
+    cfg = e.cfg
+    window = cfg.sliding_window if cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[e.layer]) \
+        else None
+    gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
+    rows = np.broadcast_to((np.asarray(e.positions) > 0)[None, :, None], kq.shape)  # a query with a key before it
+    for shift, what in ((1, "also sees the key after its own (keys 0..p+1)"),
+                        (-1, "does not see its own key (keys 0..p-1)")):
+        seen = np.isfinite(kq) & (gap >= -shift) & (True if window is None else gap < window)
+        use = e.valid & rows if shift < 0 else e.valid
+        with np.errstate(invalid="ignore"):  # a first query sees no key at all
+            weights = _attention(kq, cfg.kq_scale, seen)
+        if use.any() and e.close(weights[use], e.bad[use]):
+            yield f"hint: matches the causal mask one key off: each query {what}; it sees keys 0..p"
+            return
+
+
+def neighbour_layer(e, found):
+    """A block computed with its neighbour's weights (an index off by one where a layer's tensors are read): the
+    stage re-run on the side's own inputs with block L - 1's weights, then L + 1's."""
+    if found or e.model is None or e.layer is None or not isinstance(e.model.weights.get("layers"), list):
+        return
+    layers, name = e.model.weights["layers"], f"{e.stage}-{e.layer}"
+    for other in (e.layer - 1, e.layer + 1):
+        if not 0 <= other < len(layers):
+            continue
+        own = layers[e.layer]
+        layers[e.layer] = layers[other]
+        try:
+            rerun = Forced(e.model, e.bad_dump)
+        finally:
+            layers[e.layer] = own
+        if name in rerun and set(e.positions) <= set(rerun.positions(name)) \
+                and e.close(take(rerun, name, e.positions, slots=e.bad_dump), e.bad):
+            yield (f"hint: matches {name} computed with block {other}'s weights: layer {e.layer} reads its "
+                   f"neighbour's tensors (blk.{other}.*), an index off by one where a layer's weights are loaded")
+            return
 
 
 def norm_weight_without_one(e, found):
     """A (1 + w) norm computed with w: the HF checkpoint's w used as the weight (Gemma's norms)."""
     norm = _norm(e)
     if norm is not None and norm[0].hf_add:
-        row, w, x = norm
+        row, w, x, _ = norm
         if e.close(rms_norm(x, w - np.float32(row.hf_add), e.cfg.rms_eps), e.bad):
             yield (f"hint: matches the RMS norm times (weight - {row.hf_add:g}): the norm multiplies by (1 + w) "
                    f"and the HF checkpoint stores w; the 1 was not added to {row.key}")
@@ -483,7 +600,7 @@ def qk_norm_variants(e, found):
     norm = _norm(e) if e.stage in ("Qcur_normed", "Kcur_normed") else None
     if norm is None:
         return
-    _, w, x = norm  # x: [T, n, HD]
+    _, w, x, _ = norm  # x: [T, n, HD]
     whole = rms_norm(x.reshape(len(x), -1), np.tile(w, x.shape[1]), e.cfg.rms_eps).reshape(x.shape)
     if e.close(x, e.bad):
         yield f"hint: equals {e.stage[:4]}: the per-head norm ({NORMS[e.stage][0]}) is skipped"
@@ -643,20 +760,20 @@ def shifted_experts(e, found):
 
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
 DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice,
-             routing_weights, missing_shared_expert, shifted_experts, another_stage,
+             routing_weights, missing_shared_expert, shifted_experts, skipped_norm, missing_residual, another_stage,
              another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
              rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
              missing_embedding_scale, swapped_rope_bases, rope_frequencies, sliding_window, learned_positions,
-             missing_softcap, missing_mask, rounded, by_position)
+             missing_softcap, mask_off_by_one, missing_mask, rounded, neighbour_layer, by_position)
 
 
-def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model):
+def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref=None):
     """Lines naming the usual signatures of a bug at the first diverging stage, one detector each (DETECTORS)."""
     valid = visible(stage, positions, want.shape)
     valid = np.ones(want.shape, bool) if valid is None else valid
     e = Evidence(stage, layer, positions, bad, want, valid, bad[valid].astype(np.float64),
                  want[valid].astype(np.float64), tol[1] if tol else 1e-8, model.config if model else None, model,
-                 bad_dump, good)
+                 bad_dump, good, ref)
     found = []
     for detect in DETECTORS:
         found.extend(detect(e, found))

@@ -26,6 +26,7 @@ FORMAT = "refllama-dump/1"
 INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
 TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
 KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
+SAME_VALUE = (("ffn_inp", "sa_out"),)  # one value, two families' names (the attention's residual sum: Gemma 3's)
 OUTPUT_STAGES = ("result_norm", "result_output")  # a prefill needs these at the positions a dump keeps, no others
 
 
