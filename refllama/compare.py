@@ -98,15 +98,21 @@ def divergence_line(f):
             + (f"; added by {' and '.join(f['adds'])}" if f["adds"] else "") + f"; positions {where})")
 
 
-def print_report(rep, show_all):
-    """The verdict first, then the stages, the coverage, where the first divergence sits and the hints, and the
-    verdict again as the last line."""
-    col = rep.column
-    print(divergence_line(rep.first) if rep.first else f"all {len(rep.rows)} stages within tolerance")
+SHOWN = 5  # the later stages that add error of their own a short report lists after the first divergence
+
+
+def print_report(rep, full):
+    """The verdict first; then the first divergence's row and the next stages that add error of their own (every
+    stage with `full`), what the rest after it do, the coverage, where the first divergence sits and the hints; the
+    verdict again as the last line. A failing report fits a screen."""
+    col, first = rep.column, rep.first
+    print(divergence_line(first) if first else f"all {len(rep.rows)} stages within tolerance")
     print(f"tolerance: {col.name} ({col.why})")
     for note in rep.notes:
         print(f"note: {note}")
-    shown = [r for r in rep.rows if show_all or not r["ok"] or r["carried"]]
+    after = rep.rows[rep.rows.index(first) + 1:] if first else []
+    own = [r for r in after if r["adds"]]  # independent divergences: each adds error on its side's own inputs
+    shown = rep.rows if full else ([first] + own[:SHOWN] if first else [])
     if shown:
         print(f"{'stage':<18} {'max_rel':>9} {'nmse':>9} {'input':>9} {'MINE':>9} {'REF':>9}  verdict")
         print(f"{'':<18} {'(end to end)':>19} {'nmse':>9} {'local':>9} {'local':>9}")
@@ -118,12 +124,19 @@ def print_report(rep, show_all):
         pos = r["positions"]
         at = f" @{pos[0]}" if len(pos) == 1 else ""
         print(f"{r['name'] + at:<18} {r['max_rel']:9.2e} {r['nmse']:9.2e} {inp} {local[0]} {local[1]}  {verdict}")
+    if first and not full:
+        counts = {"add error of their own": len(own),
+                  "carry its error": sum(r["carried"] for r in after),
+                  "are past tolerance, not re-run": sum(not r["ok"] and not r["adds"] for r in after),
+                  "are within tolerance": sum(r["ok"] and not r["carried"] for r in after)}
+        print(f"after it, of {len(after)} stages: " + ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+              + (" (--full lists every stage)" if after else ""))
     print("\n".join(rep.coverage))
-    if rep.first is None:
+    if first is None:
         print(f"all {len(rep.rows)} stages within tolerance")
         return 0
     print("\n".join(rep.where + rep.hints))
-    print(divergence_line(rep.first))
+    print(divergence_line(first))
     return 1
 
 
@@ -155,7 +168,8 @@ def main(argv=None):
                    "named, attn_norm in every layer compared")
     p.add_argument("--plot", help="write a layer x stage heatmap of the error to this PNG")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--all", action="store_true", help="print every stage, not only those past tolerance")
+    p.add_argument("--full", "--all", dest="full", action="store_true",
+                   help="print every stage (default: the first divergence and the next stages that add error)")
     args = p.parse_args(argv)
     np.seterr(all="ignore")
     try:
@@ -180,7 +194,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps(as_json(rep), indent=1))
         return 0 if rep.first is None else 1
-    code = print_report(rep, args.all)
+    code = print_report(rep, args.full)
     if args.plot:
         print(f"plot written to {args.plot}")
     return code

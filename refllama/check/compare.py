@@ -12,7 +12,7 @@ from .. import arch as archs
 from ..errors import RefllamaError
 from .diagnose import diagnose
 from .dump import INPUT_STAGES, OUTPUT_STAGES, SAME_VALUE, Dump, forward_order, known_stages, model_sha256, split_name
-from .metrics import metrics, spans, take, visible, within, wrong_positions
+from .metrics import metrics, spans, take, visible, within
 from .rerun import Forced
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
 
@@ -183,7 +183,6 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
         previous = row
         if first is None and not row["ok"]:
             first = row
-            first["wrong_positions"] = wrong_positions(a, b, stage, positions, row["tol"]) if row["tol"] else []
     required(rows, require, ref.arch)
     if model is not None:
         notes.extend(untested(model, ref, same))

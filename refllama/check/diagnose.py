@@ -28,7 +28,9 @@ def diagnose(report, mine, ref, forced, model):
     cfg = model.config if model else None
     against = f"refllama re-run on {side}'s inputs" if side else "REF"
     report.where.append(f"{side or 'MINE'} against {against}:")
-    report.where.extend(breakdown(stage, positions, bad, want, tol, cfg))
+    lines, wrong = breakdown(stage, positions, bad, want, tol, cfg)
+    report.where.extend(lines)
+    r["wrong_positions"] = wrong  # the first-divergence line names the positions this breakdown finds wrong
     report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref))
 
 
@@ -39,7 +41,7 @@ def _error_by(diff, scale, axis):
 
 
 def breakdown(stage, positions, bad, want, tol, cfg):
-    """Lines: which positions, heads and channels are wrong."""
+    """Lines: which positions, heads and channels are wrong; and the wrong positions."""
     valid = visible(stage, positions, want.shape)
     diff = np.where(True if valid is None else valid, bad.astype(np.float64) - want, np.nan)
     scale = float(np.nanmean(np.where(True if valid is None else valid, want.astype(np.float64), np.nan) ** 2)) or 1.0
@@ -55,7 +57,7 @@ def breakdown(stage, positions, bad, want, tol, cfg):
             lines.append(f"  by {label}: wrong at every one ({len(wrong)})")
         return ok, wrong
 
-    split("position", _error_by(diff, scale, Dump.axis_of(stage)), positions)
+    _, wrong = split("position", _error_by(diff, scale, Dump.axis_of(stage)), positions)
     heads = _heads(stage, diff, cfg)
     if heads is not None:
         axis = 0 if stage in ATTENTION else 1
@@ -66,13 +68,13 @@ def breakdown(stage, positions, bad, want, tol, cfg):
         total = float(per.sum()) or 1.0
         top = np.argsort(per)[::-1][:8]
         share = float(per[top].sum()) / total
-        label = "channel" if diff.ndim == 2 else "dim of a head"
+        label, many = ("channel", "channels") if diff.ndim == 2 else ("dim of a head", "dims of a head")
         if share > 0.5 and len(per) > 16:
-            lines.append(f"  by {label}: {share:.0%} of the error in {label}s {', '.join(map(str, sorted(top)))} "
+            lines.append(f"  by {label}: {share:.0%} of the error in {many} {', '.join(map(str, sorted(top)))} "
                          f"of {len(per)}")
         else:
-            lines.append(f"  by {label}: spread over the {len(per)} {label}s")
-    return lines
+            lines.append(f"  by {label}: spread over the {len(per)} {many}")
+    return lines, wrong
 
 
 def _heads(stage, a, cfg):
@@ -566,9 +568,10 @@ def mask_off_by_one(e, found):
 def neighbour_layer(e, found):
     """A block computed with its neighbour's weights (an index off by one where a layer's tensors are read): the
     stage re-run on the side's own inputs with block L - 1's weights, then L + 1's."""
-    if found or e.model is None or e.layer is None or not isinstance(e.model.weights.get("layers"), list):
+    name = f"{e.stage}-{e.layer}"
+    if found or e.model is None or e.layer is None or name not in e.bad_dump:
         return
-    layers, name = e.model.weights["layers"], f"{e.stage}-{e.layer}"
+    layers = e.model.weights["layers"]
     for other in (e.layer - 1, e.layer + 1):
         if not 0 <= other < len(layers):
             continue

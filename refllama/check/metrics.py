@@ -40,26 +40,10 @@ def _sums(a, b, valid):  # -> n, max |a - b|, min b, max b, sum (a - b)^2, sum b
 def _metrics(n, max_abs, b_min, b_max, sq, norm_b, norm_a, dot, b_abs):
     if n == 0:
         return {"max_abs": 0.0, "max_rel": 0.0, "nmse": 0.0, "cosine": 1.0}
-    span = (b_max - b_min) or b_abs or 1.0  # value_range's
+    span = (b_max - b_min) or b_abs or 1.0  # the reference's range (its largest value if constant, else 1)
     denom = float(np.sqrt(norm_a) * np.sqrt(norm_b))
     return {"max_abs": max_abs, "max_rel": max_abs / span, "nmse": sq / norm_b if norm_b else sq,
             "cosine": dot / denom if denom else 1.0}
-
-
-def value_range(b):  # the reference's range, what max_rel divides by (its largest value if constant, else 1)
-    return float(b.max() - b.min()) or float(np.abs(b).max()) or 1.0
-
-
-def wrong_positions(a, b, stage, positions, tol):
-    """The positions (along the stage's token axis) whose own entries are past the max_rel tolerance `tol`, measured
-    against the range of the whole stage as `metrics` measures it."""
-    valid = visible(stage, positions, b.shape)
-    diff = np.abs(a.astype(np.float64) - b)
-    if valid is not None:
-        diff = np.where(valid, diff, 0.0)
-    per = np.moveaxis(diff, 1 if stage in ATTENTION else 0, 0).reshape(len(positions), -1).max(axis=1)
-    span = value_range(b[valid] if valid is not None else b)
-    return [p for p, e in zip(positions, per) if e / span > tol[0]]
 
 
 def visible(stage, positions, shape):
