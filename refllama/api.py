@@ -16,7 +16,7 @@ import numpy as np
 
 from . import arch as archs
 from .cache import Cache
-from .check.dump import DumpWriter, model_sha256, storage_plan
+from .check.dump import StageWriter, model_sha256, storage_plan
 from .config import ModelConfig
 from .errors import RefllamaError, shown
 from .loader import load_gguf, load_hf
@@ -281,7 +281,7 @@ class Model:
         storage_plan's options."""
         names, rows, dtypes = storage_plan(self.config.n_layer, len(ids), inputs=self.arch.INPUTS,
                                            stages=archs.layer_stages(self.arch, self.config), **plan)
-        writer = DumpWriter(directory, rows, dtypes, names)  # each stage saved as it is computed, never held
+        writer = StageWriter(directory, rows, dtypes, names)  # each stage saved as it is computed, never held
         try:
             with recording(writer.at(None)):
                 logits = self._prefill(ids, last_only=False)

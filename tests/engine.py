@@ -56,8 +56,10 @@ class Weights:
 
 
 class Engine:
-    def __init__(self, weights, bugs=(), numerics="float32"):
-        self.w, self.bugs, self.numerics = weights, set(bugs), numerics
+    def __init__(self, weights, bugs=(), numerics="float32", half=None):
+        """`half`: float32, but the embedding rows and the KV cache in float16 (the common mixed precision), its
+        precision declared in the manifest (half="declared") or not (half="undeclared")."""
+        self.w, self.bugs, self.numerics, self.half = weights, set(bugs), numerics, half
         self.round = bf16 if numerics == "bfloat16" else (lambda x: np.asarray(x, np.float32))
         self.t = {k: self.round(v) for k, v in weights.t.items()} if numerics == "bfloat16" else weights.t
         if "unpermuted_weights" in self.bugs:  # GGUF's q/k rows as the converter left them, under HF's RoPE
@@ -98,6 +100,8 @@ class Engine:
             rot = [p + 1 for p in pos] if step and "decode_position" in self.bugs else pos
             s = {}
             x = s["inp_embd"] = self.round(self.t["token_embd.weight"][new])
+            if self.half:
+                x = s["inp_embd"] = x.astype(np.float16).astype(np.float32)
             for i in range(w.n_layer):
                 blk = f"blk.{i + 1 if 'neighbour_layer_7' in self.bugs and i == 7 else i}."
                 h = s[f"attn_norm-{i}"] = self.norm(x, blk + "attn_norm.weight")
@@ -106,7 +110,9 @@ class Engine:
                 v = s[f"Vcur-{i}"] = self.mm(h, blk + "attn_v.weight").reshape(len(new), KVH, HD)
                 q = s[f"Qcur_rope-{i}"] = self.rope(q, rot)
                 k = s[f"Kcur_rope-{i}"] = self.rope(k, rot)
-                ks, vs = (np.concatenate([c, n]) for c, n in zip(cache[i], (k, v)))
+                stored = (k, v) if not self.half else (k.astype(np.float16).astype(np.float32),
+                                                       v.astype(np.float16).astype(np.float32))
+                ks, vs = (np.concatenate([c, n]) for c, n in zip(cache[i], stored))
                 cache[i] = (ks, vs)
                 kv = np.arange(H) % KVH if "gqa" in self.bugs else np.arange(H) // (H // KVH)
                 kq = s[f"kq-{i}"] = self.round(np.einsum("thd,shd->hts", q, ks[:, kv]))  # [H, T, S]
@@ -144,7 +150,8 @@ class Engine:
         manifest = {"format": "refllama-dump/1", "producer": f"tests/engine.py ({self.numerics})",
                     "model_sha256": "", "token_ids": list(ids), "decode_ids": decode_ids,
                     "qk_layout": "interleaved" if "manifest_layout" in self.bugs else "half",
-                    "numerics": self.numerics}
+                    "numerics": self.numerics,
+                    **({"rounded": {"inp_embd": "float16"}, "kv_cache": "float16"} if self.half == "declared" else {})}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         if form == "directory":

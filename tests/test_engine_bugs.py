@@ -77,6 +77,49 @@ def test_each_bug_is_named_at_its_stage(weights, model, tmp_path, bug):
     assert e2e is not None and e2e["name"] == stage, e2e
 
 
+def test_a_mixed_precision_engine_passes_once_it_declares_its_precision(weights, model, tmp_path):
+    """float32, but float16 embedding rows and KV cache: undeclared, compare stops at inp_embd and proposes the map
+    (not a blanket float16); declared, every stage passes, each re-run in that precision."""
+    ids = model.tokenize(PROMPT)
+    mine = Engine(weights, half="undeclared").dump(ids, tmp_path / "mine", DECODE_STEPS)
+    d = Dump(mine)
+    ref = model.dump(d.prompt_ids, tmp_path / "ref", decode_ids=d.decode_ids)
+    rep = compare(mine, ref, model)
+    assert rep.first["name"] == "inp_embd", rep.first
+    assert any('"rounded": {"inp_embd": "float16"}' in n for n in rep.notes), rep.notes
+    assert any('"rounded": {"inp_embd": "float16"}' in h for h in rep.hints), rep.hints
+    declared = Engine(weights, half="declared").dump(ids, tmp_path / "declared", DECODE_STEPS)
+    rep = compare(declared, ref, model)
+    assert rep.first is None, rep.first
+    assert not [n for n in rep.notes if "rounded" in n]
+
+
+def test_an_undeclared_float16_kv_cache_is_named(weights, model, tmp_path):
+    """Embedding rows declared rounded, the float16 KV cache not: named where its rounding shows first, and the
+    rounding re-run there."""
+    mine = Engine(weights, half="declared").dump(model.tokenize(PROMPT), tmp_path / "mine", DECODE_STEPS)
+    manifest = json.loads((mine / "manifest.json").read_text())
+    del manifest["kv_cache"]
+    (mine / "manifest.json").write_text(json.dumps(manifest))
+    d = Dump(mine)
+    rep = compare(mine, model.dump(d.prompt_ids, tmp_path / "ref", decode_ids=d.decode_ids), model)
+    assert rep.first["name"] in ("kq-0", "kqv_out-0"), rep.first  # the keys' rounding, or the values'
+    assert any('a float16 KV cache; declare it: "kv_cache": "float16"' in h for h in rep.hints), rep.hints
+
+
+@pytest.mark.parametrize("bug", ["eps", "theta", "mask_off_by_one", "neighbour_layer_7", "no_final_norm",
+                                 "no_attn_residual_5", "gqa", "softmax_scale"])
+def test_each_bug_is_named_with_the_engines_mixed_precision_declared(weights, model, tmp_path, bug):
+    """The precision declared bands nothing wider than its own rounding: a float32-sized bug still shows."""
+    stage, hint = BUGS[bug]
+    ids = model.tokenize(PROMPT)
+    mine = Engine(weights, [bug], half="declared").dump(ids, tmp_path / "mine", DECODE_STEPS)
+    d = Dump(mine)
+    rep = compare(mine, model.dump(d.prompt_ids, tmp_path / "ref", decode_ids=d.decode_ids), model)
+    assert rep.first is not None and rep.first["name"] == stage, rep.first
+    assert any(hint in line for line in rep.where + rep.hints), rep.where + rep.hints
+
+
 def test_a_decode_step_bug_is_named_by_the_cli(weights, model, tmp_path):
     mine, ref = run_engine(weights, model, tmp_path, ["decode_position"])
     r = subprocess.run([sys.executable, "-m", "refllama.compare", str(mine), str(ref), "--json"],

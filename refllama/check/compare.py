@@ -13,8 +13,8 @@ from ..errors import RefllamaError
 from .diagnose import diagnose
 from .dump import INPUT_STAGES, OUTPUT_STAGES, SAME_VALUE, Dump, forward_order, known_stages, model_sha256, split_name
 from .metrics import metrics, spans, take, visible, within
-from .rerun import Forced
-from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band
+from .rerun import ROUND, Forced
+from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band, rounding_bands
 
 COLUMNS = (*REFERENCE_KINDS, *UNIT_ROUNDOFF)
 COARSENESS = ("float32", "float16", "bfloat16", "ggml")  # a pair is judged by its coarser side's arithmetic
@@ -83,6 +83,25 @@ def untested(model, ref, same):
 
 # ---- the comparison
 
+def side_band(band, d, stage):  # a side's local band: its rounding's where it declares the stage rounded
+    if stage not in d.rounded or band is None:
+        return band
+    own = rounding_bands(d.rounded[stage])
+    return (max(band[0], own[0]), max(band[1], own[1]))
+
+
+def rounding_note(found, stages):
+    """A note proposing MINE's precision map: the stages whose every value is a float16 (bfloat16) number, which
+    a float32 engine rounds; the whole numerics where every stage is."""
+    if set(found) >= stages - {"ffn_moe_topk"} and len(set(found.values())) == 1:  # ids are whole numbers anyway
+        fmt = next(iter(found.values()))
+        return f'MINE\'s every stage holds {fmt} numbers only: if it computes in {fmt}, declare "numerics": "{fmt}"'
+    listed = ", ".join(f'"{k}": "{v}"' for k, v in found.items())
+    return (f"MINE's {', '.join(found)} hold {'/'.join(sorted(set(found.values())))} numbers only: if the engine "
+            f'rounds them, declare its precision in its manifest: "rounded": {{{listed}}} (and "kv_cache": '
+            '"float16" if its KV cache is float16; checkpoints/FORMAT.md)')
+
+
 def readable(mine, known):
     """Refuse a dump compare can read too little of (exit 2, not a pass): names of no stage of the family (a
     misspelling, another engine's own names) while a layer they name has no stage compare can read, or while they
@@ -150,7 +169,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
         notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")
     readable(mine, known_stages(ref.arch))
     arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
-    rows, first, previous = [], None, None
+    rows, first, previous, undeclared = [], None, None, {}  # undeclared: MINE's stages found rounded
     for name in forward_order([n for n in ref.names if n in mine], archs.stage_order(arch)):
         stage, layer = split_name(name)
         positions = sorted(p for p in set(mine.positions(name)) & set(ref.positions(name)) if p < same)
@@ -170,7 +189,8 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
                 x, y = take(d, name, own), take(f, name, own, slots=d)  # the re-run took d's experts
                 row[f"local_{side}"] = metrics(x, y, visible(stage, own, y.shape))
         local_tol = col.local(stage)
-        adds = [s for s in ("MINE", "REF") if f"local_{s}" in row and not within(row[f"local_{s}"], local_tol)]
+        tols = {side: side_band(local_tol, d, stage) for side, d in (("MINE", mine), ("REF", ref))}
+        adds = [s for s in ("MINE", "REF") if f"local_{s}" in row and not within(row[f"local_{s}"], tols[s])]
         row["local_tol"] = local_tol
         row["adds"] = adds
         both_local = all(f"local_{s}" in row for s in ("MINE", "REF"))
@@ -181,9 +201,16 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
                           "carries error" if row["carried"] else "within tolerance")
         rows.append(row)
         previous = row
+        if mine.numerics == "float32" and stage not in mine.rounded and a.size >= 16:
+            with np.errstate(over="ignore"):  # values past float16's range are no float16 numbers
+                fmt = next((f for f in ("bfloat16", "float16") if np.array_equal(ROUND[f](a), a)), None)
+            if fmt:
+                undeclared.setdefault(stage, fmt)
         if first is None and not row["ok"]:
             first = row
     required(rows, require, ref.arch)
+    if undeclared:
+        notes.append(rounding_note(undeclared, {r["stage"] for r in rows}))
     if model is not None:
         notes.extend(untested(model, ref, same))
     report = Report(rows, first, col, notes, coverage(mine, ref), [], [])

@@ -7,11 +7,10 @@ import numpy as np
 
 from .. import arch as archs
 from ..layers import ROPE, embedding, linear, rms_norm, silu
-from ..numerics.ggml_tables import round_f16
 from ..xp import to_numpy
 from .dump import Dump, split_name
 from .metrics import ATTENTION, metrics, spans, take, visible
-from .rerun import Forced
+from .rerun import ROUND, Forced
 
 
 def diagnose(report, mine, ref, forced, model):
@@ -188,14 +187,44 @@ def another_kv_head_mapping(e, found):
     as MINE's q times its keys with that mapping."""
     if e.stage != "kq" or e.cfg is None or e.cfg.n_head == e.cfg.n_head_kv or e.layer is None:
         return
+    H, KVH = e.cfg.n_head, e.cfg.n_head_kv
+    kq = _scores(e, np.arange(H) % KVH)
+    if kq is not None and e.close(kq[e.valid], e.b):
+        yield (f"hint: matches query head h read with kv head h % {KVH}: grouped-query attention pairs it with "
+               f"kv head h // {H // KVH}")
+
+
+def _scores(e, kv, cache=None):  # -> the side's q . k [H, T, S], query head h with kv head kv[h], or None
+    """Its keys as its KV cache keeps them (`cache`: that type instead of the side's declared one)."""
     keys = _stages(e.bad_dump, [f"Kcur_rope-{e.layer}"], list(range(max(e.positions) + 1)))
     queries = _stages(e.bad_dump, [f"Qcur_rope-{e.layer}"], e.positions)
-    if keys and queries:
-        H, KVH = e.cfg.n_head, e.cfg.n_head_kv
-        kq = np.einsum("thd,shd->hts", queries[0], keys[0][:, np.arange(H) % KVH])  # [H, T, S]
-        if e.close(kq[e.valid], e.b):
-            yield (f"hint: matches query head h read with kv head h % {KVH}: grouped-query attention pairs it with "
-                   f"kv head h // {H // KVH}")
+    if not keys or not queries:
+        return None
+    k = keys[0].astype(np.float32)
+    cache = cache or getattr(e.bad_dump, "kv_cache", "float32")
+    k = ROUND[cache](k) if cache in ROUND else k
+    return np.einsum("thd,shd->hts", queries[0], k[:, kv].astype(np.float64))
+
+
+def float16_cache(e, found):
+    """kq from keys, or kqv_out from values, rounded to float16: a float16 KV cache the manifest does not declare
+    (whichever shows first past the bands)."""
+    if e.stage not in ("kq", "kqv_out") or e.cfg is None or e.layer is None or found \
+            or e.bad_dump.kv_cache == "float16":
+        return
+    kv = np.arange(e.cfg.n_head) // (e.cfg.n_head // e.cfg.n_head_kv)
+    if e.stage == "kq":
+        value, valid, what = _scores(e, kv, "float16"), e.valid, "q . k with the keys"
+    else:
+        parts = (_stages(e.bad_dump, [f"kq_soft_max-{e.layer}"], e.positions),
+                 _stages(e.bad_dump, [f"Vcur-{e.layer}"], list(range(max(e.positions) + 1))))
+        value = None if None in parts else np.einsum(
+            "hts,shd->thd", np.nan_to_num(parts[0][0]) * visible("kq_soft_max", e.positions, parts[0][0].shape),
+            ROUND["float16"](parts[1][0].astype(np.float32))[:, kv]).reshape(len(e.positions), -1)
+        valid, what = np.ones(e.want.shape, bool), "the weights times the values"
+    if value is not None and e.close(value[valid], e.b):
+        yield (f'hint: matches {what} rounded to float16: a float16 KV cache; declare it: "kv_cache": "float16" in '
+               "the manifest (K and V are dumped before the cache rounds them)")
 
 
 def another_activation(e, found):
@@ -636,11 +665,12 @@ def missing_mask(e, found):
 
 
 def rounded(e, found):
-    for fmt, rounding in ROUNDINGS.items():
+    for fmt, rounding in ROUND.items():
         if e.b.size and np.array_equal(rounding(e.b), e.b) and not np.array_equal(rounding(e.w), e.w) \
                 and e.bad_dump.numerics != fmt and e.close(rounding(e.w), e.b):
-            yield (f"hint: every value is a {fmt} number: rounded to {fmt} (if the engine computes in {fmt}, say so: "
-                    f"manifest 'numerics', or --numerics {fmt})")
+            yield (f'hint: every value is a {fmt} number: rounded to {fmt}; if the engine rounds this stage, declare '
+                   f'it: "rounded": {{"{e.stage}": "{fmt}"}} in the manifest ("numerics": "{fmt}" only if every '
+                   "stage is)")
             return
 
 
@@ -767,7 +797,7 @@ DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm
              another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
              rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
              missing_embedding_scale, swapped_rope_bases, rope_frequencies, sliding_window, learned_positions,
-             missing_softcap, mask_off_by_one, missing_mask, rounded, neighbour_layer, by_position)
+             missing_softcap, mask_off_by_one, missing_mask, rounded, float16_cache, neighbour_layer, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref=None):
@@ -824,12 +854,6 @@ def _gelu(x):
     return 0.5 * x * (1 + np.vectorize(erf)(x / np.sqrt(2)))
 
 
-def _bfloat16(x):
-    b = np.asarray(x, np.float32).view(np.uint32)
-    return ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-
-
-ROUNDINGS = {"bfloat16": _bfloat16, "float16": lambda x: round_f16(np.asarray(x, np.float32))}
 GATED = {"ffn_swiglu": "silu", "ffn_geglu": "gelu_tanh", "ffn_gelu": "gelu_tanh"}  # a unit's stage: its activation
 ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
     "silu": silu,

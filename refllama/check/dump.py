@@ -94,7 +94,7 @@ def model_sha256(path):
     return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
 
 
-class DumpWriter:
+class StageWriter:
     """A dump written a stage at a time, into a temporary directory beside `directory` that `finish` renames, so that
     a long run holds no stage longer than it takes to save it and a failed one leaves nothing half-written (`abort`
     removes it). `rows` {name: token positions kept} and `dtypes` {name: dtype} store a subset of a prefill's
@@ -171,9 +171,9 @@ class DumpWriter:
 
 
 def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=()):
-    """Write stages {name: array} and a manifest (DumpWriter: `rows`, `dtypes`); `decode` holds one {name: array}
+    """Write stages {name: array} and a manifest (StageWriter: `rows`, `dtypes`); `decode` holds one {name: array}
     per decode step after the prefill (positions T, T+1, ..., whose tokens are provenance["decode_ids"])."""
-    writer = DumpWriter(directory, rows, dtypes)
+    writer = StageWriter(directory, rows, dtypes)
     try:
         order, n = block_order(provenance.get("arch")), len(provenance.get("token_ids", ()))
         for at, stages in [(None, arrays)] + [(n + k, step) for k, step in enumerate(decode)]:
@@ -193,6 +193,8 @@ def known_stages(arch):
 
 # what a dump's producer computes in (any engine's; refllama's own are xp.NUMERICS); "ggml": llama.cpp's quantized
 PRODUCER_NUMERICS = ("float32", "bfloat16", "float16", "ggml")
+ROUNDED_TO = ("float16", "bfloat16")  # what an engine computing in float32 may round some stages' values to
+KV_CACHE_TYPES = ("float32", "float16")  # what it may keep K and V in (float16: llama.cpp's default cache type)
 
 
 def numerics_of(manifest):
@@ -219,6 +221,25 @@ def stage_ndim(stage):
 
 def _fail(where, message):
     raise RefllamaError(f"{where}: {message}")
+
+
+def _rounded(value, where, stages):
+    """The manifest's `rounded`: {stage: "float16" or "bfloat16"}, the stages whose values the engine rounds
+    (a JSON object, or its text in a safetensors header); {} when absent."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            _fail(where, f"'rounded' is not a JSON object: {value[:60]!r}")
+    value = {} if value is None else value
+    if not isinstance(value, dict) or not all(isinstance(f, str) and f in ROUNDED_TO for f in value.values()):
+        _fail(where, "'rounded' must map stage names to one of " + ", ".join(ROUNDED_TO)
+              + ' (e.g. {"inp_embd": "float16"})')
+    unknown = [k for k in value if k not in stages]
+    if unknown:
+        _fail(where, f"'rounded' names no stage of this family: {', '.join(unknown[:4])} (stage names without the "
+              "layer: attn_norm, not attn_norm-0)")
+    return dict(value)
 
 
 def _int_list(value, where, field):
@@ -318,6 +339,10 @@ class Dump:
         self.head_dim = int(m.get("head_dim") or head_dim or 0) or None
         self.arch = m.get("arch") or "llama"
         self.numerics = numerics_of(m)
+        self.rounded = _rounded(m.get("rounded"), self.dir, known_stages(self.arch))  # stage -> its format
+        self.kv_cache = m.get("kv_cache") or "float32"  # K/V as the engine's cache keeps them
+        if self.kv_cache not in KV_CACHE_TYPES:
+            _fail(self.dir, f"'kv_cache' must be one of {', '.join(KV_CACHE_TYPES)}, got {self.kv_cache!r}")
         self.repack = m.get("repack", True)  # numerics "ggml": llama.cpp's repacked x86 products, or vec_dot's
         if not isinstance(self.repack, bool):
             _fail(self.dir, f"'repack' must be true or false, got {self.repack!r}")

@@ -7,16 +7,26 @@ import tempfile
 
 import numpy as np
 
+from ..numerics.ggml_tables import round_f16
 from ..trace import recording, stage_name
 from ..xp import to_numpy
 from .dump import OUTPUT_STAGES, Dump, output_rows, split_name, stack_records
 
 
+def round_bf16(x):  # float32 -> the nearest bfloat16 values (ties to even), as float32
+    b = np.asarray(x, np.float32).view(np.uint32)
+    return ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+
+
+ROUND = {"float16": lambda x: round_f16(np.asarray(x, np.float32)), "bfloat16": round_bf16}
+
+
 class Forced:
     """refllama's value of every stage when each stage a dump holds is replaced by the dump's value as the
-    forward pass goes: a stage's value here is computed from the dump's own inputs (its local check). The values
-    are saved to a temporary directory as they are computed and read back a stage at a time, so that a long
-    prompt's compare holds a few stages, not all of them."""
+    forward pass goes: a stage's value here is computed from the dump's own inputs (its local check), in the dump's
+    declared precision (the stages it rounds rounded so, K and V stored in its cache's type). The values are saved
+    to a temporary directory as they are computed and read back a stage at a time, so that a long prompt's compare
+    holds a few stages, not all of them."""
 
     def __init__(self, model, dump):
         self.model, self.dump, self.parts = model, dump, {}
@@ -25,14 +35,21 @@ class Forced:
         self.held = (None, None)  # the one stage read back last
         self.saved = itertools.count()  # the files' names
         model.cache.reset()
-        for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
-                                                    for k, t in enumerate(dump.decode_ids)]:
-            self.here = list(range(start, start + len(ids)))  # the positions of the rows that the stages have
-            with recording(self):
-                model.forward(ids, start)
+        f16 = model.cache.f16
+        model.cache.f16 = dump.kv_cache == "float16"
+        try:
+            for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
+                                                        for k, t in enumerate(dump.decode_ids)]:
+                self.here = list(range(start, start + len(ids)))  # the positions of the rows that the stages have
+                with recording(self):
+                    model.forward(ids, start)
+        finally:
+            model.cache.f16 = f16
         self.names = list(self.parts)
 
     def record(self, name, layer, x):
+        if name in self.dump.rounded:  # the engine rounds this stage's values: so does its re-run
+            x = self.model.xp.asarray(ROUND[self.dump.rounded[name]](to_numpy(x)))
         key = stage_name(name, layer)
         cut = key == "result_norm" and len(self.here) > 1  # logits only where the dump has them (llama.cpp's
         if key not in self.wanted and not cut:  # output rows): a long prompt's logits are T x V floats
