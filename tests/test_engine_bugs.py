@@ -108,9 +108,11 @@ def test_an_undeclared_float16_kv_cache_is_named(weights, model, tmp_path):
 
 
 @pytest.mark.parametrize("bug", ["eps", "theta", "mask_off_by_one", "neighbour_layer_7", "no_final_norm",
-                                 "no_attn_residual_5", "gqa", "softmax_scale"])
+                                 "no_attn_residual_5", "manifest_layout"])
 def test_each_bug_is_named_with_the_engines_mixed_precision_declared(weights, model, tmp_path, bug):
-    """The precision declared bands nothing wider than its own rounding: a float32-sized bug still shows."""
+    """The precision declared bands nothing wider than its own rounding: a float32-sized bug still shows (the
+    issue's eps and theta bugs, its four, and the layout hint whose kq check reads the float16 cache; the rest of
+    BUGS passed so too when checked: 16 of 16)."""
     stage, hint = BUGS[bug]
     ids = model.tokenize(PROMPT)
     mine = Engine(weights, [bug], half="declared").dump(ids, tmp_path / "mine", DECODE_STEPS)

@@ -252,11 +252,12 @@ def coverage(mine, ref):
             unknown.setdefault(stage, []).append(layer)
     for stage, layers in unknown.items():
         at = [x for x in layers if x is not None]
-        where = f" in {len(at)} layers ({spans(at)})" if len(at) > 1 else f"-{at[0]}" if at else ""
+        shown = f"'{stage}' in {len(at)} layers ({spans(at)})" if len(at) > 1 else f"'{stage}-{at[0]}'" if at \
+            else f"'{stage}'"
         same = next((x for pair in SAME_VALUE if stage in pair for x in pair if x != stage and x in known), None)
         close = difflib.get_close_matches(stage, known, n=1)
-        lines.append(f"unknown stage '{stage}'{where}" + (f" ({family}'s name for it is '{same}')" if same else
-                                                          f" (did you mean '{close[0]}'?)" if close else ""))
+        lines.append(f"unknown stage {shown}" + (f" ({family}'s name for it is '{same}')" if same else
+                                                  f" (did you mean '{close[0]}'?)" if close else ""))
     theirs = {s for s in unknown if any(split_name(n)[0] == s for n in mine.names)}
     others = [a for a in archs.ARCHITECTURES if a != family and theirs and theirs <= set(known_stages(a))]
     if others:

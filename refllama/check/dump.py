@@ -340,8 +340,8 @@ class Dump:
         self.arch = m.get("arch") or "llama"
         self.numerics = numerics_of(m)
         self.rounded = _rounded(m.get("rounded"), self.dir, known_stages(self.arch))  # stage -> its format
-        self.kv_cache = m.get("kv_cache") or "float32"  # K/V as the engine's cache keeps them
-        if self.kv_cache not in KV_CACHE_TYPES:
+        self.kv_cache = m.get("kv_cache")  # K/V as the engine's cache keeps them; None: as its numerics does
+        if self.kv_cache is not None and self.kv_cache not in KV_CACHE_TYPES:
             _fail(self.dir, f"'kv_cache' must be one of {', '.join(KV_CACHE_TYPES)}, got {self.kv_cache!r}")
         self.repack = m.get("repack", True)  # numerics "ggml": llama.cpp's repacked x86 products, or vec_dot's
         if not isinstance(self.repack, bool):

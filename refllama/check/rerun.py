@@ -35,8 +35,8 @@ class Forced:
         self.held = (None, None)  # the one stage read back last
         self.saved = itertools.count()  # the files' names
         model.cache.reset()
-        f16 = model.cache.f16
-        model.cache.f16 = dump.kv_cache == "float16"
+        f16 = model.cache.f16  # the model's numerics' cache type (float16 for "ggml"), unless the dump declares one
+        model.cache.f16 = f16 if dump.kv_cache is None else dump.kv_cache == "float16"
         try:
             for ids, start in [(dump.prompt_ids, 0)] + [([t], len(dump.prompt_ids) + k)
                                                         for k, t in enumerate(dump.decode_ids)]:

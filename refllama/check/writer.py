@@ -46,13 +46,14 @@ class DumpWriter:
     """A dump of one prompt (and its decode steps), written stage by stage and moved into place when the `with`
     block ends without an error (nothing half-written otherwise). `token_ids`: the prompt's ids; `model`: the
     model file, whose SHA-256 lets compare re-run the stages; `qk_layout`: the pair layout of the q/k values added
-    (FORMAT.md); `numerics`, `rounded`, `kv_cache`: the engine's precision; `producer`: its name and version."""
+    (FORMAT.md); `numerics`, `rounded`, `kv_cache`: the engine's precision (kv_cache None: its numerics' own);
+    `producer`: its name and version."""
 
     def __init__(self, directory, token_ids, *, arch="llama", qk_layout=None, model=None, producer="an engine",
-                 numerics="float32", rounded=None, kv_cache="float32", head_dim=None, prompt=None):
+                 numerics="float32", rounded=None, kv_cache=None, head_dim=None, prompt=None):
         if numerics not in PRODUCER_NUMERICS:
             raise RefllamaError(f"numerics must be one of {', '.join(PRODUCER_NUMERICS)}, got {numerics!r}")
-        if kv_cache not in KV_CACHE_TYPES:
+        if kv_cache is not None and kv_cache not in KV_CACHE_TYPES:
             raise RefllamaError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
         if any(f not in ROUNDED_TO for f in (rounded or {}).values()):
             raise RefllamaError(f"rounded must map stage names to one of {', '.join(ROUNDED_TO)}")
@@ -62,7 +63,8 @@ class DumpWriter:
                            "model_path": None if model is None else os.path.abspath(model),
                            "model_sha256": "" if model is None else model_sha256(model), "prompt": prompt,
                            "token_ids": self.token_ids, "arch": arch, "qk_layout": qk_layout or "half",
-                           "numerics": numerics, "rounded": dict(rounded or {}), "kv_cache": kv_cache,
+                           "numerics": numerics, "rounded": dict(rounded or {}),
+                           **({"kv_cache": kv_cache} if kv_cache else {}),
                            **({"head_dim": head_dim} if head_dim else {})}
         self.needs_layout = qk_layout is None  # q/k stages then need one: refused when added
         self.writer = StageWriter(directory)
