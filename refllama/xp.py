@@ -61,7 +61,7 @@ class Placement:
 
 
 def array_module(x):
-    """numpy or cupy, whichever owns x (a weight that is not an array says so: refllama.numerics.gpu.GpuHalfMatrix)."""
+    """numpy or cupy, whichever owns x (a weight that is not an array says so: refllama.numerics.gpu.GpuMatrix)."""
     if type(x).__module__.startswith("cupy"):
         import cupy
 

@@ -246,7 +246,7 @@ def bf16_copy(name, tmp_path):  # a tiny family's HF directory with its tensors 
 
 @pytest.mark.parametrize("in_file", (None, False))
 def test_a_bfloat16_model_on_the_gpu_placement_computes_its_float32_values(tmp_path, in_file):
-    """The cupy backend's weights (here on NumPy): bfloat16 matrices kept so (GpuHalfMatrix) or widened at load, and
+    """The cupy backend's weights (here on NumPy): bfloat16 matrices kept so (GpuMatrix) or widened at load, and
     either way the logits of the float32 arithmetic on the same values, prefill and decode step."""
     d = bf16_copy("qwen2", tmp_path)
     loaded = load_hf(d, gpu.GpuPlacement(np, in_file))

@@ -452,8 +452,8 @@ class NumpyKernels:
             y = y + bias
         out[...] = y if res is None else res + y
 
-    def widen(self, bits, kind, out):
-        widen_numpy(bits, kind, out)
+    def widen(self, raw, kind, out):
+        widen_numpy(raw, kind, out)
 
     def rms_norm(self, x, w, eps, out, res=None):  # [rows, D] (+ res) -> out
         y = layers.rms_norm(x, w, eps)
