@@ -26,6 +26,7 @@ from .arch.tables import HF_LAYER, dims
 from .cli import parser
 from .errors import RefllamaError
 from .loader import load_gguf
+from .numerics.ggml_tables import bf16_bits
 from .numerics.matrices import FileMatrix, FilePlacement
 from .pairs import permute_rows
 
@@ -35,14 +36,8 @@ def float32(t):
     return t.stored.to_float32() if isinstance(t, FileMatrix) else np.asarray(t, np.float32)
 
 
-def bfloat16(a):  # float32 -> bfloat16 bits (uint16), rounded to nearest even as torch rounds; NaN stays NaN
-    u = a.view(np.uint32)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
-
-
 DTYPES = {"f32": ("float32", lambda a: a), "f16": ("float16", lambda a: a.astype(np.float16)),
-          "bf16": ("bfloat16", bfloat16)}  # --dtype: (config's torch_dtype, the conversion from float32)
+          "bf16": ("bfloat16", bf16_bits)}  # --dtype: (config's torch_dtype, the conversion from float32)
 
 
 def hf_tensors(cfg, w):

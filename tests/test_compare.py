@@ -429,6 +429,9 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
             mp.setattr(blocks, "causal_mask", lambda s, T, S, xp, window=None: np.maximum(
                 causal_mask(s, T, S, xp, window), np.pad(causal_mask(s, T, S, xp, window), ((0, 0), (1, 0)),
                                                          constant_values=-np.inf)[:, :S]))
+        elif bug == "ffn_norm_unweighted":  # layer 0's ffn_norm without its weight
+            target = lw["ffn_norm"]
+            replace["rms_norm"] = lambda x, w, eps: ops.rms_norm(x, np.ones_like(w) if w is target else w, eps)
         elif bug == "no_final_norm":
             target = m.weights["output_norm"]
             replace["rms_norm"] = lambda x, w, eps: x if w is target else ops.rms_norm(x, w, eps)
@@ -515,6 +518,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
     ("llama", "mask_off_by_one", "kq_soft_max-0", "each query also sees the key after its own"),
     ("llama", "no_residual", "ffn_inp-0", "equals attn_out-0 alone: the residual is not added"),
     ("llama", "neighbour_layer", "attn_norm-0", "computed with block 1's weights"),
+    ("llama", "ffn_norm_unweighted", "ffn_norm-0", "RMS-normed without its weight: ffn_norm is not multiplied in"),
     ("gemma3", "q_norm_one_plus_w", "Qcur_normed-0", "the 1 was not added to attn_q_norm"),
     ("gemma3", "q_norm_skipped", "Qcur_normed-0", "equals Qcur: the per-head norm (attn_q_norm) is skipped"),
     ("gemma3", "k_norm_whole_row", "Kcur_normed-0", "Kcur normed over all its heads at once"),

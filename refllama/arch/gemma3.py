@@ -15,6 +15,8 @@ What differs from Llama, as llama.cpp's src/models/gemma3.cpp and transformers' 
 
 import math
 
+import numpy as np
+
 from ..errors import RefllamaError, shown
 from ..formats.ggml_types import GGUFValueType
 from ..layers import embedding, linear
@@ -130,6 +132,12 @@ def config_from_hf(c):
                      logit_softcap=float(cap) if cap else None)
 
 
+def embedding_scale(cfg):
+    """sqrt(D), the embeddings' factor: llama.cpp scales by sqrtf(D), transformers by a float32 tensor of sqrt(D),
+    the same float32 number."""
+    return np.float32(math.sqrt(cfg.n_embd))
+
+
 def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
     """Gemma 3's forward: as llama's, with the embeddings scaled, local and global layers, and the block below."""
     T = len(tokens)
@@ -140,8 +148,7 @@ def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [
         at[True] = blocks.positions(cache, start_pos, T, xp, cfg.sliding_window, local=True)
 
     x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
-    # llama.cpp scales by sqrtf(D), transformers by a float32 tensor of sqrt(D): the same float32 number
-    x = tap("inp_scaled", None, x * xp.float32(math.sqrt(cfg.n_embd)))
+    x = tap("inp_scaled", None, x * embedding_scale(cfg))
     for i, lw in enumerate(w["layers"]):
         local = bool(cfg.swa_layers and cfg.swa_layers[i])
         x = block(x, lw, cfg, ops, i, at[local], last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])

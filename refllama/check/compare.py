@@ -2,7 +2,6 @@
 error end to end beside the error of the stage before it, and, with the model at hand, each side's local error
 (refllama re-runs the stage on that side's own inputs), so that the first stage that adds error is named."""
 
-import difflib
 import os
 from typing import NamedTuple
 
@@ -11,7 +10,17 @@ import numpy as np
 from .. import arch as archs
 from ..errors import RefllamaError
 from .diagnose import diagnose
-from .dump import INPUT_STAGES, OUTPUT_STAGES, SAME_VALUE, Dump, forward_order, known_stages, model_sha256, split_name
+from .dump import (
+    INPUT_STAGES,
+    OUTPUT_STAGES,
+    SAME_VALUE,
+    Dump,
+    closest,
+    forward_order,
+    known_stages,
+    model_sha256,
+    split_name,
+)
 from .metrics import metrics, spans, take, visible, within
 from .rerun import ROUND, Forced
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band, rounding_bands
@@ -124,7 +133,7 @@ def _few(names, n=6):
     return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
 
-def required(rows, want, arch):
+def required(rows, want):
     """Refuse a comparison that lacks stages a CI asked for (--require-stages): each name as given with its layer,
     one without a layer in every layer compared (or once: a stage before or after the blocks)."""
     compared = {r["name"] for r in rows}
@@ -208,7 +217,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
                 undeclared.setdefault(stage, fmt)
         if first is None and not row["ok"]:
             first = row
-    required(rows, require, ref.arch)
+    required(rows, require)
     if undeclared:
         notes.append(rounding_note(undeclared, {r["stage"] for r in rows}))
     if model is not None:
@@ -255,9 +264,8 @@ def coverage(mine, ref):
         shown = f"'{stage}' in {len(at)} layers ({spans(at)})" if len(at) > 1 else f"'{stage}-{at[0]}'" if at \
             else f"'{stage}'"
         same = next((x for pair in SAME_VALUE if stage in pair for x in pair if x != stage and x in known), None)
-        close = difflib.get_close_matches(stage, known, n=1)
         lines.append(f"unknown stage {shown}" + (f" ({family}'s name for it is '{same}')" if same else
-                                                  f" (did you mean '{close[0]}'?)" if close else ""))
+                                                  closest(stage, known)))
     theirs = {s for s in unknown if any(split_name(n)[0] == s for n in mine.names)}
     others = [a for a in archs.ARCHITECTURES if a != family and theirs and theirs <= set(known_stages(a))]
     if others:

@@ -526,7 +526,7 @@ def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the comp
     inputs = _stages(e.bad_dump, [name], e.positions)
     if inputs is None and name == "inp_scaled":  # an engine that dumps no scaled embeddings: its inp_embd, scaled
         inputs = _stages(e.bad_dump, ["inp_embd"], e.positions)
-        inputs = inputs and [inputs[0].astype(np.float32) * np.float32(np.sqrt(e.cfg.n_embd))]
+        inputs = inputs and [inputs[0].astype(np.float32) * archs.gemma3.embedding_scale(e.cfg)]
     w = e.model.weights if e.stage == "result_norm" else e.model.weights["layers"][e.layer]
     if not inputs or key not in rows or key not in w:
         return None
@@ -600,8 +600,8 @@ def neighbour_layer(e, found):
     """A block computed with its neighbour's weights (an index off by one where a layer's tensors are read): the
     stage re-run on the side's own inputs with block L - 1's weights, then L + 1's."""
     name = f"{e.stage}-{e.layer}"
-    if found or e.model is None or e.layer is None or name not in e.bad_dump:
-        return
+    if found or e.model is None or e.layer is None or name not in e.bad_dump or e.stage not in (*BIASES, *NORMS):
+        return  # only a stage its layer's weights compute: the two re-runs are whole forwards
     layers = e.model.weights["layers"]
     for other in (e.layer - 1, e.layer + 1):
         if not 0 <= other < len(layers):

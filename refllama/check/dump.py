@@ -4,6 +4,7 @@ The same format is written by refllama (`--dump-dir`), by the reference tools in
 engine; `read_dump` loads any of them and can convert q/k to either RoPE pair layout.
 """
 
+import difflib
 import json
 import os
 import re
@@ -184,6 +185,12 @@ def write_dump(directory, arrays, provenance, rows=None, dtypes=None, decode=())
     except BaseException:
         writer.abort()
         raise
+
+
+def closest(stage, known):
+    """" (did you mean 'X'?)" for the known stage nearest a misspelt one, or ""."""
+    close = difflib.get_close_matches(stage, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def known_stages(arch):

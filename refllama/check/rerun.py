@@ -7,18 +7,12 @@ import tempfile
 
 import numpy as np
 
-from ..numerics.ggml_tables import round_f16
+from ..numerics.ggml_tables import round_bf16, round_f16
 from ..trace import recording, stage_name
 from ..xp import to_numpy
 from .dump import OUTPUT_STAGES, Dump, output_rows, split_name, stack_records
 
-
-def round_bf16(x):  # float32 -> the nearest bfloat16 values (ties to even), as float32
-    b = np.asarray(x, np.float32).view(np.uint32)
-    return ((b.astype(np.uint64) + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-
-
-ROUND = {"float16": lambda x: round_f16(np.asarray(x, np.float32)), "bfloat16": round_bf16}
+ROUND = {"float16": lambda x: round_f16(np.asarray(x, np.float32)), "bfloat16": round_bf16}  # a format's rounding
 
 
 class Forced:

@@ -13,13 +13,14 @@ Each name is checked as it is added (a stage of the family, with a layer where a
 shape's axes as FORMAT.md gives them), so a misspelt name fails at the line that adds it, not at compare.
 """
 
-import difflib
 import os
 import re
 
 import numpy as np
 
 from ..errors import RefllamaError
+from ..pairs import QK_STAGES
+from ..xp import to_numpy
 from .dump import (
     INPUT_STAGES,
     KV_CACHE_TYPES,
@@ -27,6 +28,7 @@ from .dump import (
     PRODUCER_NUMERICS,
     ROUNDED_TO,
     StageWriter,
+    closest,
     known_stages,
     model_sha256,
     split_name,
@@ -34,12 +36,8 @@ from .dump import (
 )
 
 
-def as_array(x):  # a NumPy array of x (a torch tensor in any dtype, on any device; a CuPy array)
-    if hasattr(x, "detach"):
-        x = x.detach().float().cpu().numpy()
-    elif hasattr(x, "get"):
-        x = x.get()
-    return np.asarray(x, np.float32)
+def as_array(x):  # a float32 NumPy array of x (a torch tensor in any dtype, on any device; a CuPy array)
+    return np.asarray(x.detach().float().cpu().numpy() if hasattr(x, "detach") else to_numpy(x), np.float32)
 
 
 class DumpWriter:
@@ -80,14 +78,13 @@ class DumpWriter:
         prompt position, a decode step's for its one position."""
         stage, layer = split_name(name)
         if stage not in self.known:
-            close = difflib.get_close_matches(stage, self.known, n=1)
-            raise RefllamaError(f"'{name}' is no stage of {self.arch}" + (f" (did you mean '{close[0]}'?)" if close
-                                                                            else "") + " (checkpoints/FORMAT.md)")
+            raise RefllamaError(f"'{name}' is no stage of {self.arch}{closest(stage, self.known)} "
+                                "(checkpoints/FORMAT.md)")
         outside = stage in (*INPUT_STAGES, *OUTPUT_STAGES)
         if outside != (layer is None):
             raise RefllamaError(f"'{name}': {stage} is " + ("a stage outside the blocks: no layer suffix" if outside
                                                              else f"a block's stage: name its layer, {stage}-N"))
-        if self.needs_layout and stage in ("Qcur", "Kcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope"):
+        if self.needs_layout and stage in QK_STAGES:
             raise RefllamaError(f"'{name}': q/k stages need the qk_layout of their values (DumpWriter(qk_layout="
                                 "'half' or 'interleaved'))")
         a = as_array(x)

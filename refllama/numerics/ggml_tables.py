@@ -31,6 +31,16 @@ def round_f16(x):  # [...] f32 -> [...] f32 holding float16 values (round to nea
     return x.astype(np.float16).astype(np.float32)
 
 
+def bf16_bits(x):  # [...] f32 -> [...] bfloat16 bits (uint16), rounded to nearest even as torch rounds; NaN stays NaN
+    u = np.asarray(x, np.float32).view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
+
+
+def round_bf16(x):  # [...] f32 -> [...] f32 holding bfloat16 values
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
 def blocks(raw, qtype, shape):  # [N, row bytes] -> [N, K/block, block bytes]
     N, K = shape
     block, size = BLOCK_SIZES[qtype]

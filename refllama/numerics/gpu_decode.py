@@ -7,7 +7,6 @@ take the ungraphed forward (refllama.arch), which this step equals within float3
 On NumPy the same sequence runs on the kernels' NumPy mirrors, uncaptured: that is how the CPU tests check it.
 """
 
-import math
 import sys
 from typing import NamedTuple
 
@@ -91,7 +90,7 @@ class GraphDecoder:
                              lw.get("ffn_down_bias"), lw.get("attn_post_norm"), lw.get("ffn_post_norm"))
                        for i, lw in enumerate(w["layers"])]
         self.embd, self.out_norm, self.output = w["token_embd"], w["output_norm"], w["output"]
-        self.embd_scale = math.sqrt(cfg.n_embd) if gemma else None  # Gemma's inp_scaled
+        self.embd_scale = gemma3.embedding_scale(cfg) if gemma else None  # Gemma's inp_scaled
         self.unit = self.k.geglu if gemma else self.k.swiglu  # the feed-forward's gated unit
         H, KVH, HD = self.heads
         f32, i32 = xp.float32, xp.int32
@@ -113,7 +112,7 @@ class GraphDecoder:
         for i, L in enumerate(self.layers):
             k.rms_norm(self.x, L.attn_norm, eps, self.h)
             self.gemv(L.qkv, self.h, self.qkv, L.qkv_bias)  # [QKV]
-            cos, sin = (cache.cos_swa, cache.sin_swa) if L.local and cfg.swa_layers else (cache.cos, cache.sin)
+            cos, sin = (cache.cos_swa, cache.sin_swa) if L.local and cfg.rope_base_swa else (cache.cos, cache.sin)
             k.rope_store(self.qkv, cos, sin, self.pos, self.q, cache.k[i], cache.v[i], L.q_norm, L.k_norm, eps,
                          self.heads, cfg.rope_layout)  # q [H*HD]; k, v into the cache
             k.attention(self.q, cache.k[i], cache.v[i], self.pos, self.scores, self.attn, cfg.kq_scale, self.heads,
