@@ -14,9 +14,10 @@ from .xp import to_numpy
 def rope_tables(cfg, n_ctx, freq_factors=None, local=False, ops=FLOAT32):  # -> cos, sin: [n_ctx, R/2] f32
     """The model's RoPE tables in the numerics of `ops`; `local`: those of sliding-window layers where they have a
     base of their own (Gemma 3), unscaled."""
-    base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
     ff = None if freq_factors is None else to_numpy(freq_factors).astype(np.float64)
-    return ops.rope_cos_sin(n_ctx, cfg.rope_dim, base, scale, cfg.rope_attn_factor, ff)
+    if local:
+        return ops.rope_cos_sin(n_ctx, cfg.rope_dim, cfg.rope_base_swa, 1.0, cfg.rope_attn_factor, ff)
+    return ops.rope_cos_sin(n_ctx, cfg.rope_dim, cfg.rope_base, cfg.rope_scale, cfg.rope_attn_factor, ff, cfg.rope_yarn)
 
 
 class Cache:

@@ -31,13 +31,21 @@ class ModelConfig:
     rope_layout: str  # q/k pair layout, llama.cpp's per architecture: "interleaved" (NORM) or "half" (NEOX)
     rope_scale: float = 1.0  # linear scaling: positions are divided by this
     rope_attn_factor: float = 1.0  # cos/sin multiplied by this (LongRoPE's attention factor)
-    rope_ctx_orig: int | None = None  # LongRoPE: contexts beyond this take the long frequency factors
+    rope_ctx_orig: int | None = None  # LongRoPE: contexts beyond this take the long frequency factors; YaRN's
+    rope_yarn: tuple | None = None  # YaRN: (low, high), the dims between which frequencies blend from unscaled
+    # (extrapolated, below low) to divided by rope_scale (interpolated, above high); cos and sin times
+    # layers.yarn_mscale(rope_scale) besides rope_attn_factor
     tied_output: bool = False  # output projection reuses token_embd
     sliding_window: int | None = None  # a query sees only the last `sliding_window` keys (Mistral)
     swa_layers: tuple | None = None  # per layer, whether the window applies (Gemma 3); None: every layer, if set
     rope_base_swa: float | None = None  # RoPE base of the sliding-window layers (Gemma 3's local layers)
     attn_scale: float | None = None  # softmax scale of q.k; None: 1/sqrt(head_dim)
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
+    attn_softcap: float | None = None  # scaled scores soft-capped so before the softmax (Gemma 2's)
+    nope_layers: tuple | None = None  # per layer, whether q and k go unrotated (SmolLM3's NoPE layers)
+    embedding_scale: float | None = None  # embeddings times this (`inp_scaled`: Gemma's sqrt(D), Granite's)
+    residual_scale: float = 1.0  # each block's attention and feed-forward outputs times this (Granite's)
+    logit_scale: float = 1.0  # logits divided by this (Granite's logits_scaling)
     n_expert: int = 0  # E: experts of a mixture-of-experts layer (0: every layer dense)
     n_expert_used: int = 0  # K: experts each token is routed to
     n_ff_exp: int | None = None  # FE: an expert's feed-forward width
@@ -45,6 +53,10 @@ class ModelConfig:
     expert_norm: bool = False  # the K routing weights divided by their sum (Mixtral, Qwen3-MoE)
     expert_scale: float = 1.0  # the routing weights times this (llama.cpp's expert_weights_scale)
     moe_layers: tuple | None = None  # per layer, whether its feed-forward is a mixture of experts
+
+    def is_nope(self, i):
+        """Whether layer i leaves q and k unrotated."""
+        return bool(self.nope_layers and self.nope_layers[i])
 
     def is_moe(self, i):
         """Whether layer i's feed-forward is a mixture of experts."""
@@ -58,8 +70,9 @@ class ModelConfig:
         """This config, or an error naming the first value no forward pass can run with (from file `path`)."""
         rules = {
             "count": ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "n_ff", "vocab_size", "n_ctx_train"),
-            "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor", "expert_scale"),
-            "optional": ("rope_base_swa", "attn_scale", "logit_softcap"),
+            "positive": ("rms_eps", "rope_base", "rope_scale", "rope_attn_factor", "expert_scale", "residual_scale",
+                         "logit_scale"),
+            "optional": ("rope_base_swa", "attn_scale", "logit_softcap", "attn_softcap", "embedding_scale"),
         }
         for f in fields(self):
             v = getattr(self, f.name)
@@ -82,12 +95,17 @@ class ModelConfig:
         if self.swa_layers is not None and (len(self.swa_layers) != self.n_layer or not self.sliding_window):
             raise RefllamaError(f"{path}: a sliding-window pattern needs a window and one entry per layer "
                                 f"({len(self.swa_layers)} entries for {self.n_layer} layers)")
+        if self.nope_layers is not None and len(self.nope_layers) != self.n_layer:
+            raise RefllamaError(f"{path}: {len(self.nope_layers)} NoPE flags for {self.n_layer} layers")
         if self.moe_layers is not None and len(self.moe_layers) != self.n_layer:
             raise RefllamaError(f"{path}: {len(self.moe_layers)} mixture-of-experts flags for {self.n_layer} layers")
         if any(self.moe_layers or ()) and not (
                 isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
             raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "
                                 f"experts ({self.n_expert}) and an expert width (got {self.n_ff_exp!r})")
+        if self.rope_yarn is not None and not (len(self.rope_yarn) == 2 and all(
+                isinstance(v, float) and math.isfinite(v) for v in self.rope_yarn)):
+            raise RefllamaError(f"{path}: YaRN's ramp must be two finite dims, got {self.rope_yarn!r}")
         if self.rope_layout not in ("interleaved", "half"):
             raise RefllamaError(f"{path}: unknown rope layout {self.rope_layout!r}")
         return self

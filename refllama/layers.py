@@ -5,6 +5,7 @@ S cached length (keys visible to the step). Activations are float32. Each functi
 module from its inputs, so the same code runs on NumPy and CuPy.
 """
 
+import math
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -78,16 +79,29 @@ def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
 ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layout: llama.cpp's NORM and NEOX modes
 
 
-def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None):  # -> cos, sin [n_ctx, R/2]
-    """cos/sin of pos * theta_i, theta_i = base^(-2i/R) divided by the model's frequency factors (Llama 3.1's
-    `rope_freqs`, LongRoPE's), positions divided by `scale` (linear scaling), both times `attn_factor` (LongRoPE's
-    attention factor): computed in float64 once, stored float32."""
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None):  # -> cos, sin
+    """cos/sin [n_ctx, R/2] of pos * theta_i, theta_i = base^(-2i/R) divided by the model's frequency factors (Llama
+    3.1's `rope_freqs`, LongRoPE's), positions divided by `scale` (linear scaling), both times `attn_factor`
+    (LongRoPE's attention factor): computed in float64 once, stored float32. `yarn` (low, high): YaRN blends each
+    theta_i between itself (i <= low) and theta_i / scale (i >= high), linearly between, and multiplies cos and sin
+    by yarn_mscale(scale) too."""
     theta = base ** (-np.arange(rope_dim // 2, dtype=np.float64) * 2.0 / rope_dim)  # [R/2]
     if freq_factors is not None:
         theta = theta / freq_factors
+    if yarn is not None:
+        ramp = yarn_ramp(rope_dim // 2, *yarn, np.float64)  # [R/2]: 1 extrapolates (unscaled), 0 interpolates
+        theta, scale, attn_factor = theta / scale * (1 - ramp) + theta * ramp, 1.0, attn_factor * yarn_mscale(scale)
     angle = (np.arange(n_ctx, dtype=np.float64) / scale)[:, None] * theta[None, :]  # [n_ctx, R/2]
     return (attn_factor * np.cos(angle)).astype(np.float32), (attn_factor * np.sin(angle)).astype(np.float32)
 
+
+def yarn_mscale(scale):  # YaRN's factor on cos and sin: 1 + 0.1 ln(scale), 1 where the scale does not stretch
+    return 1.0 + 0.1 * math.log(scale) if scale > 1 else 1.0
+
+
+def yarn_ramp(n, low, high, dtype):  # -> [n]: 1 - clamp((i - low) / (high - low), 0, 1), as ggml's rope_yarn_ramp
+    y = (np.arange(n, dtype=dtype) - dtype(low)) / max(dtype(0.001), dtype(high) - dtype(low))
+    return dtype(1) - np.minimum(dtype(1), np.maximum(dtype(0), y))
 
 
 def causal_mask(start_pos, T, S, xp, window=None):  # -> [T, S] additive: 0 where visible, -inf elsewhere
@@ -178,7 +192,7 @@ class Ops(NamedTuple):
 
     rms_norm: Callable  # (x [..., D], w [D], eps) -> [..., D]
     rope: dict  # q/k pair layout ("interleaved", "half") -> (x [T, n, HD], cos, sin [T, R/2]) -> [T, n, HD]
-    rope_cos_sin: Callable  # (n_ctx, R, base, scale, attn_factor, freq_factors [R/2] or None) -> cos, sin [n_ctx, R/2]
+    rope_cos_sin: Callable  # (n_ctx, R, base, scale, attn_factor, freq_factors [R/2] | None, yarn) -> cos, sin
     attention_scores: Callable  # (q [T, H, HD], k [KVH, S, HD]) -> [H, T, S]
     attention_weights: Callable  # (kq [H, T, S], mask [T, S], scale) -> [H, T, S]
     attention_mix: Callable  # (p [H, T, S], v [KVH, S, HD]) -> [T, H*HD]

@@ -1,6 +1,7 @@
 """refllama.compare's inputs and outputs on the tiny llama GGUF: what a writer may hand it, what it refuses (one
 line, exit 2), the whole-text verdict on logits, the plot, and a trace in the other q/k layout."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -410,7 +411,6 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
     """refllama's own forward of a tiny `family` GGUF with one family difference flipped, dumped as MINE; REF the same
     ids right. Stages the bug's engine would not have are left out of MINE's manifest."""
     import refllama.arch.blocks as blocks
-    import refllama.arch.gemma3 as gemma3
     import refllama.arch.gpt2 as gpt2
     from refllama.layers import causal_mask, rope_cos_sin
 
@@ -436,14 +436,14 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
             target = m.weights["output_norm"]
             replace["rms_norm"] = lambda x, w, eps: x if w is target else ops.rms_norm(x, w, eps)
         elif bug == "no_residual":  # layer 0's attention output taken as the residual sum, the stream dropped
-            arch, held = gemma3 if family == "gemma3" else blocks, {}
-            tap, last = arch.tap, "attn_post_norm" if family == "gemma3" else "attn_out"
+            held = {}
+            tap, last = blocks.tap, "attn_post_norm" if family == "gemma3" else "attn_out"
 
             def dropped(name, layer, x):
                 held[name] = x
                 return tap(name, layer, held[last] if (name, layer) == (
                     "sa_out" if family == "gemma3" else "ffn_inp", 0) else x)
-            mp.setattr(arch, "tap", dropped)
+            mp.setattr(blocks, "tap", dropped)
         elif bug in ("one_plus_w", "one_plus_w_unscaled"):  # the HF checkpoint's w as layer 0's first norm weight
             mp.setitem(lw, "attn_norm", lw["attn_norm"] - np.float32(1))
         elif bug == "q_norm_one_plus_w":
@@ -453,7 +453,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
             wrong = (lambda x, w, eps: x) if bug == "q_norm_skipped" else _whole_row_norm(ops.rms_norm)
             replace["rms_norm"] = lambda x, w, eps: wrong(x, w, eps) if w is target else ops.rms_norm(x, w, eps)
         elif bug == "embedding_scale":
-            mp.setattr(gemma3, "math", type("NoScale", (), {"sqrt": staticmethod(lambda v: 1.0)}))
+            mp.setattr(m, "config", dataclasses.replace(cfg, embedding_scale=1.0))
         elif bug == "bases_swapped":  # the local layers rotated with the global base and the reverse
             for name, t in zip(("cos_swa", "sin_swa", "cos", "sin"), (c.cos, c.sin, c.cos_swa, c.sin_swa)):
                 mp.setattr(c, name, t)

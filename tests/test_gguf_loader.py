@@ -136,8 +136,8 @@ def test_unsupported_architecture(tmp_path):
 
 def test_unsupported_rope_scaling(tmp_path):
     meta = tiny_metadata()
-    meta["llama.rope.scaling.type"] = ("yarn", gguf.GGUFValueType.STRING)
-    _expect_error(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors()), "llama.rope.scaling.type 'yarn'")
+    meta["llama.rope.scaling.type"] = ("longrope", gguf.GGUFValueType.STRING)
+    _expect_error(write_gguf(tmp_path / "m.gguf", meta, tiny_tensors()), "llama.rope.scaling.type 'longrope'")
 
 
 def test_unknown_pre_tokenizer(tmp_path):

@@ -193,8 +193,8 @@ def test_unknown_architecture_and_rope_scaling_are_named(tmp_path):
     edit_config(d, lambda c: c.update(architectures=["FalconForCausalLM"]))
     expect_error(d, "architectures", "FalconForCausalLM")
     d = copy_model("qwen2", tmp_path)
-    edit_config(d, lambda c: c["rope_parameters"].update(rope_type="yarn"))
-    expect_error(d, "rope scaling type 'yarn'")
+    edit_config(d, lambda c: c["rope_parameters"].update(rope_type="dynamic"))
+    expect_error(d, "rope scaling type 'dynamic'")
 
 
 def test_shape_mismatch_names_the_tensor(tmp_path):

@@ -11,6 +11,10 @@ its modules give the stages, named as llama.cpp names them:
 Gemma 3: embed_tokens' rows and its scaled output -> inp_embd, inp_scaled; post_attention_layernorm -> attn_post_norm;
   pre_feedforward_layernorm input and output -> sa_out, ffn_norm; down_proj input -> ffn_geglu;
   post_feedforward_layernorm -> ffn_post_norm (its q_norm/k_norm see q, k as [H, T, HD]: transposed back).
+  Granite scales the embeddings outside the module: inp_scaled is its output times embedding_multiplier. Gemma 2's
+  soft-capped scores -> kq_scaled_2.
+OLMo 2 (no pre-norms): post_attention_layernorm -> attn_post_norm, the mlp's input -> ffn_inp,
+  post_feedforward_layernorm -> ffn_post_norm.
 GPT-2: wte, wpe and their sum (the dropout's output) -> inp_embd, pos_embd, inpL; ln_1 -> attn_norm; c_attn (split)
   -> Qcur/Kcur/Vcur; c_proj input and output -> kqv_out, attn_out; ln_2 input and output -> ffn_inp, ffn_norm;
   c_fc -> ffn_up; mlp.c_proj input and output -> ffn_gelu, ffn_out; ln_f -> result_norm.
@@ -66,10 +70,12 @@ def capture(hf, ids, decode_steps=0):
         v = value.repeat_interleave(query.shape[1] // value.shape[1], dim=1)
         scores = query @ k.transpose(2, 3)  # [1, H, T, S]
         keep(f"kq-{i}", scores)
+        scores = scores * scaling
+        if kwargs.get("softcap") is not None:  # Gemma 2: the scaled scores soft-capped
+            scores = torch.tanh(scores / kwargs["softcap"]) * kwargs["softcap"]
+            keep(f"kq_scaled_2-{i}", scores)
         if attention_mask is not None:
-            scores = scores * scaling + attention_mask[:, :, :, :k.shape[-2]]
-        else:
-            scores = scores * scaling
+            scores = scores + attention_mask[:, :, :, :k.shape[-2]]
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         keep(f"kq_soft_max-{i}", weights)  # [H, T, S]
         return (weights @ v).transpose(1, 2).contiguous(), weights
@@ -139,12 +145,20 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
     m = hf.model
     HD = hf.config.hidden_size // H if getattr(hf.config, "head_dim", None) is None else hf.config.head_dim
     gemma = hasattr(m.layers[0], "pre_feedforward_layernorm")
-    def embeddings(mod, inp, out):  # Gemma 3: the embedding module scales its rows by sqrt(D)
+    post_norms_only = not hasattr(m.layers[0], "input_layernorm")  # OLMo 2
+    multiplier = getattr(hf.config, "embedding_multiplier", None)  # Granite's, applied outside the module
+    def embeddings(mod, inp, out):  # Gemma 2 and 3: the embedding module scales its rows by sqrt(D)
         keep("inp_embd", mod.weight[inp[0]])
         keep("inp_scaled", out)
 
-    if gemma:
+    def scaled(mod, inp, out):  # Granite: the model scales the module's output
+        keep("inp_embd", out)
+        keep("inp_scaled", out * multiplier)
+
+    if hasattr(m.embed_tokens, "embed_scale"):
         hooks.append(m.embed_tokens.register_forward_hook(embeddings))
+    elif multiplier is not None:
+        hooks.append(m.embed_tokens.register_forward_hook(scaled))
     else:
         hooks.append(m.embed_tokens.register_forward_hook(out_hook("inp_embd")))
     for i, layer in enumerate(m.layers):
@@ -168,8 +182,8 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
         else:
             hooks += [f.gate_proj.register_forward_hook(out_hook(f"ffn_gate-{i}")),
                       f.up_proj.register_forward_hook(out_hook(f"ffn_up-{i}"))]
-        hooks += [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}")),
-                  a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
+        hooks += [] if post_norms_only else [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}"))]
+        hooks += [a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
                   a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
                   layer.register_forward_hook(out_hook(f"l_out-{i}"))]
         if not hasattr(f, "experts"):
@@ -179,6 +193,11 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
                       layer.pre_feedforward_layernorm.register_forward_pre_hook(in_hook(f"sa_out-{i}")),
                       layer.pre_feedforward_layernorm.register_forward_hook(out_hook(f"ffn_norm-{i}")),
                       f.down_proj.register_forward_pre_hook(in_hook(f"ffn_geglu-{i}")),
+                      layer.post_feedforward_layernorm.register_forward_hook(out_hook(f"ffn_post_norm-{i}"))]
+        elif post_norms_only:
+            hooks += [layer.post_attention_layernorm.register_forward_hook(out_hook(f"attn_post_norm-{i}")),
+                      f.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),
+                      f.down_proj.register_forward_pre_hook(in_hook(f"ffn_swiglu-{i}")),
                       layer.post_feedforward_layernorm.register_forward_hook(out_hook(f"ffn_post_norm-{i}"))]
         else:
             hooks += [layer.post_attention_layernorm.register_forward_pre_hook(in_hook(f"ffn_inp-{i}")),

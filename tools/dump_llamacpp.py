@@ -63,6 +63,8 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("inp_scaled", "SCALE"): "inp_scaled", ("attn_post_norm", "MUL"): "attn_post_norm",
             ("sa_out", "ADD"): "sa_out", ("ffn_geglu", "GEGLU"): "ffn_geglu", ("ffn_post_norm", "MUL"): "ffn_post_norm",
             ("result_output", "SCALE"): "result_output",  # logits soft-capped: scale, tanh, scale
+            ("kq_scaled_2", "SCALE"): "kq_scaled_2",  # Gemma 2's scores soft-capped
+            ("embd", "SCALE"): "inp_scaled",  # Granite's embeddings scaled (its GET_ROWS unnamed: TOKEN_EMBD)
             # GPT-2's: learned positions, LayerNorm (its bias ADD last), biases after each product
             ("pos_embd", "GET_ROWS"): "pos_embd", ("inpL", "ADD"): "inpL", ("attn_norm", "ADD"): "attn_norm",
             ("wqkv_b", "ADD"): "wqkv", ("ffn_norm", "ADD"): "ffn_norm", ("ffn_up_b", "ADD"): "ffn_up",
@@ -81,6 +83,8 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
+TOKEN_EMBD = "token_embd.weight"  # an unnamed GET_ROWS of it: inp_embd
+IN_BLOCK = {"ffn_post_norm"}  # stages that Gemma 2's and OLMo 2's graphs name without their layer (il = -1)
 OUTPUT_BIAS = r"blk\.\d+\.attn_output\.bias"  # its bias, added by an unnamed ADD (GPT-2)
 DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32}  # i32: the experts' ids
 
@@ -167,7 +171,8 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
     model = load_model(model_path, repack)
     heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
              "Vcur": llama_cpp.llama_model_n_head_kv(model)}
-    step = {"stages": {}, "T": 0, "S": 0}  # the batch being run: its stages, its tokens, the keys it sees
+    step = {"stages": {}, "T": 0, "S": 0, "layer": ""}  # the batch being run: its stages, its tokens, the keys it
+    # sees, the layer of the last node named with one
     attn_out = {}  # node address -> layer, to find the unnamed residual that adds it
 
     @llama_cpp.ggml_backend_sched_eval_callback
@@ -179,6 +184,13 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
         if stage is None and op == "MUL_MAT" and t.src[0]:  # a product left unnamed: known by its weight
             weight = re.fullmatch(UNNAMED, ctypes.cast(t.src[0], ctypes.POINTER(GGMLTensor)).contents.name.decode())
             stage, layer = ("attn_out", weight.group(1)) if weight else (None, "")
+        if stage is None and op == "GET_ROWS" and t.src[0] and not step["layer"]:
+            source = ctypes.cast(t.src[0], ctypes.POINTER(GGMLTensor)).contents.name.decode()
+            stage = "inp_embd" if source == TOKEN_EMBD else None
+        if stage in IN_BLOCK and not layer:
+            layer = step["layer"]
+        elif layer:
+            step["layer"] = layer
         if stage is None and op == "ADD" and (t.src[0] in attn_out or t.src[1] in attn_out):
             bias = re.fullmatch(OUTPUT_BIAS, ctypes.cast(t.src[1], ctypes.POINTER(GGMLTensor)).contents.name.decode())
             stage = "attn_out" if bias else "ffn_inp"  # unnamed outside llama's graph
@@ -188,7 +200,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
         if ask or stage is None:
             return stage is not None  # ask: observe only the nodes we store
         a, T = to_numpy(t), step["T"]  # [ne3, ne2, ne1, ne0]
-        if stage in ("kq", "kq_soft_max"):
+        if stage in ("kq", "kq_scaled_2", "kq_soft_max"):
             a = a[0, :, :, :step["S"]]  # [H, T, S_pad] -> [H, T, S]: the cells this fresh context filled
         elif stage in ("Qcur_rope", "Kcur_rope"):
             a = a[0]  # [T, n_heads, HD]
@@ -211,7 +223,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
     kq_scale = arch.config_from_gguf(g).kq_scale
 
     def run(tokens, start):
-        step.update(stages={}, T=len(tokens), S=start + len(tokens))
+        step.update(stages={}, T=len(tokens), S=start + len(tokens), layer="")
         logits = decode(ctx, tokens, start)
         return unfuse(step["stages"], arch, heads["Qcur"], heads["Kcur"], kq_scale), int(np.argmax(logits))
 

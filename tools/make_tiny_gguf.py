@@ -41,16 +41,20 @@ from llamacpp_arm import arm_logits
 from make_tiny_models import random_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    Gemma2Config,
     Gemma3TextConfig,
     GPT2Config,
+    GraniteConfig,
     LlamaConfig,
     MixtralConfig,
+    Olmo2Config,
     OlmoeConfig,
     Phi3Config,
     Qwen2Config,
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    SmolLM3Config,
 )
 
 import refllama
@@ -102,8 +106,29 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                                       num_experts=6, num_experts_per_tok=2, rope_theta=1000000.0)),
     "olmoe": (OlmoeConfig, dict(COMMON, intermediate_size=64, num_experts=6, num_experts_per_tok=2,
                                 num_key_value_heads=4, rope_theta=10000.0)),  # llama.cpp's olmoe: no GQA
+    # the dense families of 2025-2026 (kept as HF directories too): gemma2 (local and global layers, both soft-caps
+    # small enough to bend the tiny scores and logits), smollm3 (layer 3 NoPE), olmo2 (post-norms only, q/k norms over
+    # the projection), granite (its four multipliers), yarn (Qwen3 with YaRN: 4x, from 64 positions), llama32 (Llama
+    # 3.2: tied, llama3 RoPE scaling), phi4 (Phi-4-mini's shape: phi3 without LongRoPE, GQA, partial rotary)
+    "gemma2": (Gemma2Config, dict(COMMON, head_dim=32, num_hidden_layers=4, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                  sliding_window=4, query_pre_attn_scalar=32, attn_logit_softcapping=0.5,
+                                  final_logit_softcapping=1.0,
+                                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "smollm3": (SmolLM3Config, dict(COMMON, num_hidden_layers=4, tie_word_embeddings=True,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 2000000.0})),
+    "olmo2": (Olmo2Config, dict(COMMON, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
+    "granite": (GraniteConfig, dict(COMMON, embedding_multiplier=12.0, attention_multiplier=0.1,
+                                    residual_multiplier=0.22, logits_scaling=8.0,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "yarn": (Qwen3Config, dict(COMMON, head_dim=32, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 1000000.0})),
+    "llama32": (LlamaConfig, dict(COMMON, tie_word_embeddings=True, rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64, "rope_theta": 500000.0})),
+    "phi4": (Phi3Config, dict(COMMON, partial_rotary_factor=0.75, rope_theta=250000.0)),
 }
 MOE = ("mixtral", "qwen3moe", "qwen2moe", "olmoe")
+NEW = ("gemma2", "smollm3", "olmo2", "granite", "yarn", "llama32", "phi4")  # kept as HF directories too
 ROUTER = (".gate.weight", ".shared_expert_gate.weight")  # routers: transformers' init (std 0.02) nearly ties
 # the experts' probabilities, so that the last bit of a logit would choose; 0.5 separates them
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
@@ -115,6 +140,8 @@ sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--out
 import convert_hf_to_gguf
 from conversion.base import TextModel
 TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"  # a tiny vocabulary has no known hash
+from conversion.gemma import Gemma2Model
+Gemma2Model.set_vocab = TextModel._set_vocab_gpt2  # its converter reads only SentencePiece files: a BPE vocabulary
 convert_hf_to_gguf.main()
 """
 
@@ -142,7 +169,7 @@ def save_hf(name, d, tok, **shape):
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "GPT2Tokenizer" if name == "phi3" else "PreTrainedTokenizerFast",
+        "tokenizer_class": "GPT2Tokenizer" if name in ("phi3", "phi4") else "PreTrainedTokenizerFast",
         "eos_token": "<|endoftext|>", "add_bos_token": False,
         "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
@@ -216,7 +243,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             hf_dir = Path(tmp) / name
             model = save_hf(name, hf_dir, tok)
-            if name in MOE:  # kept: the mixtures of experts are checked as HF directories too
+            if name in MOE + NEW:  # kept: checked as HF directories too
                 shutil.copytree(hf_dir, out / "hf-model")
             for outtype in ("f32", "q8_0"):
                 script = CONVERT.format(src=args.llama_cpp, model=str(hf_dir), outtype=outtype,

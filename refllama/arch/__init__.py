@@ -13,6 +13,14 @@ imports another. Loaders, dump, compare and the harness read these.
     gemma3                  NEOX                     its own forward: scaled embeddings, four norms a block, GeGLU,
                                                      local (sliding-window) and global layers
     gpt2                    no RoPE                  its own forward: learned positions, LayerNorm, biases, GELU MLP
+    gemma2                  NEOX                     its own forward: Gemma 3's block without q/k norms, attention
+                                                     scores soft-capped before the softmax
+    smollm3                 NORM                     llama's forward, q and k unrotated in every 4th layer (NoPE)
+    olmo2                   NEOX                     its own forward: no pre-norms, attention and feed-forward
+                                                     outputs normed before the residual adds them, q/k norms over
+                                                     the whole projection
+    granite                 NORM                     its own forward: llama's block with embedding, residual,
+                                                     attention and logit multipliers
 
 The module interface (tests/test_arch.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
@@ -28,11 +36,14 @@ The module interface (tests/test_arch.py holds every module to it):
             CHAT_TEMPLATE          for GGUF files that carry none (Gemma 3)
             LLAMACPP_FUSED         llama.cpp graph nodes that fuse stages, for tools/dump_llamacpp.py
             LLAMACPP_Q_SCALED      llama.cpp scales q before kq, so its kq is refllama's times kq_scale
+  defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
+            LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
+            NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
 """
 
 from ..errors import RefllamaError, shown
 from ..pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
-from . import gemma3, gpt2, llama, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe
+from . import gemma2, gemma3, gpt2, granite, llama, olmo2, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
 from .blocks import block_stages, moe_stage_order
 from .hparams import freq_factors
 from .tables import Weight
@@ -41,7 +52,8 @@ REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED")
 
-ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe)}
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
+                                     smollm3, olmo2, granite)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",

@@ -38,7 +38,9 @@ def moe_stage_order(stages):
 
 def block_stages(stages, cfg, i):
     """The stages of block i, given the family's dense block `stages`: its feed-forward's replaced by moe_ffn's
-    (and shared_expert's) where layer i is a mixture of experts."""
+    (and shared_expert's) where layer i is a mixture of experts, no rotated q/k on a NoPE layer."""
+    if cfg.is_nope(i):
+        stages = tuple(s for s in stages if s not in ("Qcur_rope", "Kcur_rope"))
     if not cfg.is_moe(i):
         return stages
     moe = (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()), *EXPERT_STAGES,
@@ -63,6 +65,16 @@ def positions(cache, start_pos, T, xp, window=None, local=False):  # -> At of T 
     span = slice(start_pos, start_pos + T)
     cos, sin = (cache.cos_swa, cache.sin_swa) if local else (cache.cos, cache.sin)
     return At(start_pos, cache, cos[span], sin[span], causal_mask(start_pos, T, start_pos + T, xp, window))
+
+
+def layer_positions(cfg, cache, start_pos, T, xp):  # -> one At per layer
+    """Where each layer's T tokens are: a sliding-window layer's mask (and RoPE tables, where its base is its own)
+    where the model has local layers, the model's window (if any) in every layer otherwise."""
+    if cfg.swa_layers is None:
+        return [positions(cache, start_pos, T, xp, cfg.sliding_window)] * cfg.n_layer
+    full = positions(cache, start_pos, T, xp)
+    local = positions(cache, start_pos, T, xp, cfg.sliding_window, local=bool(cfg.rope_base_swa))
+    return [local if swa else full for swa in cfg.swa_layers]
 
 
 def qkv(h, lw, cfg, i):  # [T, D] -> q [T, H, HD], k [T, KVH, HD], v [T, KVH, HD]: the projections, biases if any
@@ -92,14 +104,16 @@ def rope_qk(q, k, cfg, ops, at, i):  # [T, H, HD], [T, KVH, HD] -> same, rotated
 def attend(q, k, v, lw, cfg, ops, i, at):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, D]
     """Store k and v, then scores, softmax, weighted values and the output projection."""
     k_all, v_all = at.cache.store(i, at.start_pos, k, v)  # [KVH, S, HD] each
+    scale = array_module(q).float32(cfg.kq_scale)
     if ops.q_first:  # llama.cpp's graph: q times the scale (float32), then q.k; the stage stays q.k unscaled
-        scale = array_module(q).float32(cfg.kq_scale)
         kq = ops.attention_scores(q * scale, k_all)  # [H, T, S]
         tap("kq", i, kq / scale)
-        p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, 1.0))  # [H, T, S]
     else:
         kq = tap("kq", i, ops.attention_scores(q, k_all))  # [H, T, S]
-        p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, cfg.kq_scale))  # [H, T, S]
+    if cfg.attn_softcap:  # Gemma 2: the scaled scores soft-capped (llama.cpp's kq_scaled_2), then the softmax
+        kq = tap("kq_scaled_2", i, ops.softcap(kq if ops.q_first else kq * scale, cfg.attn_softcap))
+    scaled = ops.q_first or cfg.attn_softcap
+    p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, 1.0 if scaled else cfg.kq_scale))  # [H, T, S]
     attn = tap("kqv_out", i, ops.attention_mix(p, v_all))  # [T, H*HD]
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 
@@ -153,7 +167,14 @@ def shared_expert(h, lw, ops, i):  # [T, D] -> [T, D]: Qwen2-MoE's shared expert
 
 
 def pre_norm_forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
-    """Run T new tokens at positions start_pos.. through the model, writing their K/V into cache.
+    """Llama's forward: decoder_forward of pre_norm_block."""
+    return decoder_forward(w, cfg, ops, tokens, start_pos, cache, last_only, pre_norm_block)
+
+
+def decoder_forward(w, cfg, ops, tokens, start_pos, cache, last_only, block):  # [T] -> [T or 1, V] logits
+    """Run T new tokens at positions start_pos.. through the model, writing their K/V into cache: embeddings
+    (scaled where the family scales them: Gemma's sqrt(D), Granite's multiplier), n_layer of the family's `block`,
+    a last norm, logits (divided, soft-capped where the family does).
 
     Prefill passes the whole prompt at once (matrix-matrix); decode passes one token. `last_only` computes logits
     for the last position only (all that generation needs): the last block keeps only that row once attention has
@@ -161,16 +182,23 @@ def pre_norm_forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  #
     """
     T = len(tokens)
     cache.check_room(T)
-    xp = array_module(w["token_embd"])
-    at = positions(cache, start_pos, T, xp, cfg.sliding_window)
+    xp = array_module(w["output_norm"])
+    at = layer_positions(cfg, cache, start_pos, T, xp)  # a local layer's window and RoPE tables, if any
 
     x = tap("inp_embd", None, embedding(xp.asarray(tokens), w["token_embd"]))  # [T, D]
+    if cfg.embedding_scale is not None:
+        x = tap("inp_scaled", None, x * xp.float32(cfg.embedding_scale))
     for i, lw in enumerate(w["layers"]):
-        x = pre_norm_block(x, lw, cfg, ops, i, at, last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])
+        x = block(x, lw, cfg, ops, i, at[i], last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])
     cache.n_past = start_pos + T
 
     x = tap("result_norm", None, ops.rms_norm(x, w["output_norm"], cfg.rms_eps))  # [T, D]
-    return tap("result_output", None, linear(x, w["output"]))  # [T, V]
+    logits = linear(x, w["output"])  # [T, V]
+    if cfg.logit_scale != 1.0:  # Granite's, as llama.cpp scales: by float32(1 / logit_scale)
+        logits = logits * xp.float32(1.0 / cfg.logit_scale)
+    if cfg.logit_softcap:
+        logits = ops.softcap(logits, cfg.logit_softcap)
+    return tap("result_output", None, logits)
 
 
 def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
@@ -178,7 +206,8 @@ def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D]
     q, k, v = qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
     if "attn_q_norm" in lw:  # Qwen3
         q, k = qk_norm(q, k, lw, cfg, ops, i)
-    q, k = rope_qk(q, k, cfg, ops, at, i)
+    if not cfg.is_nope(i):  # SmolLM3's NoPE layers: q and k unrotated
+        q, k = rope_qk(q, k, cfg, ops, at, i)
     h = attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
     if last_only:  # only the last row goes on
         x, h = x[-1:], h[-1:]  # [1, D]
@@ -192,3 +221,26 @@ def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D]
     else:
         h = moe_ffn(h, lw, cfg, ops, i)
     return tap("l_out", i, x + h)  # [T, D]
+
+
+def sandwich_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
+    """Gemma's block: a norm before and after attention and before and after the GeGLU feed-forward, each residual
+    adding the post-normed output (`sa_out`, `l_out`); q and k normed per head where the layer has the norms (Gemma 3),
+    the scores soft-capped where the model caps them (Gemma 2)."""
+    eps = cfg.rms_eps
+    h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], eps))  # [T, D]
+    q, k, v = qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
+    if "attn_q_norm" in lw:  # Gemma 3
+        q, k = qk_norm(q, k, lw, cfg, ops, i)
+    q, k = rope_qk(q, k, cfg, ops, at, i)
+    h = attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
+    del q, k, v  # before the feed-forward's larger arrays
+    if last_only:  # only the last row goes on
+        x, h = x[-1:], h[-1:]  # [1, D]
+    h = tap("attn_post_norm", i, ops.rms_norm(h, lw["attn_post_norm"], eps))
+    x = tap("sa_out", i, x + h)  # the attention residual
+
+    h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], eps))  # [T, D]
+    h = gated_ffn(h, lw, ops, "geglu", i)  # [T, D]
+    h = tap("ffn_post_norm", i, ops.rms_norm(h, lw["ffn_post_norm"], eps))
+    return tap("l_out", i, x + h)

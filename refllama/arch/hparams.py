@@ -8,6 +8,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
 from ..formats.ggml_types import GGUFValueType
+from ..layers import yarn_mscale
 
 
 def block_count(g, arch):
@@ -36,24 +37,93 @@ def gguf_config(g, rope_layout, **fields):
     if n_tokens is None and not g.has(f"{arch}.vocab_size"):
         raise RefllamaError(f"{g.path}: missing metadata field '{arch}.vocab_size' (and no tokenizer.ggml.tokens)")
     vocab = count("vocab_size", n_tokens)
-    head_dim = count("attention.key_length", n_embd // n_head)
     scaling = g.string(f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", "linear"):
+    if scaling not in ("none", "linear", "yarn"):
         raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.type {shown(scaling)} (supported: none, "
-                            "linear)")
+                            "linear, yarn)")
     window = count("attention.sliding_window", 0, low=0)
+    head_dim, n_ctx = count("attention.key_length", n_embd // n_head), count("context_length")
+    rope_dim, base = count("rope.dimension_count", head_dim), real("rope.freq_base", 10000.0)  # llama.cpp's default
+    rope = {"rope_scale": real("rope.scaling.factor", 1.0) if scaling != "none" else 1.0,
+            "rope_attn_factor": real("rope.scaling.attn_factor", 1.0),
+            "rope_ctx_orig": count("rope.scaling.original_context_length", 0, low=0) or None}
+    if scaling == "yarn":
+        rope.update(gguf_yarn(g, arch, rope, rope_dim, base, n_ctx))
     return ModelConfig(**{
         "arch": arch, "n_layer": block_count(g, arch), "n_embd": n_embd, "n_head": n_head,
         "n_head_kv": count("attention.head_count_kv", n_head), "head_dim": head_dim,
-        "n_ff": count("feed_forward_length"), "vocab_size": vocab, "n_ctx_train": count("context_length"),
-        "rms_eps": real("attention.layer_norm_rms_epsilon"),
-        "rope_base": real("rope.freq_base", 10000.0),  # llama.cpp's default when absent
-        "rope_dim": count("rope.dimension_count", head_dim),
-        "rope_scale": real("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0,
-        "rope_attn_factor": real("rope.scaling.attn_factor", 1.0),
-        "rope_ctx_orig": count("rope.scaling.original_context_length", 0, low=0) or None,
+        "n_ff": count("feed_forward_length"), "vocab_size": vocab, "n_ctx_train": n_ctx,
+        "rms_eps": real("attention.layer_norm_rms_epsilon"), "rope_base": base, "rope_dim": rope_dim, **rope,
         "rope_layout": rope_layout, "tied_output": "output.weight" not in g.tensors,
         "sliding_window": window or None, **fields}).checked(g.path)
+
+
+def sqrt_scale(n_embd):
+    """sqrt(D), Gemma's embedding factor: llama.cpp scales by sqrtf(D), transformers by a float32 tensor of sqrt(D),
+    the same float32 number."""
+    return float(np.float32(math.sqrt(n_embd)))
+
+
+def gguf_swa(g, arch, n_layer, period):  # -> (window or 0, per-layer local flags or None)
+    """A sliding window and which layers it applies to, as llama.cpp's load_swa_pattern reads them: an array of
+    per-layer flags, or a period (every period-th layer global; 0: every layer local), `period` by default."""
+    window = int(g.integer(f"{arch}.attention.sliding_window", 0, low=0))
+    if not window:
+        return 0, None
+    key = f"{arch}.attention.sliding_window_pattern"
+    if g.has(key) and g.fields[key].is_array:
+        flags = g.array(key, (GGUFValueType.BOOL,), "bools")
+        if len(flags) != n_layer:
+            raise RefllamaError(f"{g.path}: metadata field '{key}' has {len(flags)} entries for {n_layer} layers")
+        return window, tuple(bool(f) for f in flags)
+    period = int(g.integer(key, period, low=0))
+    return window, tuple(period == 0 or i % period < period - 1 for i in range(n_layer))
+
+
+def hf_swa(c, n_layer, period):  # -> (window or None, per-layer local flags or None)
+    """A config's sliding window and its `layer_types` (or, in older configs, `sliding_window_pattern`, the family's
+    `period` by default: every period-th layer global)."""
+    window = c.get("sliding_window", kind=(int,))
+    types = c.get("layer_types", kind=(list,))
+    if types is None:
+        period = c.get("sliding_window_pattern", period, kind=(int,))
+        if period < 1:
+            raise RefllamaError(f"{c.path}: field 'sliding_window_pattern' must be at least 1, got {period}")
+        types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(n_layer)]
+    if not all(t in ("sliding_attention", "full_attention") for t in types):
+        raise RefllamaError(f"{c.path}: field 'layer_types' must list sliding_attention or full_attention per layer")
+    return window or None, tuple(t == "sliding_attention" for t in types) if window else None
+
+
+YARN_BETAS = (32.0, 1.0)  # beta_fast, beta_slow: the YaRN paper's, transformers' and llama.cpp's defaults
+
+
+def yarn_ramp_dims(rope_dim, n_ctx_orig, base, betas=YARN_BETAS, truncate=True):  # -> (low, high)
+    """The dims where YaRN's ramp starts and ends: the dim whose wavelength turns beta times in the original context
+    (ggml_rope_yarn_corr_dims, transformers' find_correction_range), floored and ceiled unless `truncate` is off
+    (transformers' option; llama.cpp always truncates)."""
+    def dim(turns):
+        return rope_dim * math.log(n_ctx_orig / (turns * 2 * math.pi)) / (2 * math.log(base))
+    low, high = dim(betas[0]), dim(betas[1])
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return float(max(low, 0)), float(min(high, rope_dim - 1))
+
+
+def gguf_yarn(g, arch, rope, rope_dim, base, n_ctx):
+    """YaRN's fields from a GGUF file, as llama.cpp reads them: the ramp from the original context (default: the
+    training context) and the betas; the cos/sin factor (yarn_mscale times rope.scaling.attn_factor) is the numerics'.
+    llama.cpp reads the betas, yarn_ext_factor and yarn_attn_factor only for Grok: refllama reads the betas (the
+    model's), refuses the others and yarn_log_multiplier (DeepSeek's, Mistral 3's) by name (docs/references.md)."""
+    for key, neutral in (("yarn_ext_factor", 1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0)):
+        if g.has(f"{arch}.rope.scaling.{key}"):
+            v = g.real(f"{arch}.rope.scaling.{key}", positive=False)
+            if v != neutral:
+                raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.{key} {v:g} "
+                                    f"(YaRN with {neutral:g} only)")
+    betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d) for k, d in zip(("fast", "slow"), YARN_BETAS))
+    ctx_orig = rope["rope_ctx_orig"] or n_ctx
+    return {"rope_yarn": yarn_ramp_dims(rope_dim, ctx_orig, base, betas), "rope_ctx_orig": ctx_orig}
 
 
 GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes
@@ -164,7 +234,7 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
     where = f"{c.path}: rope scaling"
     kind = s.get("rope_type", s.get("type", "default")) if s else "default"
     n_ctx = c.need("max_position_embeddings", int)
-    rope, linear_scale, attn_factor, ctx_orig = {}, 1.0, 1.0, None
+    rope, linear_scale, attn_factor, ctx_orig, yarn = {}, 1.0, 1.0, None, None
     if kind == "linear":
         linear_scale = _number(s, "factor", where)
     elif kind == "llama3":
@@ -179,9 +249,28 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
         scale = n_ctx / ctx_orig  # the attention factor as llama.cpp's converter and transformers compute it
         attn_factor = _number(s, "attention_factor", where) if s.get("attention_factor") else (
             1.0 if scale <= 1.0 or ctx_orig == 1 else math.sqrt(1 + math.log(scale) / math.log(ctx_orig)))
+    elif kind == "yarn":  # transformers' _compute_yarn_parameters
+        ctx_orig = s.get("original_max_position_embeddings") or n_ctx
+        if not isinstance(ctx_orig, int) or isinstance(ctx_orig, bool) or ctx_orig < 1:
+            raise RefllamaError(f"{where}: original_max_position_embeddings must be a positive integer")
+        linear_scale = _number(s, "factor", where) if s.get("factor") is not None else n_ctx / ctx_orig
+        if linear_scale <= 0:
+            raise RefllamaError(f"{where}: factor must be positive")
+        mscale, all_dim = (s.get(k) for k in ("mscale", "mscale_all_dim"))
+        def get_mscale(m=1.0):
+            return 1.0 if linear_scale <= 1 else 0.1 * m * math.log(linear_scale) + 1.0
+        attention = (_number(s, "attention_factor", where) if s.get("attention_factor") is not None else
+                     get_mscale(_number(s, "mscale", where)) / get_mscale(_number(s, "mscale_all_dim", where))
+                     if mscale and all_dim else get_mscale())
+        attn_factor = attention / yarn_mscale(linear_scale)  # the numerics multiply yarn_mscale back in
+        betas = tuple(_number(s, k, where) if s.get(k) else d for k, d in zip(("beta_fast", "beta_slow"), YARN_BETAS))
+        truncate = s.get("truncate", True)
+        if not isinstance(truncate, bool):
+            raise RefllamaError(f"{where}: truncate must be true or false")
+        yarn = yarn_ramp_dims(rope_dim, ctx_orig, theta, betas, truncate)
     elif kind != "default":
         raise RefllamaError(f"{c.path}: unsupported rope scaling type {shown(kind)} "
-                            "(supported: default, linear, llama3, longrope)")
+                            "(supported: default, linear, llama3, longrope, yarn)")
     if c.get(act_key, act, kind=(str,)) != act:
         raise RefllamaError(f"{c.path}: unsupported {act_key} {shown(c.get(act_key))} (supported: {act})")
     cfg = ModelConfig(**{
@@ -190,7 +279,8 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
         "n_ff": c.need("intermediate_size", int), "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx,
         "rms_eps": float(c.need("rms_norm_eps")), "rope_base": theta, "rope_dim": rope_dim,
         "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor), "rope_ctx_orig": ctx_orig,
-        "rope_layout": rope_layout, "tied_output": c.get("tie_word_embeddings", tied_default, kind=(bool,)),
+        "rope_yarn": yarn, "rope_layout": rope_layout,
+        "tied_output": c.get("tie_word_embeddings", tied_default, kind=(bool,)),
         **fields})
     return cfg.checked(c.path), lambda: {k: f().astype(np.float32) for k, f in rope.items()}
 

@@ -22,15 +22,7 @@ WEIGHTS = (  # key, shape, GGUF name, HF name, required
     Weight("rope_freqs", "R/2", "rope_freqs.weight", None, required=False),  # Llama 3.1's frequency divisors
 )
 LAYER_WEIGHTS = (  # a block's, after blk.N. / model.layers.N.
-    tables.ATTN_NORM,
-    tables.ATTN_Q._replace(hf_permute="H"),
-    tables.ATTN_K._replace(hf_permute="KVH"),
-    tables.ATTN_V,
-    tables.ATTN_OUTPUT,
-    tables.FFN_NORM,
-    tables.FFN_GATE,
-    tables.FFN_UP,
-    tables.FFN_DOWN,
+    *tables.LLAMA_LAYER,
     # Llama's attention_bias and mlp_bias options
     tables.ATTN_Q_BIAS._replace(required=False, hf_permute="H"),
     tables.ATTN_K_BIAS._replace(required=False, hf_permute="KVH"),

@@ -48,6 +48,14 @@ FFN_NORM = Weight("ffn_norm", "D", "ffn_norm.weight", "post_attention_layernorm.
 FFN_GATE = Weight("ffn_gate", "F, D", "ffn_gate.weight", "mlp.gate_proj.weight")
 FFN_UP = Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight")
 FFN_DOWN = Weight("ffn_down", "D, F", "ffn_down.weight", "mlp.down_proj.weight")
+# Gemma's four norms a block, each (1 + w): HF stores w
+ATTN_POST_NORM = Weight("attn_post_norm", "D", "post_attention_norm.weight", "post_attention_layernorm.weight",
+                        hf_add=1.0)
+FFN_PRE_NORM = Weight("ffn_norm", "D", "ffn_norm.weight", "pre_feedforward_layernorm.weight", hf_add=1.0)
+FFN_POST_NORM = Weight("ffn_post_norm", "D", "post_ffw_norm.weight", "post_feedforward_layernorm.weight", hf_add=1.0)
+LLAMA_LAYER = (  # a llama block's, HF's q/k rows permuted to NORM pairs as llama.cpp's LlamaModel converter does
+    ATTN_NORM, ATTN_Q._replace(hf_permute="H"), ATTN_K._replace(hf_permute="KVH"), ATTN_V, ATTN_OUTPUT, FFN_NORM,
+    FFN_GATE, FFN_UP, FFN_DOWN)
 DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down", "ffn_gate_bias", "ffn_up_bias", "ffn_down_bias")  # a MoE layer lacks
 MOE = (  # a mixture-of-experts feed-forward: the router and the experts' three matrices (Qwen2/3-MoE's, OLMoE's names)
     Weight("ffn_gate_inp", "E, D", "ffn_gate_inp.weight", "mlp.gate.weight"),

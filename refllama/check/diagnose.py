@@ -329,8 +329,10 @@ def rope_frequencies(e, found):
     ff = archs.freq_factors(w, cfg, e.model.n_ctx)
     ff = None if ff is None else to_numpy(ff).astype(np.float64)
 
-    def rope(base=base, scale=scale, ff=ff, shift=0):
-        cos, sin = e.model.ops.rope_cos_sin(max(e.positions) + 2, cfg.rope_dim, base, scale, cfg.rope_attn_factor, ff)
+    yarn = None if local else cfg.rope_yarn
+
+    def rope(base=base, scale=scale, ff=ff, shift=0, yarn=yarn, attn_factor=cfg.rope_attn_factor):
+        cos, sin = e.model.ops.rope_cos_sin(max(e.positions) + 2, cfg.rope_dim, base, scale, attn_factor, ff, yarn)
         at = np.maximum(np.asarray(e.positions) + shift, 0)
         return ROPE[cfg.rope_layout](x, to_numpy(cos)[at], to_numpy(sin)[at])
 
@@ -344,9 +346,17 @@ def rope_frequencies(e, found):
                 "ff": to_numpy(w[f"rope_factors_{other}"]).astype(np.float64)}
         tries["matches RoPE without the model's frequency factors (rope_freqs or LongRoPE's): they divide each "
               "pair's frequency"] = {"ff": None}
-    if scale != 1:
+    if yarn is not None:
+        mscale = f"cos and sin times {cfg.rope_attn_factor:.6g}"
+        tries[f"matches RoPE with YaRN read as linear scaling (every frequency divided by {scale:g}, no "
+              f"attention factor): YaRN divides only the low frequencies, and {mscale}"] = {
+            "yarn": None, "attn_factor": 1.0}
+        tries[f"matches RoPE with YaRN's frequencies but without its attention factor ({mscale})"] = {
+            "attn_factor": 1.0}
+        tries["matches RoPE without YaRN (no scaling at all)"] = {"yarn": None, "scale": 1.0, "attn_factor": 1.0}
+    elif scale != 1:
         tries[f"matches RoPE without the linear scaling (positions divided by {scale:g})"] = {"scale": 1.0}
-    fit = _fitted_base(cfg, x, e.bad, e.positions, scale, ff)
+    fit = None if yarn else _fitted_base(cfg, x, e.bad, e.positions, scale, ff)
     if fit is not None and abs(fit / base - 1) > 1e-3:
         tries[f"matches RoPE with base {fit:.6g}; the model's {'local ' if local else ''}base is {base:g}"] = {
             "base": fit}
@@ -526,7 +536,7 @@ def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the comp
     inputs = _stages(e.bad_dump, [name], e.positions)
     if inputs is None and name == "inp_scaled":  # an engine that dumps no scaled embeddings: its inp_embd, scaled
         inputs = _stages(e.bad_dump, ["inp_embd"], e.positions)
-        inputs = inputs and [inputs[0].astype(np.float32) * archs.gemma3.embedding_scale(e.cfg)]
+        inputs = inputs and [inputs[0].astype(np.float32) * np.float32(e.cfg.embedding_scale)]
     w = e.model.weights if e.stage == "result_norm" else e.model.weights["layers"][e.layer]
     if not inputs or key not in rows or key not in w:
         return None

@@ -25,7 +25,8 @@ from ..xp import to_numpy
 
 FORMAT = "refllama-dump/1"
 INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the first block, in forward order (any family)
-TOKEN_AXIS = {"kq": 1, "kq_soft_max": 1}  # [H, T, S]; every other stage has tokens first
+ATTENTION = ("kq", "kq_scaled_2", "kq_soft_max")  # [H, T, S] (kq_scaled_2: Gemma 2's soft-capped scores)
+TOKEN_AXIS = dict.fromkeys(ATTENTION, 1)  # every other stage has tokens first
 KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
 SAME_VALUE = (("ffn_inp", "sa_out"),)  # one value, two families' names (the attention's residual sum: Gemma 3's)
 OUTPUT_STAGES = ("result_norm", "result_output")  # a prefill needs these at the positions a dump keeps, no others
@@ -223,7 +224,7 @@ ROUTED_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down",
 def stage_ndim(stage):
     """The number of axes of a stage as FORMAT.md gives it: [T, n, HD] for q/k/v, [H, T, S] for kq, [T, K, X] for a
     token's K routed experts, else [T, X]."""
-    return 3 if stage in QK_STAGES or stage in ("Vcur", "kq", "kq_soft_max", *ROUTED_STAGES) else 2
+    return 3 if stage in QK_STAGES or stage in ("Vcur", *ATTENTION, *ROUTED_STAGES) else 2
 
 
 def _fail(where, message):
@@ -433,7 +434,7 @@ class Dump:
         if "shape" in e and list(a.shape) != list(e["shape"]):
             _fail(self.dir, f"stage '{name}': shape {list(a.shape)} differs from the manifest's {e['shape']}")
         want = stage_ndim(stage)
-        split_heads = want == 3 and stage not in ("kq", "kq_soft_max", *ROUTED_STAGES)
+        split_heads = want == 3 and stage not in (*ATTENTION, *ROUTED_STAGES)
         if a.shape[:1] == (1,) and (a.ndim == want + 1 or (split_heads and a.ndim == 3 and self.head_dim
                                                              and a.shape[-1] != self.head_dim)):
             a = a[0]  # a batch of one (q/k/v as [1, T, n*HD] too)

@@ -3,9 +3,7 @@
 import numpy as np
 
 from ..errors import RefllamaError
-from .dump import ROUTED_STAGES, split_name
-
-ATTENTION = ("kq", "kq_soft_max")  # [H, T, S]: only the keys a query sees are compared
+from .dump import ATTENTION, ROUTED_STAGES, split_name  # ATTENTION: [H, T, S], only the keys a query sees compared
 
 
 def within(m, tol):

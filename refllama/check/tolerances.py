@@ -42,7 +42,7 @@ _ROWS = {  # stage: ((llama.cpp), (float32), (llama.cpp F32), (ggml))
 }
 SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; a mixture of experts' the dense
     # feed-forward stage it computes as (each expert's product, the router's too, a product of ffn_norm) or a softmax's
-    "Qcur_normed": "Qcur", "Kcur_normed": "Kcur",
+    "Qcur_normed": "Qcur", "Kcur_normed": "Kcur", "kq_scaled_2": "kq",
     "ffn_moe_logits": "ffn_gate", "ffn_moe_topk": "ffn_gate", "ffn_shexp_gate_inp": "ffn_gate",
     "ffn_moe_probs": "kq_soft_max", "ffn_moe_weights": "kq_soft_max", "ffn_moe_weights_sum": "kq_soft_max",
     "ffn_moe_weights_norm": "kq_soft_max", "ffn_shexp_gate": "kq_soft_max",

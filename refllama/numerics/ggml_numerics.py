@@ -25,7 +25,7 @@ from numba import njit, vectorize
 from ..errors import RefllamaError
 from ..formats.ggml_types import GGMLType as QT
 from ..formats.ggml_types import QuantizedTensor
-from ..layers import Ops, linear, rms_norm
+from ..layers import Ops, linear, rms_norm, yarn_ramp
 from ..xp import Placement, array_module
 from . import ggml_tables
 from .cpu_paths import TYPES
@@ -178,6 +178,7 @@ LANES[I8MM] = LANES[NEON]._replace(llamafile=False)
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
 _LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
+_LIBM.logf.restype, _LIBM.logf.argtypes = ctypes.c_float, [ctypes.c_float]
 
 
 @njit(cache=True)
@@ -381,10 +382,13 @@ def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope compute
     return _cos_sin(np.ascontiguousarray(angle, dtype=np.float32))
 
 
-def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None):  # -> cos, sin [n_ctx, R/2]
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None,
+                 fused=False):  # -> cos, sin [n_ctx, R/2]
     """The angles as ggml's rope computes them, in float32: theta_i = pos * s^i with s = float32(base^(-2/R)),
     multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ from float64 angles by up
-    to ~1e-5 radians. cos and sin as the C library's float32 functions give them (cos_sin)."""
+    to ~1e-5 radians. YaRN (rope_yarn): theta_interp * (1 - ramp) + theta_extrap * ramp, which GCC fuses on ARM
+    (`fused`: one rounding of theta_interp * (1 - ramp) + the rounded second product). cos and sin as the C library's
+    float32 functions give them (cos_sin)."""
     half = rope_dim // 2
     angle = np.empty((n_ctx, half), np.float32)  # half 0: no RoPE (GPT-2), empty tables
     if half:
@@ -394,8 +398,31 @@ def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors
             angle[:, i] = angle[:, i - 1] * step
     if freq_factors is not None:
         angle = angle / freq_factors.astype(np.float32)
-    cos, sin = cos_sin(angle * np.float32(1.0 / scale))
+    interp = angle * np.float32(1.0 / scale)
+    if yarn is not None:
+        attn_factor = yarn_mscale_f32(scale, attn_factor)
+        ramp = yarn_ramp(half, *yarn, np.float32)
+        if fused:
+            interp = (interp.astype(np.float64) * (np.float32(1) - ramp) + angle * ramp).astype(np.float32)
+        else:
+            interp = interp * (np.float32(1) - ramp) + angle * ramp
+    cos, sin = cos_sin(interp)
     return cos * np.float32(attn_factor), sin * np.float32(attn_factor)
+
+
+def logf(x):  # the C library's logf
+    return np.float32(_LIBM.logf(np.float32(x)))
+
+
+def yarn_mscale_f32(scale, attn_factor):  # -> float32: YaRN's cos/sin factor, as llama.cpp computes it
+    """llama_context's yarn_attn_factor (get_mscale(factor) / (1 + 0.1 logf(factor)), times rope.scaling.attn_factor)
+    times rope_yarn's 1 + 0.1 logf(1 / freq_scale), each step in float32: 1 + 0.1 ln(factor) up to its roundings."""
+    f32 = np.float32
+    freq_scale = f32(1) / f32(scale)
+    factor = f32(1) / freq_scale
+    mscale = f32(1) if factor <= 1 else f32(0.1) * logf(factor) + f32(1)
+    mscale = mscale * (f32(1) / (f32(1) + f32(0.1) * logf(factor))) * f32(attn_factor)
+    return mscale * (f32(1) + f32(0.1) * logf(f32(1) / freq_scale))
 
 
 @njit(cache=True)
@@ -917,4 +944,5 @@ def path_ops(path):
     if path == AVX512:
         return OPS
     return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps},
-                        **({"rope": ROPE_ARM} if path.startswith("neon") else {}))
+                        **({"rope": ROPE_ARM, "rope_cos_sin": partial(rope_cos_sin, fused=True)}
+                           if path.startswith("neon") else {}))

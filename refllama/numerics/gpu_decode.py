@@ -23,7 +23,7 @@ def eligible(model):
     cfg, lw = model.config, model.weights["layers"][0]
     per_head = "attn_q_norm" not in lw or lw["attn_q_norm"].shape[0] == cfg.head_dim
     return (model.numerics == "float32" and model.arch.forward in (blocks.pre_norm_forward, gemma3.forward)
-            and per_head and cfg.head_dim <= 1024
+            and not cfg.nope_layers and per_head and cfg.head_dim <= 1024
             and not any(cfg.is_moe(i) for i in range(cfg.n_layer)))
 
 
@@ -90,7 +90,7 @@ class GraphDecoder:
                              lw.get("ffn_down_bias"), lw.get("attn_post_norm"), lw.get("ffn_post_norm"))
                        for i, lw in enumerate(w["layers"])]
         self.embd, self.out_norm, self.output = w["token_embd"], w["output_norm"], w["output"]
-        self.embd_scale = gemma3.embedding_scale(cfg) if gemma else None  # Gemma's inp_scaled
+        self.embd_scale = cfg.embedding_scale  # Gemma's inp_scaled
         self.unit = self.k.geglu if gemma else self.k.swiglu  # the feed-forward's gated unit
         H, KVH, HD = self.heads
         f32, i32 = xp.float32, xp.int32
@@ -103,8 +103,8 @@ class GraphDecoder:
         self.graph = self.stream = None
 
     def run(self):
-        """The step, kernel by kernel: pre_norm_block (or gemma3.block) for each layer, then the final norm and the
-        logits."""
+        """The step, kernel by kernel: pre_norm_block (or Gemma's sandwich_block) for each layer, then the final norm
+        and the logits."""
         k, cfg, cache, eps = self.k, self.cfg, self.cache, self.cfg.rms_eps
         k.embed(self.token, self.embd, self.x)  # x [D]
         if self.embd_scale:
