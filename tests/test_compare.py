@@ -18,6 +18,7 @@ from refllama.check.compare import compare
 from refllama.check.dump import Dump
 from refllama.check.logits import logits_verdict
 from refllama.compare import plot
+from refllama.layers import yarn_mscale
 
 DATA = Path(__file__).parent / "data" / "gguf-llama"
 LLAMACPP = DATA / "llamacpp-f32"
@@ -479,6 +480,33 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
                 cache, s, T, xp, cfg.sliding_window, local))
         elif bug == "no_softcap":
             replace["softcap"] = lambda x, cap: x
+        elif bug in ("no_attn_softcap", "softcap_before_scale", "logit_cap_in_attention"):  # Gemma 2's scores
+            attn, final, scale = cfg.attn_softcap, cfg.logit_softcap, np.float32(cfg.kq_scale)
+            wrong = {"no_attn_softcap": lambda x: x,
+                     "softcap_before_scale": lambda x: ops.softcap(x / scale, attn) * scale,
+                     "logit_cap_in_attention": lambda x: ops.softcap(x, final)}[bug]
+            replace["softcap"] = lambda x, cap: wrong(x) if cap == attn else ops.softcap(x, cap)
+        elif bug == "rope_on_nope":  # SmolLM3's NoPE layer 3 rotated
+            mp.setattr(m, "config", dataclasses.replace(cfg, nope_layers=None))
+        elif bug == "rope_skipped":  # layer 1 (a RoPE layer) left unrotated, its stages dumped as if rotated
+            rope_qk = blocks.rope_qk
+            mp.setattr(blocks, "rope_qk", lambda q, k, cfg, ops, at, i: (
+                blocks.tap("Qcur_rope", i, q), blocks.tap("Kcur_rope", i, k)) if i == 1 else rope_qk(q, k, cfg, ops,
+                                                                                                    at, i))
+        elif bug == "pre_norm":  # OLMo 2's attention reading the residual RMS-normed, as Llama's would
+            qkv = blocks.qkv
+            mp.setattr(blocks, "qkv", lambda h, lw, cfg, i: qkv(
+                ops.rms_norm(h, np.ones(cfg.n_embd, np.float32), cfg.rms_eps) if i == 0 else h, lw, cfg, i))
+        elif bug in ("no_residual_scale", "no_embedding_multiplier", "no_logit_scale"):  # Granite's multipliers
+            field = {"no_residual_scale": "residual_scale", "no_embedding_multiplier": "embedding_scale",
+                     "no_logit_scale": "logit_scale"}[bug]
+            mp.setattr(m, "config", dataclasses.replace(cfg, **{field: 1.0}))
+        elif bug in ("yarn_as_linear", "yarn_no_mscale"):  # YaRN read as linear scaling, or without its factor
+            yarn = None if bug == "yarn_as_linear" else cfg.rope_yarn
+            factor = 1.0 if bug == "yarn_as_linear" else cfg.rope_attn_factor / yarn_mscale(cfg.rope_scale)
+            tables = ops.rope_cos_sin(64, cfg.rope_dim, cfg.rope_base, cfg.rope_scale, factor, None, yarn)
+            mp.setattr(c, "cos", tables[0])
+            mp.setattr(c, "sin", tables[1])
         elif bug == "gelu_erf":
             replace["geglu" if family == "gemma3" else "gelu"] = (lambda g, u: _erf_gelu(g) * u) \
                 if family == "gemma3" else _erf_gelu
@@ -500,7 +528,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
         mine = m.dump(ids, tmp_path / "mine")
     # an engine without the stage it lacks: no post-norm node, no scaled embeddings dumped, no position rows
     drop = {"post_norm": "attn_post_norm-0", "embedding_scale": "inp_scaled", "one_plus_w_unscaled": "inp_scaled",
-            "positions_not_added": "pos_embd"}.get(bug)
+            "positions_not_added": "pos_embd", "no_embedding_multiplier": "inp_scaled"}.get(bug)
     manifest = json.loads((mine / "manifest.json").read_text())
     manifest["tensors"] = [t for t in manifest["tensors"] if t["name"] != drop]
     (mine / "manifest.json").write_text(json.dumps(manifest))
@@ -522,7 +550,18 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
     ("gemma3", "q_norm_one_plus_w", "Qcur_normed-0", "the 1 was not added to attn_q_norm"),
     ("gemma3", "q_norm_skipped", "Qcur_normed-0", "equals Qcur: the per-head norm (attn_q_norm) is skipped"),
     ("gemma3", "k_norm_whole_row", "Kcur_normed-0", "Kcur normed over all its heads at once"),
-    ("gemma3", "embedding_scale", "attn_norm-0", "the embeddings' scale (sqrt(D)) is missing"),
+    ("gemma3", "embedding_scale", "attn_norm-0", "the embeddings' scale (8) is missing"),
+    ("gemma2", "no_attn_softcap", "kq_scaled_2-0", "the scores without their soft-cap"),
+    ("gemma2", "softcap_before_scale", "kq_scaled_2-0", "soft-capped before the softmax scale"),
+    ("gemma2", "logit_cap_in_attention", "kq_scaled_2-0", "soft-capped with the logits' cap (1); the attention's is"),
+    ("smollm3", "rope_on_nope", "kq-3", "RoPE is applied on layer 3, a NoPE layer"),
+    ("smollm3", "rope_skipped", "Qcur_rope-1", "RoPE is skipped on layer 1, which rotates"),
+    ("olmo2", "pre_norm", "Qcur-0", "OLMo 2 has no norm before attention"),
+    ("granite", "no_residual_scale", "ffn_inp-0", "without the residual multiplier (0.22)"),
+    ("granite", "no_embedding_multiplier", "attn_norm-0", "the embeddings' scale (12) is missing"),
+    ("granite", "no_logit_scale", "result_output", "not divided by logits_scaling (8)"),
+    ("yarn", "yarn_as_linear", "Qcur_rope-0", "YaRN read as linear scaling"),
+    ("yarn", "yarn_no_mscale", "Qcur_rope-0", "YaRN's frequencies but without its attention factor"),
     ("gemma3", "bases_swapped", "Qcur_rope-0", "the global layers' base (1e+06) on this local layer"),
     ("gemma3", "local_base", "Qcur_rope-0", "matches RoPE with base 25000; the model's local base is 10000"),
     ("gemma3", "positions_from_1", "Qcur_rope-0", "positions p + 1: the positions are off by one"),

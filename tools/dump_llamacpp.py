@@ -220,7 +220,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
     ctx = new_context(model, n_ctx or max(256, len(ids) + decode_steps + 64), len(ids), n_threads, kv_f32, cb)
     g = GGUFFile(model_path)
     arch = archs.for_gguf(g.string("general.architecture", required=True), model_path)
-    kq_scale = arch.config_from_gguf(g).kq_scale
+    kq_scale = arch.config_from_gguf(g).kq_scale if getattr(arch, "LLAMACPP_Q_SCALED", False) else None
 
     def run(tokens, start):
         step.update(stages={}, T=len(tokens), S=start + len(tokens), layer="")

@@ -111,19 +111,19 @@ def yarn_ramp_dims(rope_dim, n_ctx_orig, base, betas=YARN_BETAS, truncate=True):
 
 
 def gguf_yarn(g, arch, rope, rope_dim, base, n_ctx):
-    """YaRN's fields from a GGUF file, as llama.cpp reads them: the ramp from the original context (default: the
-    training context) and the betas; the cos/sin factor (yarn_mscale times rope.scaling.attn_factor) is the numerics'.
-    llama.cpp reads the betas, yarn_ext_factor and yarn_attn_factor only for Grok: refllama reads the betas (the
-    model's), refuses the others and yarn_log_multiplier (DeepSeek's, Mistral 3's) by name (docs/references.md)."""
-    for key, neutral in (("yarn_ext_factor", 1.0), ("yarn_attn_factor", 1.0), ("yarn_log_multiplier", 0.0)):
-        if g.has(f"{arch}.rope.scaling.{key}"):
-            v = g.real(f"{arch}.rope.scaling.{key}", positive=False)
-            if v != neutral:
-                raise RefllamaError(f"{g.path}: unsupported {arch}.rope.scaling.{key} {v:g} "
-                                    f"(YaRN with {neutral:g} only)")
+    """YaRN's fields from a GGUF file: the ramp from the original context (default: the training context) and the
+    betas, the attention factor transformers' `attention_factor` was written as (yarn_attn_factor; cos and sin times
+    it in place of yarn_mscale). llama.cpp reads the betas and yarn_attn_factor only for Grok (docs/references.md:
+    refllama reads the model's); yarn_log_multiplier (DeepSeek's, Mistral 3's) is refused by name."""
+    log_mul = f"{arch}.rope.scaling.yarn_log_multiplier"
+    if g.has(log_mul) and g.real(log_mul, positive=False) != 0:
+        raise RefllamaError(f"{g.path}: unsupported {log_mul} {g.real(log_mul, positive=False):g} "
+                            "(YaRN's mscale_all_dim)")
     betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d) for k, d in zip(("fast", "slow"), YARN_BETAS))
     ctx_orig = rope["rope_ctx_orig"] or n_ctx
-    return {"rope_yarn": yarn_ramp_dims(rope_dim, ctx_orig, base, betas), "rope_ctx_orig": ctx_orig}
+    attention = g.real(f"{arch}.rope.scaling.yarn_attn_factor", yarn_mscale(rope["rope_scale"]))
+    return {"rope_yarn": yarn_ramp_dims(rope_dim, ctx_orig, base, betas), "rope_ctx_orig": ctx_orig,
+            "rope_attn_factor": rope["rope_attn_factor"] * attention / yarn_mscale(rope["rope_scale"])}
 
 
 GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes

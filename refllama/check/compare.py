@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import arch as archs
 from ..errors import RefllamaError
+from . import references
 from .diagnose import diagnose
 from .dump import (
     INPUT_STAGES,
@@ -222,6 +223,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
         notes.append(rounding_note(undeclared, {r["stage"] for r in rows}))
     if model is not None:
         notes.extend(untested(model, ref, same))
+    notes.extend(references.notes(model, mine, ref, rows))
     report = Report(rows, first, col, notes, coverage(mine, ref), [], [])
     if first is not None:
         diagnose(report, mine, ref, forced, model)

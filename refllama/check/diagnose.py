@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, embedding, linear, rms_norm, silu
+from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_mscale
 from ..xp import to_numpy
 from .dump import Dump, split_name
 from .metrics import ATTENTION, metrics, spans, take, visible
@@ -114,7 +114,7 @@ class Evidence(NamedTuple):
 
 
 def scale_factor(e, found):
-    if e.w.any():
+    if e.w.any() and not found:
         c = float(e.b @ e.w / (e.w @ e.w))
         if abs(c - 1) > 1e-3 and e.close(e.b, c * e.w):
             yield (f"hint: {c:.6g} x the expected values (1/{1 / c:.6g}): a scale factor"
@@ -263,7 +263,7 @@ def another_softmax_scale(e, found):
     if not slopes.size:
         return
     s, scale = float(np.median(slopes)), e.cfg.kq_scale
-    if abs(s / scale - 1) < 1e-3 or not e.close(_attention(kq, s, vis)[e.valid], e.b):
+    if abs(s / scale - 1) < 1e-3 or e.cfg.attn_softcap or not e.close(_attention(kq, s, vis)[e.valid], e.b):
         return
     hd, d_h = e.cfg.head_dim, e.cfg.n_embd / e.cfg.n_head
     usual = {"1/sqrt(HD)": hd ** -0.5, "1/sqrt(D/H)": d_h ** -0.5, "1/HD": 1 / hd, "1 (no scale)": 1.0}
@@ -347,12 +347,12 @@ def rope_frequencies(e, found):
         tries["matches RoPE without the model's frequency factors (rope_freqs or LongRoPE's): they divide each "
               "pair's frequency"] = {"ff": None}
     if yarn is not None:
-        mscale = f"cos and sin times {cfg.rope_attn_factor:.6g}"
+        mscale = f"cos and sin times {cfg.rope_attn_factor * yarn_mscale(scale):.6g}"
         tries[f"matches RoPE with YaRN read as linear scaling (every frequency divided by {scale:g}, no "
               f"attention factor): YaRN divides only the low frequencies, and {mscale}"] = {
             "yarn": None, "attn_factor": 1.0}
         tries[f"matches RoPE with YaRN's frequencies but without its attention factor ({mscale})"] = {
-            "attn_factor": 1.0}
+            "attn_factor": 1.0 / yarn_mscale(scale)}
         tries["matches RoPE without YaRN (no scaling at all)"] = {"yarn": None, "scale": 1.0, "attn_factor": 1.0}
     elif scale != 1:
         tries[f"matches RoPE without the linear scaling (positions divided by {scale:g})"] = {"scale": 1.0}
@@ -401,7 +401,8 @@ def sliding_window(e, found):
     gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
 
     def weights(window):  # the model's softmax of MINE's kq, a query seeing its last `window` keys (None: all)
-        return _attention(kq, e.cfg.kq_scale, vis & (True if window is None else gap < window))[e.valid]
+        return _attention(kq, e.cfg.kq_scale, vis & (True if window is None else gap < window),
+                          e.cfg.attn_softcap)[e.valid]
 
     pattern = "or the pattern of local and global layers is off"
     tries = {f"matches attention over every earlier key: this local layer's sliding window ({W}) is not applied "
@@ -503,15 +504,15 @@ def _block_input(arch, layer):  # the residual stream entering block `layer`
 
 
 def skipped_post_norm(e, found):
-    """A residual add that skipped the norm after attention or the feed-forward (Gemma 3's post-norms)."""
+    """A residual add that skipped the norm after attention or the feed-forward (Gemma's and OLMo 2's post-norms)."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None else None
-    if arch is None or "attn_post_norm" not in arch.STAGES or e.stage not in ("sa_out", "l_out"):
+    if arch is None or "attn_post_norm" not in arch.STAGES or e.stage not in ("sa_out", "ffn_inp", "l_out"):
         return
-    parts = ([_block_input(arch, e.layer), f"attn_out-{e.layer}"] if e.stage == "sa_out"
-             else [f"sa_out-{e.layer}", f"ffn_out-{e.layer}"])
+    parts = ([_block_input(arch, e.layer), f"attn_out-{e.layer}"] if e.stage != "l_out"
+             else [f"{_residual(arch)}-{e.layer}", f"ffn_out-{e.layer}"])
     inputs = _stages(e.bad_dump, parts, e.positions)
     if inputs and e.close(inputs[0] + inputs[1], e.bad):
-        norm = "attn_post_norm" if e.stage == "sa_out" else "ffn_post_norm"
+        norm = "ffn_post_norm" if e.stage == "l_out" else "attn_post_norm"
         yield (f"hint: {e.stage} = {parts[0].rsplit('-', 1)[0]} + {parts[1].rsplit('-', 1)[0]} with no {norm}: the "
                "norm of the block's output before the residual add is skipped")
 
@@ -561,7 +562,8 @@ def skipped_norm(e, found):
 
 
 RESIDUAL_PARTS = {  # a residual sum: the output it adds to the stream, the first of these the dump holds
-    "ffn_inp": ("attn_out",), "sa_out": ("attn_post_norm",), "l_out": ("ffn_post_norm", "ffn_out", "ffn_moe_out")}
+    "ffn_inp": ("attn_post_norm", "attn_out"), "sa_out": ("attn_post_norm",),
+    "l_out": ("ffn_post_norm", "ffn_out", "ffn_moe_out")}
 
 
 def missing_residual(e, found):
@@ -600,7 +602,7 @@ def mask_off_by_one(e, found):
         seen = np.isfinite(kq) & (gap >= -shift) & (True if window is None else gap < window)
         use = e.valid & rows if shift < 0 else e.valid
         with np.errstate(invalid="ignore"):  # a first query sees no key at all
-            weights = _attention(kq, cfg.kq_scale, seen)
+            weights = _attention(kq, cfg.kq_scale, seen, cfg.attn_softcap)
         if use.any() and e.close(weights[use], e.bad[use]):
             yield f"hint: matches the causal mask one key off: each query {what}; it sees keys up to its own"
             return
@@ -654,8 +656,8 @@ def qk_norm_variants(e, found):
 
 
 def missing_embedding_scale(e, found):
-    """The first norm of an embedding-scaled model (Gemma: sqrt(D)) computed on the unscaled embeddings; RMSNorm
-    hides most of the scale, so the error is small."""
+    """The first norm of an embedding-scaled model (Gemma: sqrt(D), Granite: its multiplier) computed on the unscaled
+    embeddings; RMSNorm hides most of the scale, so the error is small."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
     if arch is None or "inp_scaled" not in arch.INPUTS or (e.stage, e.layer) != ("attn_norm", 0):
         return
@@ -663,7 +665,126 @@ def missing_embedding_scale(e, found):
     if inputs:
         w = to_numpy(e.model.weights["layers"][0]["attn_norm"]).astype(np.float32)
         if e.close(rms_norm(inputs[0].astype(np.float32), w, e.cfg.rms_eps), e.bad):
-            yield "hint: matches attn_norm of inp_embd, not of inp_scaled: the embeddings' scale (sqrt(D)) is missing"
+            yield ("hint: matches attn_norm of inp_embd, not of inp_scaled: the embeddings' scale "
+                   f"({e.cfg.embedding_scale:g}) is missing")
+
+
+def _model_mask(e, kq):  # -> [H, T, S] bool: the keys the model lets each compared query see (its window too)
+    cfg = e.cfg
+    window = cfg.sliding_window if cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[e.layer]) \
+        else None
+    gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
+    return np.isfinite(kq) & (gap >= 0) & (True if window is None else gap < window)
+
+
+def attention_softcap(e, found):
+    """Gemma 2's scores soft-capped wrongly: not at all, before the softmax scale, or with the logits' cap; re-run
+    as the model's softmax (or, at kq_scaled_2, the capped scores) of the side's kq."""
+    cfg = e.cfg
+    if cfg is None or not cfg.attn_softcap or e.stage not in ("kq_scaled_2", "kq_soft_max") or found:
+        return
+    inputs = _stages(e.bad_dump, [f"kq-{e.layer}"], e.positions)
+    if not inputs:
+        return
+    kq, cap, scale = np.nan_to_num(inputs[0]), cfg.attn_softcap, cfg.kq_scale
+    tries = {f"without their soft-cap (cap * tanh(s / cap), cap {cap:g})": kq * scale,
+             f"soft-capped before the softmax scale ({scale:.4g}); the cap applies to the scaled scores":
+                 cap * np.tanh(kq / cap) * scale}
+    if cfg.logit_softcap and cfg.logit_softcap != cap:
+        final = cfg.logit_softcap
+        tries[f"soft-capped with the logits' cap ({final:g}); the attention's is {cap:g}"] = \
+            final * np.tanh(kq * scale / final)
+    seen = _model_mask(e, inputs[0])
+    for what, scores in tries.items():
+        got = _softmax(np.where(seen, scores, -np.inf)) if e.stage == "kq_soft_max" else scores
+        if e.close(got[e.valid], e.b):
+            yield f"hint: matches the scores {what}"
+            return
+
+
+def nope_layers(e, found):
+    """SmolLM3's NoPE layers: RoPE skipped on a layer that rotates (its Qcur_rope equals Qcur), or applied on one that
+    does not (its kq matches the side's q and k rotated)."""
+    cfg = e.cfg
+    if cfg is None or cfg.nope_layers is None or e.layer is None or found:
+        return
+    nope = [i for i in range(cfg.n_layer) if cfg.is_nope(i)]
+    if e.stage in ("Qcur_rope", "Kcur_rope") and not cfg.is_nope(e.layer):
+        x = _stages(e.bad_dump, [f"{e.stage[:4]}-{e.layer}"], e.positions)
+        if x and e.close(x[0], e.bad):
+            yield (f"hint: equals {e.stage[:4]}: RoPE is skipped on layer {e.layer}, which rotates (the NoPE layers "
+                   f"are {spans(nope)})")
+    elif e.stage == "kq" and cfg.is_nope(e.layer):
+        keys = list(range(max(e.positions) + 1))
+        q = _stages(e.bad_dump, [f"Qcur-{e.layer}"], e.positions)
+        k = _stages(e.bad_dump, [f"Kcur-{e.layer}"], keys)
+        if not q or not k:
+            return
+        cos, sin = (to_numpy(t) for t in (e.model.cache.cos, e.model.cache.sin))
+        rope = ROPE[cfg.rope_layout]
+        q = rope(q[0].astype(np.float32), cos[e.positions], sin[e.positions])
+        k = rope(k[0].astype(np.float32), cos[keys], sin[keys])
+        kv = np.arange(cfg.n_head) // (cfg.n_head // cfg.n_head_kv)
+        kq = np.einsum("thd,shd->hts", q.astype(np.float64), k[:, kv].astype(np.float64))
+        if e.close(kq[e.valid], e.b):
+            yield (f"hint: matches q . k with q and k rotated: RoPE is applied on layer {e.layer}, a NoPE layer "
+                   f"(the NoPE layers are {spans(nope)}: their q and k stay unrotated)")
+
+
+def pre_norm_where_none(e, found):
+    """OLMo 2's blocks read the residual itself: q/k/v (or the feed-forward's gate and up) computed from the
+    RMS-normed residual, with no weight or the post-norm's, as a Llama-shaped port would."""
+    cfg = e.cfg
+    if cfg is None or e.model is None or cfg.arch != "olmo2" or e.layer is None or found:
+        return
+    arch, lw = archs.get(cfg.arch), e.model.weights["layers"][e.layer]
+    matrix, source, norm = {"Qcur": ("attn_q", _block_input(arch, e.layer), "attn_post_norm"),
+                            "Kcur": ("attn_k", _block_input(arch, e.layer), "attn_post_norm"),
+                            "Vcur": ("attn_v", _block_input(arch, e.layer), "attn_post_norm"),
+                            "ffn_gate": ("ffn_gate", f"ffn_inp-{e.layer}", "ffn_post_norm"),
+                            "ffn_up": ("ffn_up", f"ffn_inp-{e.layer}", "ffn_post_norm")}.get(e.stage, (None,) * 3)
+    inputs = _stages(e.bad_dump, [source], e.positions) if matrix else None
+    if not inputs:
+        return
+    x = inputs[0].astype(np.float32)
+    where = "attention" if e.stage.endswith("cur") else "the feed-forward"
+    for w, how in ((np.ones(cfg.n_embd, np.float32), ""), (to_numpy(lw[norm]).astype(np.float32), f" times {norm}")):
+        h = to_numpy(linear(e.model.xp.asarray(rms_norm(x, w, cfg.rms_eps)), lw[matrix])).reshape(e.bad.shape)
+        if e.close(h, e.bad):
+            yield (f"hint: matches {e.stage} of {source.rsplit('-', 1)[0]} RMS-normed{how}: OLMo 2 has no norm "
+                   f"before {where} (it norms {where}'s output, {norm})")
+            return
+
+
+def granite_multipliers(e, found):
+    """A Granite multiplier dropped: the residual's (each block's outputs times residual_multiplier before the add),
+    the embeddings' (the stream starts from inp_embd), the logits' (not divided by logits_scaling)."""
+    cfg = e.cfg
+    if cfg is None or cfg.arch != "granite" or found:
+        return
+    arch = archs.get(cfg.arch)
+    if e.stage == "result_output" and cfg.logit_scale != 1.0:
+        logits = _logits_with(e, "output", False)
+        if logits is not None and e.close(logits, e.bad):
+            yield f"hint: matches the logits not divided by logits_scaling ({cfg.logit_scale:g})"
+        return
+    if e.stage not in ("ffn_inp", "l_out") or e.layer is None:
+        return
+    stream, part = ((_block_input(arch, e.layer), f"attn_out-{e.layer}") if e.stage == "ffn_inp"
+                    else (f"ffn_inp-{e.layer}", f"ffn_out-{e.layer}"))
+    inputs = _stages(e.bad_dump, [stream, part], e.positions)
+    if not inputs:
+        return
+    x, h = inputs
+    r = np.float32(cfg.residual_scale)
+    if cfg.residual_scale != 1.0 and e.close(x + h, e.bad):
+        yield (f"hint: {e.stage} = {stream.rsplit('-', 1)[0]} + {part.rsplit('-', 1)[0]}: the output is added without "
+               f"the residual multiplier ({cfg.residual_scale:g})")
+    elif (e.stage, e.layer) == ("ffn_inp", 0) and cfg.embedding_scale not in (None, 1.0):
+        embd = _stages(e.bad_dump, ["inp_embd"], e.positions)
+        if embd and e.close(embd[0] + h * r, e.bad):
+            yield (f"hint: matches inp_embd + attn_out x {cfg.residual_scale:g}: the stream starts from the unscaled "
+                   f"embeddings; the embedding multiplier ({cfg.embedding_scale:g}) is missing")
 
 
 def missing_mask(e, found):
@@ -672,7 +793,7 @@ def missing_mask(e, found):
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
     if inputs:
         kq = inputs[0]
-        if e.close(_attention(kq, e.cfg.kq_scale, np.isfinite(kq))[e.valid], e.b):
+        if e.close(_attention(kq, e.cfg.kq_scale, np.isfinite(kq), e.cfg.attn_softcap)[e.valid], e.b):
             yield "hint: matches the softmax over every key, later ones too: the causal mask is missing"
 
 
@@ -804,11 +925,12 @@ def shifted_experts(e, found):
 
 
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
-DETECTORS = (scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice,
+DETECTORS = (nope_layers, attention_softcap, pre_norm_where_none, granite_multipliers, rope_frequencies,
+             scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice,
              routing_weights, missing_shared_expert, shifted_experts, skipped_norm, missing_residual, another_stage,
              another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
              rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
-             missing_embedding_scale, swapped_rope_bases, rope_frequencies, sliding_window, learned_positions,
+             missing_embedding_scale, swapped_rope_bases, sliding_window, learned_positions,
              missing_softcap, mask_off_by_one, missing_mask, rounded, float16_cache, neighbour_layer, by_position)
 
 
@@ -851,8 +973,10 @@ def _stages(dump, names, positions):
     return [take(dump, n, positions).astype(np.float64) for n in names]
 
 
-def _attention(kq, scale, seen):  # softmax(kq * scale) over the keys `seen` marks (kq may be NaN elsewhere)
-    return _softmax(np.where(seen, np.nan_to_num(kq) * scale, -np.inf))
+def _attention(kq, scale, seen, cap=None):  # softmax(kq * scale) over the keys `seen` marks (kq may be NaN elsewhere)
+    """The scaled scores soft-capped first where the model caps them (`cap`: Gemma 2's attn_logit_softcapping)."""
+    s = np.nan_to_num(kq) * scale
+    return _softmax(np.where(seen, cap * np.tanh(s / cap) if cap else s, -np.inf))
 
 
 def _softmax(x):

@@ -1,0 +1,54 @@
+"""Where llama.cpp and transformers compute a model differently, and which of the two computes it as its authors
+defined it (docs/references.md, "Where the references disagree"): compare notes each difference that bears on the
+dumps it compares when one side is llama.cpp's, so that a user caught between the two knows which to believe."""
+
+import math
+
+from .. import arch as archs
+from ..arch.hparams import YARN_BETAS, yarn_ramp_dims
+
+GELU_STAGES = ("ffn_geglu", "ffn_gelu")
+
+
+def is_llamacpp(d):
+    return str(d.manifest.get("producer", "")).startswith("llama.cpp")
+
+
+def llamacpp_kq_scale(cfg):  # the softmax scale llama.cpp's gemma2 graph takes: it has no query_pre_attn_scalar
+    return 1 / math.sqrt(cfg.n_embd // cfg.n_head if cfg.n_layer == 46 else cfg.head_dim)
+
+
+def notes(model, mine, ref, rows):
+    """Lines for the report where a side is llama.cpp's and the model or a stage is one the two references compute
+    differently."""
+    sides = [side for side, d in (("MINE", mine), ("REF", ref)) if is_llamacpp(d)]
+    if not sides or len(sides) == 2:
+        return []
+    out = []
+    gelu = [r for r in rows if r["stage"] in GELU_STAGES and set(sides) & set(r["adds"])]
+    if gelu:
+        worst = max(gelu, key=lambda r: r["max_rel"])
+        out.append(f"reference: llama.cpp ({sides[0]}) computes GELU from a float16 table (GGML_GELU_FP16: the input "
+                   f"rounded to float16, the result a float16 number), the model's tanh GELU only to float16's "
+                   f"precision: {worst['stage']} parts from float32 by up to {worst['max_rel']:.1e} here, and every "
+                   "later stage carries it; transformers computes the model's GELU (docs/references.md). Compare "
+                   "llama.cpp with --tolerance 'llama.cpp F32', or refllama --numerics ggml")
+    if model is None:
+        return out
+    cfg = model.config
+    if cfg.arch == "smollm3" and cfg.nope_layers != archs.smollm3.nope(cfg.n_layer, archs.smollm3.NOPE_INTERVAL):
+        out.append("reference: this model's NoPE layers are not llama.cpp's: its smollm3 graph leaves every 4th layer "
+                   "unrotated whatever the config lists (its converter writes no list), so llama.cpp computes "
+                   "another model; transformers follows no_rope_layers (docs/references.md)")
+    if cfg.arch == "gemma2" and not math.isclose(cfg.kq_scale, llamacpp_kq_scale(cfg), rel_tol=1e-6):
+        out.append(f"reference: this model's softmax scale (query_pre_attn_scalar^-1/2 = {cfg.kq_scale:.6g}) is not "
+                   f"llama.cpp's ({llamacpp_kq_scale(cfg):.6g}): GGUF has no field for query_pre_attn_scalar, so "
+                   "llama.cpp computes another model; transformers reads it (docs/references.md)")
+    if cfg.rope_yarn is not None and (
+            cfg.rope_yarn != yarn_ramp_dims(cfg.rope_dim, cfg.rope_ctx_orig, cfg.rope_base, YARN_BETAS)
+            or not math.isclose(cfg.rope_attn_factor, 1.0, rel_tol=1e-6)):
+        out.append("reference: this model's YaRN is not llama.cpp's: llama.cpp ramps between beta_fast 32 and "
+                   "beta_slow 1, always truncated, with an attention factor of 1 + 0.1 ln(factor), whatever the "
+                   "config sets (it reads the GGUF's betas only for Grok); transformers follows the config "
+                   "(docs/references.md)")
+    return out
