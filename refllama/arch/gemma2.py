@@ -22,19 +22,7 @@ WINDOW = 4096  # llama.cpp's n_swa where a file gives none
 CAPS = (50.0, 30.0)  # attention and final soft-caps where a file gives none: llama.cpp's hparams defaults
 
 WEIGHTS = (tables.TOKEN_EMBD, tables.OUTPUT_NORM._replace(hf_add=1.0), tables.OUTPUT)  # output absent: tied
-LAYER_WEIGHTS = (  # every norm (1 + w): HF stores w
-    tables.ATTN_NORM._replace(hf_add=1.0),
-    tables.ATTN_Q,
-    tables.ATTN_K,
-    tables.ATTN_V,
-    tables.ATTN_OUTPUT,
-    tables.ATTN_POST_NORM,
-    tables.FFN_PRE_NORM,
-    tables.FFN_GATE,
-    tables.FFN_UP,
-    tables.FFN_DOWN,
-    tables.FFN_POST_NORM,
-)
+LAYER_WEIGHTS = tables.GEMMA_LAYER  # every norm (1 + w): HF stores w
 INPUTS = ("inp_embd", "inp_scaled")
 STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "kq_scaled_2", "kq_soft_max",
           "kqv_out", "attn_out", "attn_post_norm", "sa_out", "ffn_norm", "ffn_gate", "ffn_up", "ffn_geglu", "ffn_out",

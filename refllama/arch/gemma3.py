@@ -26,21 +26,8 @@ SWA_PATTERN = 6  # every 6th layer global: llama.cpp's default (load_swa_pattern
 LOCAL_ROPE_BASE = 10000.0  # llama.cpp's rope_freq_base_train_swa default, transformers' rope_local_base_freq
 
 WEIGHTS = (tables.TOKEN_EMBD, tables.OUTPUT_NORM._replace(hf_add=1.0), tables.OUTPUT)  # output absent: tied
-LAYER_WEIGHTS = (  # every norm (1 + w): HF stores w
-    tables.ATTN_NORM._replace(hf_add=1.0),
-    tables.ATTN_Q,
-    tables.ATTN_K,
-    tables.ATTN_V,
-    tables.ATTN_Q_NORM._replace(hf_add=1.0),
-    tables.ATTN_K_NORM._replace(hf_add=1.0),
-    tables.ATTN_OUTPUT,
-    tables.ATTN_POST_NORM,
-    tables.FFN_PRE_NORM,
-    tables.FFN_GATE,
-    tables.FFN_UP,
-    tables.FFN_DOWN,
-    tables.FFN_POST_NORM,
-)
+LAYER_WEIGHTS = (*tables.GEMMA_LAYER, tables.ATTN_Q_NORM._replace(hf_add=1.0),  # every norm (1 + w)
+                 tables.ATTN_K_NORM._replace(hf_add=1.0))
 INPUTS = ("inp_embd", "inp_scaled")
 STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_normed", "Kcur_normed", "Qcur_rope", "Kcur_rope", "kq",
           "kq_soft_max", "kqv_out", "attn_out", "attn_post_norm", "sa_out", "ffn_norm", "ffn_gate", "ffn_up",

@@ -53,6 +53,9 @@ ATTN_POST_NORM = Weight("attn_post_norm", "D", "post_attention_norm.weight", "po
                         hf_add=1.0)
 FFN_PRE_NORM = Weight("ffn_norm", "D", "ffn_norm.weight", "pre_feedforward_layernorm.weight", hf_add=1.0)
 FFN_POST_NORM = Weight("ffn_post_norm", "D", "post_ffw_norm.weight", "post_feedforward_layernorm.weight", hf_add=1.0)
+GEMMA_LAYER = (  # Gemma's block (2 and 3): four (1 + w) norms; Gemma 3 adds its q/k norms
+    ATTN_NORM._replace(hf_add=1.0), ATTN_Q, ATTN_K, ATTN_V, ATTN_OUTPUT, ATTN_POST_NORM, FFN_PRE_NORM, FFN_GATE, FFN_UP,
+    FFN_DOWN, FFN_POST_NORM)
 LLAMA_LAYER = (  # a llama block's, HF's q/k rows permuted to NORM pairs as llama.cpp's LlamaModel converter does
     ATTN_NORM, ATTN_Q._replace(hf_permute="H"), ATTN_K._replace(hf_permute="KVH"), ATTN_V, ATTN_OUTPUT, FFN_NORM,
     FFN_GATE, FFN_UP, FFN_DOWN)
