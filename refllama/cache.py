@@ -7,7 +7,7 @@ import numpy as np
 
 from .errors import RefllamaError
 from .formats.safety import check_memory
-from .layers import FLOAT32
+from .layers import FLOAT32, yarn_dims
 from .xp import to_numpy
 
 
@@ -17,7 +17,8 @@ def rope_tables(cfg, n_ctx, freq_factors=None, local=False, ops=FLOAT32):  # -> 
     ff = None if freq_factors is None else to_numpy(freq_factors).astype(np.float64)
     if local:
         return ops.rope_cos_sin(n_ctx, cfg.rope_dim, cfg.rope_base_swa, 1.0, cfg.rope_attn_factor, ff)
-    return ops.rope_cos_sin(n_ctx, cfg.rope_dim, cfg.rope_base, cfg.rope_scale, cfg.rope_attn_factor, ff, cfg.rope_yarn)
+    yarn = yarn_dims(cfg) if cfg.rope_yarn else None
+    return ops.rope_cos_sin(n_ctx, cfg.rope_dim, cfg.rope_base, cfg.rope_scale, cfg.rope_attn_factor, ff, yarn)
 
 
 class Cache:

@@ -32,9 +32,9 @@ class ModelConfig:
     rope_scale: float = 1.0  # linear scaling: positions are divided by this
     rope_attn_factor: float = 1.0  # cos/sin multiplied by this (LongRoPE's attention factor)
     rope_ctx_orig: int | None = None  # LongRoPE: contexts beyond this take the long frequency factors; YaRN's
-    rope_yarn: tuple | None = None  # YaRN: (low, high), the dims between which frequencies blend from unscaled
-    # (extrapolated, below low) to divided by rope_scale (interpolated, above high); cos and sin times
-    # layers.yarn_mscale(rope_scale) besides rope_attn_factor
+    rope_yarn: tuple | None = None  # YaRN: (beta_fast, beta_slow, truncate): frequencies blend from unscaled to
+    # divided by rope_scale between the dims these give (layers.yarn_dims); cos and sin times yarn_mscale(rope_scale)
+    # besides rope_attn_factor
     tied_output: bool = False  # output projection reuses token_embd
     sliding_window: int | None = None  # a query sees only the last `sliding_window` keys (Mistral)
     swa_layers: tuple | None = None  # per layer, whether the window applies (Gemma 3); None: every layer, if set
@@ -103,9 +103,11 @@ class ModelConfig:
                 isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
             raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "
                                 f"experts ({self.n_expert}) and an expert width (got {self.n_ff_exp!r})")
-        if self.rope_yarn is not None and not (len(self.rope_yarn) == 2 and all(
-                isinstance(v, float) and math.isfinite(v) for v in self.rope_yarn)):
-            raise RefllamaError(f"{path}: YaRN's ramp must be two finite dims, got {self.rope_yarn!r}")
+        if self.rope_yarn is not None and not (len(self.rope_yarn) == 3 and all(
+                isinstance(v, float) and math.isfinite(v) and v > 0 for v in self.rope_yarn[:2])
+                and isinstance(self.rope_yarn[2], bool) and self.rope_ctx_orig):
+            raise RefllamaError(f"{path}: YaRN needs two positive betas, a truncation flag and an original context, "
+                                f"got {self.rope_yarn!r}")
         if self.rope_layout not in ("interleaved", "half"):
             raise RefllamaError(f"{path}: unknown rope layout {self.rope_layout!r}")
         return self

@@ -25,6 +25,7 @@ from . import arch as archs
 from .arch.tables import HF_LAYER, dims
 from .cli import parser
 from .errors import RefllamaError
+from .layers import yarn_mscale
 from .loader import load_gguf
 from .numerics.ggml_tables import bf16_bits
 from .numerics.matrices import FileMatrix, FilePlacement
@@ -120,7 +121,12 @@ def hf_config(cfg, tok, dtype_name, w):
     if any(k in w for k in ("rope_freqs", "rope_factors_short")):
         raise RefllamaError("export supports plain and linear RoPE only (this model has per-frequency factors)")
     rope = {"rope_theta": cfg.rope_base, "rope_type": "default"}
-    if cfg.rope_scale != 1.0:
+    if cfg.rope_yarn:
+        beta_fast, beta_slow, truncate = cfg.rope_yarn
+        rope = {"rope_theta": cfg.rope_base, "rope_type": "yarn", "factor": cfg.rope_scale,
+                "original_max_position_embeddings": cfg.rope_ctx_orig, "beta_fast": beta_fast, "beta_slow": beta_slow,
+                "attention_factor": cfg.rope_attn_factor * yarn_mscale(cfg.rope_scale), "truncate": truncate}
+    elif cfg.rope_scale != 1.0:
         rope = {"rope_theta": cfg.rope_base, "rope_type": "linear", "factor": cfg.rope_scale}
     arch = archs.get(cfg.arch)
     return {

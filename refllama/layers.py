@@ -99,6 +99,23 @@ def yarn_mscale(scale):  # YaRN's factor on cos and sin: 1 + 0.1 ln(scale), 1 wh
     return 1.0 + 0.1 * math.log(scale) if scale > 1 else 1.0
 
 
+YARN_BETAS = (32.0, 1.0)  # beta_fast, beta_slow: the YaRN paper's, transformers' and llama.cpp's defaults
+
+
+def yarn_dims(cfg):  # -> (low, high): where YaRN's ramp starts and ends, from a config's rope_yarn
+    """The dim whose wavelength turns beta times in the original context (ggml_rope_yarn_corr_dims, transformers'
+    find_correction_range), floored and ceiled unless the config turns truncation off (transformers' option; llama.cpp
+    always truncates)."""
+    beta_fast, beta_slow, truncate = cfg.rope_yarn
+
+    def dim(turns):
+        return cfg.rope_dim * math.log(cfg.rope_ctx_orig / (turns * 2 * math.pi)) / (2 * math.log(cfg.rope_base))
+    low, high = dim(beta_fast), dim(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return float(max(low, 0)), float(min(high, cfg.rope_dim - 1))
+
+
 def yarn_ramp(n, low, high, dtype):  # -> [n]: 1 - clamp((i - low) / (high - low), 0, 1), as ggml's rope_yarn_ramp
     y = (np.arange(n, dtype=dtype) - dtype(low)) / max(dtype(0.001), dtype(high) - dtype(low))
     return dtype(1) - np.minimum(dtype(1), np.maximum(dtype(0), y))

@@ -18,7 +18,7 @@ from refllama.check.compare import compare
 from refllama.check.dump import Dump
 from refllama.check.logits import logits_verdict
 from refllama.compare import plot
-from refllama.layers import yarn_mscale
+from refllama.layers import yarn_dims, yarn_mscale
 
 DATA = Path(__file__).parent / "data" / "gguf-llama"
 LLAMACPP = DATA / "llamacpp-f32"
@@ -502,7 +502,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
                      "no_logit_scale": "logit_scale"}[bug]
             mp.setattr(m, "config", dataclasses.replace(cfg, **{field: 1.0}))
         elif bug in ("yarn_as_linear", "yarn_no_mscale"):  # YaRN read as linear scaling, or without its factor
-            yarn = None if bug == "yarn_as_linear" else cfg.rope_yarn
+            yarn = None if bug == "yarn_as_linear" else yarn_dims(cfg)
             factor = 1.0 if bug == "yarn_as_linear" else cfg.rope_attn_factor / yarn_mscale(cfg.rope_scale)
             tables = ops.rope_cos_sin(64, cfg.rope_dim, cfg.rope_base, cfg.rope_scale, factor, None, yarn)
             mp.setattr(c, "cos", tables[0])

@@ -16,12 +16,11 @@ from test_gguf_families import DATA, F32_TOL, GELU_TABLE, N_CTX, ref, rel_err
 
 import refllama
 from refllama import arch
-from refllama.arch.hparams import yarn_ramp_dims
 from refllama.check.compare import compare
 from refllama.check.dump import Dump
 from refllama.check.tolerances import band
 from refllama.formats.gguf_loader import Field, GGUFFile
-from refllama.layers import yarn_mscale
+from refllama.layers import yarn_dims, yarn_mscale
 
 NEW = {"gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2", "granite": "granite", "yarn": "qwen3",
        "llama32": "llama", "phi4": "phi3"}
@@ -87,7 +86,8 @@ def test_the_families_differ_where_they_say():
     assert cfg["smollm3"].nope_layers == (False, False, False, True)
     assert cfg["granite"].embedding_scale == 12.0 and cfg["granite"].residual_scale == 0.22
     assert cfg["granite"].logit_scale == 8.0 and cfg["granite"].kq_scale == 0.1
-    assert cfg["yarn"].rope_yarn == (0.0, 3.0) and cfg["yarn"].rope_scale == 4.0
+    assert cfg["yarn"].rope_yarn == (32.0, 1.0, True) and yarn_dims(cfg["yarn"]) == (0.0, 3.0)
+    assert cfg["yarn"].rope_scale == 4.0
     assert cfg["phi4"].rope_dim == 12 and cfg["phi4"].head_dim == 16
     assert "rope_freqs" in refllama.load(hf_dir("llama32"), n_ctx=N_CTX).weights
 
@@ -140,11 +140,11 @@ def test_a_gguf_yarn_takes_the_files_betas_and_attention_factor_which_llamacpp_r
     """As transformers reads them from the config the converter wrote them from (docs/references.md)."""
     g = GGUFFile(DATA / "gguf-yarn" / "yarn-f32.gguf")
     cfg = arch.qwen3.config_from_gguf(g)
-    assert cfg.rope_yarn == yarn_ramp_dims(32, 64, 1e6) == (0.0, 3.0) and cfg.rope_attn_factor == 1.0
+    assert cfg.rope_yarn == (32.0, 1.0, True) and yarn_dims(cfg) == (0.0, 3.0) and cfg.rope_attn_factor == 1.0
     g.fields["qwen3.rope.scaling.yarn_beta_slow"] = Field(6, False, 0.25)
     g.fields["qwen3.rope.scaling.yarn_attn_factor"] = Field(6, False, 1.5)
     cfg = arch.qwen3.config_from_gguf(g)
-    assert cfg.rope_yarn == (0.0, 5.0) and math.isclose(cfg.rope_attn_factor * yarn_mscale(4.0), 1.5)
+    assert yarn_dims(cfg) == (0.0, 5.0) and math.isclose(cfg.rope_attn_factor * yarn_mscale(4.0), 1.5)
 
 
 YARN_CONFIGS = {  # rope_parameters of the tiny Qwen3, each as transformers reads it
@@ -195,3 +195,16 @@ def test_comparing_llamacpps_gemma2_with_transformers_names_the_gelu_table(tmp_p
     assert sum("float16 table" in n for n in rep.notes) == 1, rep.notes
     rep = compare(DATA / "gguf-gemma2" / "hf", DATA / "gguf-gemma2" / "hf", m)
     assert not any("float16 table" in n for n in rep.notes)
+
+
+def test_a_yarn_gguf_exports_as_the_yarn_transformers_reads(tmp_path):
+    """refllama.convert writes YaRN's factor, original context, betas, attention factor and truncation (was: linear
+    scaling, another model); the directory reloads to transformers' logits."""
+    from refllama.convert import convert
+
+    out = convert(DATA / "gguf-yarn" / "yarn-f32.gguf", tmp_path / "out")
+    rope = json.loads((out / "config.json").read_text())["rope_scaling"]
+    assert (rope["rope_type"], rope["factor"], rope["original_max_position_embeddings"]) == ("yarn", 4.0, 64)
+    assert (rope["beta_fast"], rope["beta_slow"], rope["truncate"]) == (32.0, 1.0, True)
+    r = ref("yarn")
+    assert rel_err(refllama.load(out, n_ctx=N_CTX).logits(r["token_ids"].tolist()), r["hf_logits"]) < F32_TOL

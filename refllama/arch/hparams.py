@@ -8,7 +8,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
 from ..formats.ggml_types import GGUFValueType
-from ..layers import yarn_mscale
+from ..layers import YARN_BETAS, yarn_mscale
 
 
 def block_count(g, arch):
@@ -48,7 +48,7 @@ def gguf_config(g, rope_layout, **fields):
             "rope_attn_factor": real("rope.scaling.attn_factor", 1.0),
             "rope_ctx_orig": count("rope.scaling.original_context_length", 0, low=0) or None}
     if scaling == "yarn":
-        rope.update(gguf_yarn(g, arch, rope, rope_dim, base, n_ctx))
+        rope.update(gguf_yarn(g, arch, rope, n_ctx))
     return ModelConfig(**{
         "arch": arch, "n_layer": block_count(g, arch), "n_embd": n_embd, "n_head": n_head,
         "n_head_kv": count("attention.head_count_kv", n_head), "head_dim": head_dim,
@@ -95,22 +95,7 @@ def hf_swa(c, n_layer, period):  # -> (window or None, per-layer local flags or 
     return window or None, tuple(t == "sliding_attention" for t in types) if window else None
 
 
-YARN_BETAS = (32.0, 1.0)  # beta_fast, beta_slow: the YaRN paper's, transformers' and llama.cpp's defaults
-
-
-def yarn_ramp_dims(rope_dim, n_ctx_orig, base, betas=YARN_BETAS, truncate=True):  # -> (low, high)
-    """The dims where YaRN's ramp starts and ends: the dim whose wavelength turns beta times in the original context
-    (ggml_rope_yarn_corr_dims, transformers' find_correction_range), floored and ceiled unless `truncate` is off
-    (transformers' option; llama.cpp always truncates)."""
-    def dim(turns):
-        return rope_dim * math.log(n_ctx_orig / (turns * 2 * math.pi)) / (2 * math.log(base))
-    low, high = dim(betas[0]), dim(betas[1])
-    if truncate:
-        low, high = math.floor(low), math.ceil(high)
-    return float(max(low, 0)), float(min(high, rope_dim - 1))
-
-
-def gguf_yarn(g, arch, rope, rope_dim, base, n_ctx):
+def gguf_yarn(g, arch, rope, n_ctx):
     """YaRN's fields from a GGUF file: the ramp from the original context (default: the training context) and the
     betas, the attention factor transformers' `attention_factor` was written as (yarn_attn_factor; cos and sin times
     it in place of yarn_mscale). llama.cpp reads the betas and yarn_attn_factor only for Grok (docs/references.md:
@@ -122,7 +107,7 @@ def gguf_yarn(g, arch, rope, rope_dim, base, n_ctx):
     betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d) for k, d in zip(("fast", "slow"), YARN_BETAS))
     ctx_orig = rope["rope_ctx_orig"] or n_ctx
     attention = g.real(f"{arch}.rope.scaling.yarn_attn_factor", yarn_mscale(rope["rope_scale"]))
-    return {"rope_yarn": yarn_ramp_dims(rope_dim, ctx_orig, base, betas), "rope_ctx_orig": ctx_orig,
+    return {"rope_yarn": (*betas, True), "rope_ctx_orig": ctx_orig,
             "rope_attn_factor": rope["rope_attn_factor"] * attention / yarn_mscale(rope["rope_scale"])}
 
 
@@ -267,7 +252,7 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
         truncate = s.get("truncate", True)
         if not isinstance(truncate, bool):
             raise RefllamaError(f"{where}: truncate must be true or false")
-        yarn = yarn_ramp_dims(rope_dim, ctx_orig, theta, betas, truncate)
+        yarn = (*betas, truncate)
     elif kind != "default":
         raise RefllamaError(f"{c.path}: unsupported rope scaling type {shown(kind)} "
                             "(supported: default, linear, llama3, longrope, yarn)")

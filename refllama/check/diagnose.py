@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_mscale
+from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_dims, yarn_mscale
 from ..xp import to_numpy
 from .dump import Dump, split_name
 from .metrics import ATTENTION, metrics, spans, take, visible
@@ -329,7 +329,7 @@ def rope_frequencies(e, found):
     ff = archs.freq_factors(w, cfg, e.model.n_ctx)
     ff = None if ff is None else to_numpy(ff).astype(np.float64)
 
-    yarn = None if local else cfg.rope_yarn
+    yarn = yarn_dims(cfg) if cfg.rope_yarn and not local else None
 
     def rope(base=base, scale=scale, ff=ff, shift=0, yarn=yarn, attn_factor=cfg.rope_attn_factor):
         cos, sin = e.model.ops.rope_cos_sin(max(e.positions) + 2, cfg.rope_dim, base, scale, attn_factor, ff, yarn)

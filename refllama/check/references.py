@@ -5,7 +5,7 @@ dumps it compares when one side is llama.cpp's, so that a user caught between th
 import math
 
 from .. import arch as archs
-from ..arch.hparams import YARN_BETAS, yarn_ramp_dims
+from ..layers import YARN_BETAS
 
 GELU_STAGES = ("ffn_geglu", "ffn_gelu")
 
@@ -44,9 +44,8 @@ def notes(model, mine, ref, rows):
         out.append(f"reference: this model's softmax scale (query_pre_attn_scalar^-1/2 = {cfg.kq_scale:.6g}) is not "
                    f"llama.cpp's ({llamacpp_kq_scale(cfg):.6g}): GGUF has no field for query_pre_attn_scalar, so "
                    "llama.cpp computes another model; transformers reads it (docs/references.md)")
-    if cfg.rope_yarn is not None and (
-            cfg.rope_yarn != yarn_ramp_dims(cfg.rope_dim, cfg.rope_ctx_orig, cfg.rope_base, YARN_BETAS)
-            or not math.isclose(cfg.rope_attn_factor, 1.0, rel_tol=1e-6)):
+    if cfg.rope_yarn is not None and (cfg.rope_yarn != (*YARN_BETAS, True)
+                                      or not math.isclose(cfg.rope_attn_factor, 1.0, rel_tol=1e-6)):
         out.append("reference: this model's YaRN is not llama.cpp's: llama.cpp ramps between beta_fast 32 and "
                    "beta_slow 1, always truncated, with an attention factor of 1 + 0.1 ln(factor), whatever the "
                    "config sets (it reads the GGUF's betas only for Grok); transformers follows the config "
