@@ -208,3 +208,19 @@ def test_a_yarn_gguf_exports_as_the_yarn_transformers_reads(tmp_path):
     assert (rope["beta_fast"], rope["beta_slow"], rope["truncate"]) == (32.0, 1.0, True)
     r = ref("yarn")
     assert rel_err(refllama.load(out, n_ctx=N_CTX).logits(r["token_ids"].tolist()), r["hf_logits"]) < F32_TOL
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("family", NEW)
+def test_every_stage_of_the_q8_0_file_in_ggml_numerics_is_llamacpps(family, backend):
+    """numerics "ggml" on the Q8_0 file, stage by stage, against llama.cpp's own dump of it (float16 cache, the CPU
+    path its manifest names): bit-equal at every stage of every layer, soft-caps, NoPE layers, post-norms,
+    multipliers and YaRN's fused blend included (tools/make_tiny_gguf.py --ggml-stages)."""
+    theirs = Dump(DATA / f"gguf-{family}" / "llamacpp-q8_0")
+    m = refllama.load(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf", n_ctx=N_CTX, numerics="ggml",
+                      cpu_path=theirs.cpu_path, backend=backend)
+    with refllama.trace(m) as t:
+        m.logits(theirs.token_ids)
+    assert len(theirs.names) == len(m.arch.INPUTS) + 2 + sum(map(len, arch.layer_stages(m.arch, m.config)))
+    for name in theirs.names:
+        np.testing.assert_array_equal(np.asarray(t[name]), theirs[name], err_msg=name)

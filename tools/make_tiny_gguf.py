@@ -14,6 +14,7 @@ Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary
     python tools/make_tiny_gguf.py --llama-cpp ... gemma3      # one family
     PYTHONPATH=DIR python tools/make_tiny_gguf.py --ggml-logits   # llama.cpp's Q8_0 logits on another CPU path
     python tools/make_tiny_gguf.py --ggml-logits --arm OUT_DIR   # on an ARM path, under qemu-user (~10 s)
+    python tools/make_tiny_gguf.py --ggml-stages   # llama.cpp's every stage on the 2025 families' Q8_0 files
 Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
 
 --ggml-logits adds to each family's reference.npz the logits on the Q8_0 file with llama.cpp's default float16 cache
@@ -222,15 +223,42 @@ def ggml_logits(families, arm=None):
         print(f"{out}: {REF_KEYS[path]}")
 
 
+def ggml_stages(families):
+    """llama.cpp's every stage on the Q8_0 file with its default float16 cache (what numerics ggml reproduces to the
+    bit, stage by stage) from the llama.cpp installed, into each family's llamacpp-q8_0/, naming its CPU path."""
+    import llama_cpp
+
+    from refllama.numerics.cpu_paths import llamacpp_path
+
+    info = llama_cpp.llama_print_system_info().decode().strip()
+    for name in families:
+        out = OUT / f"gguf-{name}"
+        model = out / f"{name}-q8_0.gguf"
+        ids = np.load(out / "reference.npz")["token_ids"].tolist()
+        stages = dump_llamacpp.capture(str(model), ids, 2, kv_f32=False, n_ctx=N_CTX)[0]
+        cfg = refllama.load(model).config
+        arch = get(cfg.arch)
+        names, rows, dtypes = storage_plan(cfg.n_layer, len(ids), inputs=arch.INPUTS, stages=layer_stages(arch, cfg))
+        write_dump(out / "llamacpp-q8_0", {n: stages[n] for n in names}, {
+            "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
+                        "float16 KV cache)", "repack": True, "cpu_path": llamacpp_path(info), "kv_cache": "float16",
+            "qk_layout": arch.ROPE_LAYOUT, "model": model.name, "model_sha256": file_sha256(model), "prompt": TEXT,
+            "token_ids": ids, "arch": arch.NAME})
+        print(f"{out}: llamacpp-q8_0 ({llamacpp_path(info)})")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--llama-cpp", help="vendor/llama.cpp of the llama-cpp-python 0.3.36 sdist (to make the models)")
     p.add_argument("--ggml-logits", action="store_true", help="only llama.cpp's Q8_0 logits on its CPU path")
     p.add_argument("--arm", metavar="OUT_DIR", help="with --ggml-logits: the ARM build of tools/build_llamacpp_arm.sh")
+    p.add_argument("--ggml-stages", action="store_true", help="only llama.cpp's every stage on the Q8_0 file")
     p.add_argument("families", nargs="*", choices=[[], *FAMILIES], help="the families to make (default: all)")
     args = p.parse_args()
     if args.ggml_logits:
         return ggml_logits(args.families or FAMILIES, args.arm)
+    if args.ggml_stages:
+        return ggml_stages(args.families or NEW)
     if not args.llama_cpp:
         p.error("--llama-cpp is needed to make the models")
     import llama_cpp

@@ -382,13 +382,13 @@ def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope compute
     return _cos_sin(np.ascontiguousarray(angle, dtype=np.float32))
 
 
-def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None,
-                 fused=False):  # -> cos, sin [n_ctx, R/2]
-    """The angles as ggml's rope computes them, in float32: theta_i = pos * s^i with s = float32(base^(-2/R)),
-    multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ from float64 angles by up
-    to ~1e-5 radians. YaRN (rope_yarn): theta_interp * (1 - ramp) + theta_extrap * ramp, which GCC fuses on ARM
-    (`fused`: one rounding of theta_interp * (1 - ramp) + the rounded second product). cos and sin as the C library's
-    float32 functions give them (cos_sin)."""
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None):  # -> cos, sin
+    """cos, sin [n_ctx, R/2], the angles as ggml's rope computes them, in float32: theta_i = pos * s^i with s =
+    float32(base^(-2/R)), multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ from
+    float64 angles by up to ~1e-5 radians. YaRN (rope_yarn): theta_interp * (1 - ramp) + theta_extrap * ramp, which
+    GCC fuses wherever the build has FMA (every x86 and ARM build here): one rounding of theta_interp * (1 - ramp)
+    plus the rounded second product (unfused, the AVX-512 build's Qcur_rope differs in the last bit). cos and sin as
+    the C library's float32 functions give them (cos_sin)."""
     half = rope_dim // 2
     angle = np.empty((n_ctx, half), np.float32)  # half 0: no RoPE (GPT-2), empty tables
     if half:
@@ -402,10 +402,7 @@ def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors
     if yarn is not None:
         attn_factor = yarn_mscale_f32(scale, attn_factor)
         ramp = yarn_ramp(half, *yarn, np.float32)
-        if fused:
-            interp = (interp.astype(np.float64) * (np.float32(1) - ramp) + angle * ramp).astype(np.float32)
-        else:
-            interp = interp * (np.float32(1) - ramp) + angle * ramp
+        interp = (interp.astype(np.float64) * (np.float32(1) - ramp) + angle * ramp).astype(np.float32)
     cos, sin = cos_sin(interp)
     return cos * np.float32(attn_factor), sin * np.float32(attn_factor)
 
@@ -944,5 +941,4 @@ def path_ops(path):
     if path == AVX512:
         return OPS
     return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps},
-                        **({"rope": ROPE_ARM, "rope_cos_sin": partial(rope_cos_sin, fused=True)}
-                           if path.startswith("neon") else {}))
+                        **({"rope": ROPE_ARM} if path.startswith("neon") else {}))
