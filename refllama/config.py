@@ -41,7 +41,7 @@ class ModelConfig:
     rope_base_swa: float | None = None  # RoPE base of the sliding-window layers (Gemma 3's local layers)
     attn_scale: float | None = None  # softmax scale of q.k; None: 1/sqrt(head_dim)
     logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma's final_logit_softcapping)
-    attn_softcap: float | None = None  # scaled scores soft-capped so before the softmax (Gemma 2's)
+    attn_softcap: float | None = None  # scaled scores s = cap * tanh(s / cap) before the softmax (Gemma 2's)
     nope_layers: tuple | None = None  # per layer, whether q and k go unrotated (SmolLM3's NoPE layers)
     embedding_scale: float | None = None  # embeddings times this (`inp_scaled`: Gemma's sqrt(D), Granite's)
     residual_scale: float = 1.0  # each block's attention and feed-forward outputs times this (Granite's)

@@ -95,8 +95,8 @@ def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors
     return (attn_factor * np.cos(angle)).astype(np.float32), (attn_factor * np.sin(angle)).astype(np.float32)
 
 
-def yarn_mscale(scale):  # YaRN's factor on cos and sin: 1 + 0.1 ln(scale), 1 where the scale does not stretch
-    return 1.0 + 0.1 * math.log(scale) if scale > 1 else 1.0
+def yarn_mscale(scale, mscale=1.0):  # YaRN's factor on cos and sin: 1 + 0.1 mscale ln(scale) (transformers' get_mscale)
+    return 1.0 + 0.1 * mscale * math.log(scale) if scale > 1 else 1.0
 
 
 YARN_BETAS = (32.0, 1.0)  # beta_fast, beta_slow: the YaRN paper's, transformers' and llama.cpp's defaults

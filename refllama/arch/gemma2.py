@@ -30,6 +30,12 @@ STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "
 LLAMACPP_Q_SCALED = True  # llama.cpp's gemma2 graph scales q by the softmax scale before kq
 
 
+def llamacpp_attn_scale(n_layer, n_embd, n_head, head_dim):
+    """The softmax scale llama.cpp's gemma2 graph takes (it has no query_pre_attn_scalar): HD^-1/2, or (D/H)^-1/2 for
+    the 46-layer 27B, as Gemma's reference code does."""
+    return 1.0 / math.sqrt(n_embd // n_head if n_layer == 46 else head_dim)
+
+
 def config_from_gguf(g):
     """llama.cpp always has a window (4096 unless given) in every other layer and both soft-caps (50 and 30 unless
     given). It has no field for query_pre_attn_scalar: HD^-1/2, or (D/H)^-1/2 for the 46-layer 27B."""
@@ -42,7 +48,7 @@ def config_from_gguf(g):
     head_dim = int(g.integer(f"{arch}.attention.key_length", n_embd // n_head))
     caps = [g.real(f"{arch}.{k}_logit_softcapping", d) for k, d in zip(("attn", "final"), CAPS)]
     return gguf_config(g, ROPE_LAYOUT, sliding_window=window, swa_layers=swa,
-                       attn_scale=1.0 / math.sqrt(n_embd // n_head if n_layer == 46 else head_dim),
+                       attn_scale=llamacpp_attn_scale(n_layer, n_embd, n_head, head_dim),
                        attn_softcap=caps[0], logit_softcap=caps[1], embedding_scale=sqrt_scale(n_embd))
 
 

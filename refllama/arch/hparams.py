@@ -105,10 +105,11 @@ def gguf_yarn(g, arch, rope, n_ctx):
         raise RefllamaError(f"{g.path}: unsupported {log_mul} {g.real(log_mul, positive=False):g} "
                             "(YaRN's mscale_all_dim)")
     betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d) for k, d in zip(("fast", "slow"), YARN_BETAS))
-    ctx_orig = rope["rope_ctx_orig"] or n_ctx
-    attention = g.real(f"{arch}.rope.scaling.yarn_attn_factor", yarn_mscale(rope["rope_scale"]))
-    return {"rope_yarn": (*betas, True), "rope_ctx_orig": ctx_orig,
-            "rope_attn_factor": rope["rope_attn_factor"] * attention / yarn_mscale(rope["rope_scale"])}
+    yarn = {"rope_yarn": (*betas, True), "rope_ctx_orig": rope["rope_ctx_orig"] or n_ctx}
+    key = f"{arch}.rope.scaling.yarn_attn_factor"
+    if g.has(key):  # in place of yarn_mscale, which the numerics multiply in
+        yarn["rope_attn_factor"] = rope["rope_attn_factor"] * g.real(key) / yarn_mscale(rope["rope_scale"])
+    return yarn
 
 
 GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes
@@ -241,12 +242,10 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
         linear_scale = _number(s, "factor", where) if s.get("factor") is not None else n_ctx / ctx_orig
         if linear_scale <= 0:
             raise RefllamaError(f"{where}: factor must be positive")
-        mscale, all_dim = (s.get(k) for k in ("mscale", "mscale_all_dim"))
-        def get_mscale(m=1.0):
-            return 1.0 if linear_scale <= 1 else 0.1 * m * math.log(linear_scale) + 1.0
         attention = (_number(s, "attention_factor", where) if s.get("attention_factor") is not None else
-                     get_mscale(_number(s, "mscale", where)) / get_mscale(_number(s, "mscale_all_dim", where))
-                     if mscale and all_dim else get_mscale())
+                     yarn_mscale(linear_scale, _number(s, "mscale", where))
+                     / yarn_mscale(linear_scale, _number(s, "mscale_all_dim", where))
+                     if s.get("mscale") and s.get("mscale_all_dim") else yarn_mscale(linear_scale))
         attn_factor = attention / yarn_mscale(linear_scale)  # the numerics multiply yarn_mscale back in
         betas = tuple(_number(s, k, where) if s.get(k) else d for k, d in zip(("beta_fast", "beta_slow"), YARN_BETAS))
         truncate = s.get("truncate", True)

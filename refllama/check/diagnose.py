@@ -593,16 +593,12 @@ def mask_off_by_one(e, found):
         return
     (kq,) = inputs
     cfg = e.cfg
-    window = cfg.sliding_window if cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[e.layer]) \
-        else None
-    gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
     rows = np.broadcast_to((np.asarray(e.positions) > 0)[None, :, None], kq.shape)  # a query with a key before it
     for shift, what in ((1, "also sees the key after its own (keys 0..p+1)"),
                         (-1, "does not see its own key (keys 0..p-1)")):
-        seen = np.isfinite(kq) & (gap >= -shift) & (True if window is None else gap < window)
         use = e.valid & rows if shift < 0 else e.valid
         with np.errstate(invalid="ignore"):  # a first query sees no key at all
-            weights = _attention(kq, cfg.kq_scale, seen, cfg.attn_softcap)
+            weights = _attention(kq, cfg.kq_scale, _model_mask(e, kq, shift), cfg.attn_softcap)
         if use.any() and e.close(weights[use], e.bad[use]):
             yield f"hint: matches the causal mask one key off: each query {what}; it sees keys up to its own"
             return
@@ -669,12 +665,13 @@ def missing_embedding_scale(e, found):
                    f"({e.cfg.embedding_scale:g}) is missing")
 
 
-def _model_mask(e, kq):  # -> [H, T, S] bool: the keys the model lets each compared query see (its window too)
+def _model_mask(e, kq, shift=0):  # -> [H, T, S] bool: the keys the model lets each compared query see
+    """Keys up to the query's own (`shift` keys past it: a mask one key off) and inside the layer's window, if any."""
     cfg = e.cfg
     window = cfg.sliding_window if cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[e.layer]) \
         else None
     gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
-    return np.isfinite(kq) & (gap >= 0) & (True if window is None else gap < window)
+    return np.isfinite(kq) & (gap >= -shift) & (True if window is None else gap < window)
 
 
 def attention_softcap(e, found):

@@ -14,10 +14,6 @@ def is_llamacpp(d):
     return str(d.manifest.get("producer", "")).startswith("llama.cpp")
 
 
-def llamacpp_kq_scale(cfg):  # the softmax scale llama.cpp's gemma2 graph takes: it has no query_pre_attn_scalar
-    return 1 / math.sqrt(cfg.n_embd // cfg.n_head if cfg.n_layer == 46 else cfg.head_dim)
-
-
 def notes(model, mine, ref, rows):
     """Lines for the report where a side is llama.cpp's and the model or a stage is one the two references compute
     differently."""
@@ -40,9 +36,10 @@ def notes(model, mine, ref, rows):
         out.append("reference: this model's NoPE layers are not llama.cpp's: its smollm3 graph leaves every 4th layer "
                    "unrotated whatever the config lists (its converter writes no list), so llama.cpp computes "
                    "another model; transformers follows no_rope_layers (docs/references.md)")
-    if cfg.arch == "gemma2" and not math.isclose(cfg.kq_scale, llamacpp_kq_scale(cfg), rel_tol=1e-6):
+    theirs = archs.gemma2.llamacpp_attn_scale(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_dim)
+    if cfg.arch == "gemma2" and not math.isclose(cfg.kq_scale, theirs, rel_tol=1e-6):
         out.append(f"reference: this model's softmax scale (query_pre_attn_scalar^-1/2 = {cfg.kq_scale:.6g}) is not "
-                   f"llama.cpp's ({llamacpp_kq_scale(cfg):.6g}): GGUF has no field for query_pre_attn_scalar, so "
+                   f"llama.cpp's ({theirs:.6g}): GGUF has no field for query_pre_attn_scalar, so "
                    "llama.cpp computes another model; transformers reads it (docs/references.md)")
     if cfg.rope_yarn is not None and (cfg.rope_yarn != (*YARN_BETAS, True)
                                       or not math.isclose(cfg.rope_attn_factor, 1.0, rel_tol=1e-6)):
