@@ -48,23 +48,38 @@ def q5_0_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nib
 
 def k_scales_mins(builder, blk, qtype):
     """Q4_K/Q5_K: the 8 six-bit scales and 8 mins packed in 12 bytes (get_scale_min_k4), as <16 x i32>: scales in
-    lanes 0-7, mins in 8-15. Unpacked as whole 32-bit words (ggml's x86 kernels do the same): word 0 holds scales
-    0-3 and the high bits of 4-7, word 1 mins 0-3 and the high bits of mins 4-7, word 2 the low bits of both."""
-    def word(i):
-        return load(builder, field_at(builder, blk, qtype, "scales", 4 * i), I32)
+    lanes 0-7, mins in 8-15."""
+    return k_scales_mins_rows(builder, [blk], qtype)[0]
+
+
+def k_scales_mins_rows(builder, blks, qtype):
+    """k_scales_mins of the blocks at blks, unpacked side by side: one row's packed words a lane, as whole 32-bit
+    words (ggml's x86 kernels do the same, a row at a time): word 0 holds scales 0-3 and the high bits of 4-7, word 1
+    mins 0-3 and the high bits of mins 4-7, word 2 the low bits of both."""
+    n = len(blks)
+    vn = ir.VectorType(I32, n)
+
+    def word(i):  # word i of every row, a row a lane
+        v = ir.Constant(vn, ir.Undefined)
+        for r, blk in enumerate(blks):
+            v = builder.insert_element(v, load(builder, field_at(builder, blk, qtype, "scales", 4 * i), I32),
+                                       ir.Constant(I32, r))
+        return v
 
     def c(v):
-        return ir.Constant(I32, v)
+        return ir.Constant(vn, [v] * n)
 
     u0, u1, u2 = word(0), word(1), word(2)
     low6, low4, low2 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
     high = [builder.shl(builder.and_(builder.lshr(u, c(6)), low2), c(4)) for u in (u0, u1)]  # bits 6-7, moved to 4-5
     words = [builder.and_(u0, low6), builder.or_(builder.and_(u2, low4), high[0]),
              builder.and_(u1, low6), builder.or_(builder.and_(builder.lshr(u2, c(4)), low4), high[1])]
-    v = ir.Constant(ir.VectorType(I32, 4), ir.Undefined)
-    for i, w in enumerate(words):
-        v = builder.insert_element(v, w, c(i))
-    return builder.zext(builder.bitcast(v, V16I8), ir.VectorType(I32, 16))
+    def pair(a, b, r):  # <2 x i32>: lane r of a and of b
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, 2), [r, n + r]))
+
+    rows = [builder.shuffle_vector(pair(*words[:2], r), pair(*words[2:], r), ir.Constant(ir.VectorType(I32, 4), [
+        0, 1, 2, 3])) for r in range(n)]  # row r's four words
+    return [builder.zext(builder.bitcast(v, V16I8), ir.VectorType(I32, 16)) for v in rows]
 
 
 def broadcast_lane(builder, v, i, n):  # lane i of vector v repeated n times

@@ -17,6 +17,7 @@ from .block_ir import (
     k_codes,
     k_crumbs,
     k_scales_mins,
+    k_scales_mins_rows,
     prefetch_block,
     q3_k_scales,
     q6_k_codes,
@@ -27,20 +28,20 @@ from .ggml_numerics import (
     GEMM_STEP,
 )
 from .ggml_tables import LAYOUT
-from .ir import F32, I8, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
+from .ir import F32, I8, I16, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
 from .quant import LANES, N_READ, WIDE, part_of, put_tile, row_address, row_quad, to_lanes
 
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
 
-def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead):
+def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead, both=None):
     """IR of one K-quant block of 256 weights at blk against a token's Q8_K block: its int8 codes at x and their
     int32 sums of 16 at bs. -> (d, dmin, lanes, mins, mins8), exact int32 sums of the codes' products times their
     sub-block scales: `lanes` <8 x i32>, element e of the block in lane (e % 32) // 4 (ggml_vec_dot's lanes; Q6_K's
     codes 0..63, each lane l taking back 32 * scale * x's sums of the sub-blocks 2l and 2l + 1; Q3_K's codes the
     two low bits minus 4 where the high bit is clear, two products a lane as ggml's), `mins` <4 x i32> the mins
     times x's sums, by 64 elements (Q4_K/Q5_K/Q2_K; zero for Q6_K and Q3_K) and `mins8` Q2_K's by 32 (its
-    vec_dot's 8 lanes; None for the others)."""
+    vec_dot's 8 lanes; None for the others). both: Q4_K/Q5_K's k_scales_mins where the caller has them."""
     v4, v8, v16 = ir.VectorType(I32, 4), V8I32, ir.VectorType(I32, 16)
     prefetch_block(builder, blk, qtype, ahead)
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
@@ -61,12 +62,21 @@ def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead):
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
     else:
         codes = [k_codes(builder, blk, qtype, j) for j in range(8)]
-        both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
+        both = both or k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
         scales = [broadcast_lane(builder, both, j, 8) for j in range(8)]
         mins = builder.shuffle_vector(both, both, ir.Constant(v8, list(range(8, 16))))
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
+    # AVX2: scales as _lanes takes them, each lane's in two int16 (the types' scales all fit): by 16, each scale in
+    # both halves of a 32-bit word, a chunk's two picked by one 32-bit shuffle (vpermd); else one broadcast
     if by_16:
-        scales = [builder.shuffle_vector(sc16, sc16, ir.Constant(v8, [2 * c] * 4 + [2 * c + 1] * 4)) for c in range(8)]
+        src = sc16 if isa != "avx2" else builder.or_(builder.and_(sc16, ir.Constant(v16, [0xFFFF] * 16)),
+                                                     builder.shl(sc16, ir.Constant(v16, [16] * 16)))
+        scales = [builder.shuffle_vector(src, src, ir.Constant(v8, [2 * c] * 4 + [2 * c + 1] * 4)) for c in range(8)]
+        if isa == "avx2":
+            scales = [builder.bitcast(s, ir.VectorType(I16, 16)) for s in scales]
+    elif isa == "avx2":
+        s16 = builder.trunc(both, ir.VectorType(I16, 16))
+        scales = [builder.shuffle_vector(s16, s16, ir.Constant(v16, [c] * 16)) for c in range(8)]
     evens, odds = (ir.Constant(v8, list(range(o, 16, 2))) for o in (0, 1))
 
     def halves(v):  # <8 x i32> -> <4 x i32>: lanes 2k + 2k + 1
@@ -76,10 +86,8 @@ def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead):
     def chunk(c):  # chunk c's 8 lanes of code products, times their scales
         y = load(builder, builder.add(x, ir.Constant(I64, 32 * c)), V32I8)
         if qtype == QT.Q3_K:
-            dots = builder.sub(_lanes(builder, codes[c][0], y, isa), _lanes(builder, codes[c][1], y, isa))
-        else:
-            dots = _lanes(builder, codes[c], y, isa)
-        return builder.mul(dots, scales[c])
+            return builder.sub(*[_lanes(builder, codes[c][k], y, isa, scales[c]) for k in (0, 1)])
+        return _lanes(builder, codes[c], y, isa, scales[c])
 
     by_pair = [builder.add(chunk(2 * p), chunk(2 * p + 1)) for p in range(4)]  # chunks of 32: 2p and 2p + 1
     lanes = builder.add(builder.add(by_pair[0], by_pair[1]), builder.add(by_pair[2], by_pair[3]))
@@ -244,6 +252,24 @@ def _make_lane_tile(qtype, isa, form):
     return lane_tile
 
 
+def row_totals(builder, vs):  # n vectors <m x i32> -> <n x i32>: lane r the sum of vs[r]'s lanes (n <= m, powers of 2)
+    """Neighbouring lanes added, two vectors' into one at a time, until each row's sum is one lane: the rows' totals
+    side by side in fewer shuffles than a reduction a row. (Integer sums: their order changes no bit.)"""
+    def pairs(a, b):  # <m> a, <m> b -> <m>: a's neighbours' sums, then b's
+        m = a.type.count
+        return builder.add(*[builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, m), list(range(o, 2 * m, 2))))
+                             for o in (0, 1)])
+
+    n = len(vs)
+    while len(vs) > 1:
+        vs = [pairs(vs[k], vs[k + 1]) for k in range(0, len(vs), 2)]
+    v = vs[0]  # row r in lanes r m / n .. (r + 1) m / n - 1
+    while v.type.count > n:
+        half = v.type.count // 2
+        v = pairs(lanes(builder, v, 0, half), lanes(builder, v, half, half))
+    return v
+
+
 def _make_krow(qtype, isa, n_rows, repacked):
     """An intrinsic (ws, x, bs, dx, nb) -> n_rows floats: one token's product with the n_rows rows at addresses ws,
     nb blocks each, side by side (several streams of weights per thread keep more reads in flight than one); dx: the
@@ -261,46 +287,59 @@ def _make_krow(qtype, isa, n_rows, repacked):
         fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
         fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
         msum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v4i32", fnty=ir.FunctionType(I32, [v4]))
-        isum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
+        vrows = ir.VectorType(F32, n_rows)
+        fma_rows = builder.module.declare_intrinsic(f"llvm.fma.v{n_rows}f32", fnty=ir.FunctionType(vrows, [vrows] * 3))
 
         def block(i, accs):
             xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
                 I64, 64)))
             dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
-            out = []
-            for r, w in enumerate(rows):
+            blks = [builder.add(w, builder.mul(i, ir.Constant(I64, size))) for w in rows]
+            boths = [None] * n_rows  # the scales unpacked a row at a time, or (AVX2, where it is faster) side by side
+            if qtype in (QT.Q4_K, QT.Q5_K) and isa == "avx2":
+                boths = k_scales_mins_rows(builder, blks, qtype)
+            sums = (_kblock_sums(builder, blk, qtype, isa, xi, bsi, ahead, both) for blk, both in zip(blks, boths))
+            out = []  # vec_dot: each row's float steps after its sums (a generator: emitted in that order)
+            if repacked:  # one total per block and row, the rows in the lanes; the products d_w * d_x, dmin_w * d_x
+                sums = list(sums)
+
+                def per_row(k):  # the rows' k-th fields, one a lane
+                    v = ir.Constant(vrows, ir.Undefined)
+                    for r, s in enumerate(sums):
+                        v = builder.insert_element(v, s[k], ir.Constant(I32, r))
+                    return v
+
+                dxs, accs = splat(builder, dxi, vrows), list(accs)
+                for a, k, by in ((0, 2, 0), (1, 3, 1)):  # isum (lanes) times d, msum (mins) times dmin
+                    total = builder.sitofp(row_totals(builder, [s[k] for s in sums]), vrows)
+                    accs[a] = builder.call(fma_rows, [total, builder.fmul(per_row(by), dxs), accs[a]])
+                return accs
+            for r, (d, dmin, isums, m4, m8) in enumerate(sums):
                 acc, accm = accs[2 * r], accs[2 * r + 1]
-                blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                d, dmin, lanes, m4, m8 = _kblock_sums(builder, blk, qtype, isa, xi, bsi, ahead)
-                if repacked:  # one total per block; the products d_w * d_x and dmin_w * d_x
-                    isum = builder.sitofp(builder.call(isum_of, [lanes]), F32)
-                    acc = builder.call(fma, [isum, builder.fmul(d, dxi), acc])
-                    accm = builder.call(fma, [builder.sitofp(builder.call(msum_of, [m4]), F32), builder.fmul(dmin, dxi),
-                                              accm])
-                else:
-                    neg = builder.fmul(builder.fneg(dxi), dmin)  # -d_x * dmin_w
-                    if qtype == QT.Q2_K:  # its mins first, into the same lanes
-                        acc = builder.call(fma8, [splat(builder, neg, V8F32), builder.sitofp(m8, V8F32), acc])
-                    acc = builder.call(fma8, [splat(builder, builder.fmul(dxi, d), V8F32),
-                                              builder.sitofp(lanes, V8F32), acc])
-                    if qtype == QT.Q4_K:
-                        accm = builder.call(fma4, [splat(builder, neg, v4f), builder.sitofp(m4, v4f), accm])
-                    elif qtype == QT.Q5_K:
-                        accm = builder.call(fma, [neg, builder.sitofp(builder.call(msum_of, [m4]), F32), accm])
+                neg = builder.fmul(builder.fneg(dxi), dmin)  # -d_x * dmin_w
+                if qtype == QT.Q2_K:  # its mins first, into the same lanes
+                    acc = builder.call(fma8, [splat(builder, neg, V8F32), builder.sitofp(m8, V8F32), acc])
+                acc = builder.call(fma8, [splat(builder, builder.fmul(dxi, d), V8F32),
+                                          builder.sitofp(isums, V8F32), acc])
+                if qtype == QT.Q4_K:
+                    accm = builder.call(fma4, [splat(builder, neg, v4f), builder.sitofp(m4, v4f), accm])
+                elif qtype == QT.Q5_K:
+                    accm = builder.call(fma, [neg, builder.sitofp(builder.call(msum_of, [m4]), F32), accm])
                 out += [acc, accm]
             return out
 
         if repacked:
-            first = [ir.Constant(F32, 0.0)] * (2 * n_rows)
+            first = [ir.Constant(vrows, None)] * 2
         else:
             first = [ir.Constant(V8F32, None), ir.Constant(v4f if qtype == QT.Q4_K else F32, None)] * n_rows
         accs = counted_loop(builder, nb, first, block)
+        if repacked:
+            diff = builder.fsub(*accs)
+            return context.make_tuple(builder, signature.return_type, [builder.extract_element(
+                diff, ir.Constant(I32, r)) for r in range(n_rows)])
         results = []
         for r in range(n_rows):
             acc, accm = accs[2 * r], accs[2 * r + 1]
-            if repacked:
-                results.append(builder.fsub(acc, accm))
-                continue
             total = hsum(builder, acc)  # hsum_float_8: high half + low half, then (0 + 2) + (1 + 3)
             if qtype == QT.Q4_K:
                 total = builder.fadd(total, hsum(builder, accm))
