@@ -370,10 +370,14 @@ def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/2
     for tb in prange(T * (K // 256)):
         t, b = tb // (K // 256), tb % (K // 256)
         x = X[t, b * 256:(b + 1) * 256]
-        mx = x[0]
+        top = np.float32(0.0)
+        for j in range(256):  # the largest |x| (a loop LLVM vectorizes), then the first value that has it
+            top = max(top, abs(x[j]))
+        mx = top
         for j in range(256):
-            if abs(x[j]) > abs(mx):
+            if abs(x[j]) == top:
                 mx = x[j]
+                break
         if t < four and mx < 0:
             for j in range(256):
                 if x[j] == -mx:
@@ -384,9 +388,9 @@ def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/2
         iscale = np.float32(-127.0) / mx
         d[t, b] = np.float32(1.0) / iscale
         for j in range(256):
-            c = min(np.float32(127.0), np.rint(x[j] * iscale))
-            q[t, b * 256 + j] = np.int8(c)
-            bsums[t, b * 16 + j // 16] += np.int32(c)
+            q[t, b * 256 + j] = np.int8(min(np.float32(127.0), np.rint(x[j] * iscale)))
+        for j in range(256):
+            bsums[t, b * 16 + j // 16] += np.int32(q[t, b * 256 + j])
     return q, d, bsums
 
 
