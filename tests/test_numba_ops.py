@@ -73,6 +73,7 @@ def test_warm_up_loads_every_form_a_step_calls(ops):
     ops.rms_norm(x, x[0, 0], 1e-5)  # per-head norms
     ops.rope["interleaved"](x, cs, cs)
     ops.swiglu(x[0], x[0])
+    ops.swiglu(x[0, :, :32], x[0, :, 32:])  # a batch's gate and up: columns of one product
     for S in (5, 8):  # part of the cache (strided), all of it (contiguous)
         attention(ops, x, K[:, :S], K[:, :S], layers.causal_mask(S - 1, 1, S, np))
     assert loaded() == before

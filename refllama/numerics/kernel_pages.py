@@ -28,13 +28,15 @@ def warm_up_steps(ops, head_dim):
     """Call each step of an operations table (refllama.layers.Ops) once, on small arrays of the types a step passes,
     so that Numba loads its kernels now: one loaded after release_loader_pages brings LLVM's pages back. K and V are
     views of the cache, which Numba types as strided (fewer positions than the context) or contiguous (all of them:
-    the context's last step): both. Norms run on rows [T, D] and on heads [T, H, HD]."""
+    the context's last step): both; so are a batch's gate and up, columns of one fused product. Norms run on rows
+    [T, D] and on heads [T, H, HD]."""
     cache, cs = np.zeros((2, 4, head_dim), np.float32), np.zeros((1, head_dim // 2), np.float32)
     x = np.zeros((1, 2, head_dim), np.float32)
     ops.rms_norm(x[0], x[0, 0], 1e-5)
     ops.rms_norm(x, x[0, 0], 1e-5)
     ops.rope["interleaved"](x, cs, cs)
     ops.swiglu(x[0], x[0])
+    ops.swiglu(x[0, :, :head_dim // 2], x[0, :, head_dim // 2:])  # strided: a batch's views of the fused product
     ops.geglu(x[0], x[0])  # numerics ggml: builds its GELU table
     for S in (2, 4):
         kq = ops.attention_scores(x, cache[:, :S])
