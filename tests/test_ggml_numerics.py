@@ -123,10 +123,12 @@ def test_numba_activation_quantizer_equals_numpy():
 @pytest.mark.parametrize("T", [1, 5, 19])
 def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
     """Q8_K for the K-quant kernels, serial and parallel: quantize_row_q8_K's rule, and the repacked gemm's first
-    T - T % 4 rows in fours (a tie of +2 and -2 goes to +2 there); rows up to a multiple of 16 are zeros."""
-    x = RNG.uniform(-1, 1, (T, 512)).astype(np.float32)
+    T - T % 4 rows in fours (a tie of +2 and -2 goes to +2 there); a block of zeros; rows up to a multiple of 16 are
+    zeros."""
+    x = RNG.uniform(-1, 1, (T, 768)).astype(np.float32)
     x[:, 10], x[:, 20] = -2.0, 2.0
     x[0, 300] = -9.0
+    x[:, 512:] = 0.0
     for four, quantize in itertools.product((0, T - T % 4), (gq.quantize_q8_K_one, gq.quantize_q8_K_many)):
         q, d, bsums = quantize(x, four, T + -T % 16)
         want = gn.quantize_q8_K(x, in_fours=four > 0)

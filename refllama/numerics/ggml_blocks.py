@@ -58,23 +58,23 @@ def _lanes(builder, u, y, isa, scale=None):  # <32 x i8> unsigned, <32 x i8> sig
     unsigned bytes are at most 128 (|code|, 4-, 5- and 6-bit codes) and the signed ones at least -127 (Q8); its
     vpmaddwd then takes the scales in place of ones, as llama.cpp's AVX2 vec_dot does (no 32-bit multiply: the same
     integers)."""
-    if isa == "vnni":
-        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", fnty=ir.FunctionType(
-            V8I32, [V8I32, V8I32, V8I32]))
-        dots = builder.call(fn, [ir.Constant(V8I32, None), builder.bitcast(u, V8I32), builder.bitcast(y, V8I32)])
-        return dots if scale is None else builder.mul(dots, scale)
     if isa == "avx2":
         v16i16 = ir.VectorType(I16, 16)
         pairs = builder.call(builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.ub.sw", fnty=ir.FunctionType(
             v16i16, [V32I8, V32I8])), [u, y])
         return builder.call(builder.module.declare_intrinsic("llvm.x86.avx2.pmadd.wd", fnty=ir.FunctionType(
             V8I32, [v16i16, v16i16])), [pairs, ir.Constant(v16i16, [1] * 16) if scale is None else scale])
-    v32 = ir.VectorType(I32, 32)
-    p = builder.mul(builder.zext(u, v32), builder.sext(y, v32))
-    parts = [builder.shuffle_vector(p, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(I32, 8),
-                                                                                  list(range(k, 32, 4))))
-             for k in range(4)]
-    dots = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+    if isa == "vnni":
+        fn = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.256", fnty=ir.FunctionType(
+            V8I32, [V8I32, V8I32, V8I32]))
+        dots = builder.call(fn, [ir.Constant(V8I32, None), builder.bitcast(u, V8I32), builder.bitcast(y, V8I32)])
+    else:
+        v32 = ir.VectorType(I32, 32)
+        p = builder.mul(builder.zext(u, v32), builder.sext(y, v32))
+        parts = [builder.shuffle_vector(p, ir.Constant(v32, ir.Undefined), ir.Constant(ir.VectorType(I32, 8),
+                                                                                      list(range(k, 32, 4))))
+                 for k in range(4)]
+        dots = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
     return dots if scale is None else builder.mul(dots, scale)
 
 

@@ -332,8 +332,8 @@ def router_softmax(x, path=AVX512):  # [..., n] f32 -> [..., n]
 
 
 def swiglu(gate, up, path=AVX512):  # [T, F], [T, F] -> [T, F]
-    return PATH_KERNELS[path]["swiglu"](gate, up)  # views as they are (the fused gate/up product's columns): copies
-    # of a batch's cost more than the kernel
+    # views as they are (a batch's gate and up: the fused product's columns): their copies cost more than the kernel
+    return PATH_KERNELS[path]["swiglu"](gate, up)
 
 
 def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H, T, S]

@@ -62,7 +62,8 @@ def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead, both=None):
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
     else:
         codes = [k_codes(builder, blk, qtype, j) for j in range(8)]
-        both = both or k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
+        if both is None:
+            both = k_scales_mins(builder, blk, qtype)  # scales in lanes 0-7, mins in 8-15
         scales = [broadcast_lane(builder, both, j, 8) for j in range(8)]
         mins = builder.shuffle_vector(both, both, ir.Constant(v8, list(range(8, 16))))
         dmin = load_f16(builder, field_at(builder, blk, qtype, "dmin"))
@@ -310,9 +311,9 @@ def _make_krow(qtype, isa, n_rows, repacked):
                     return v
 
                 dxs, accs = splat(builder, dxi, vrows), list(accs)
-                for a, k, by in ((0, 2, 0), (1, 3, 1)):  # isum (lanes) times d, msum (mins) times dmin
+                for a, k in ((0, 2), (1, 3)):  # isum (lanes) times d, msum (mins) times dmin
                     total = builder.sitofp(row_totals(builder, [s[k] for s in sums]), vrows)
-                    accs[a] = builder.call(fma_rows, [total, builder.fmul(per_row(by), dxs), accs[a]])
+                    accs[a] = builder.call(fma_rows, [total, builder.fmul(per_row(a), dxs), accs[a]])
                 return accs
             for r, (d, dmin, isums, m4, m8) in enumerate(sums):
                 acc, accm = accs[2 * r], accs[2 * r + 1]
