@@ -36,6 +36,6 @@ def test_top5_agreement(case, mode):
     quantized weights."""
     got, want = our_logits(case, mode), case.dump["result_output"]
     need = 5 if case.exact else 4
-    for row, (g, w) in enumerate(zip(got, want)):
+    for row, (g, w) in enumerate(zip(got, want, strict=True)):
         shared = len(set(np.argsort(-g)[:5]) & set(np.argsort(-w)[:5]))
         assert shared >= need, f"{case}: logit row {case.rows('result_output')[row]} shares {shared} of the top 5"

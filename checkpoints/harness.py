@@ -14,7 +14,7 @@ Both go through `check`, with the tolerances of checkpoints/README.md.
 
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,7 +48,7 @@ REFS = ([Ref("smollm2", p.parent.parent.name, p.parent.name, p.parent)
         + [Ref(f, s, "text", DATA / f"gguf-{f}" / s) for f in FAMILIES for s in ("llamacpp-f32", "hf")])
 
 
-@lru_cache(maxsize=None)
+@cache
 def reference(path):
     """A stored reference dump's prefill, q/k in the pair layout refllama uses for its architecture."""
     d = Dump(path, prefill_only=True)  # the decode steps are checkpoint_10's
@@ -73,12 +73,12 @@ def stored_layers(ref):
                    and e["stage"] == "attn_norm"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def family_model(family, backend="numpy"):
     return refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=FAMILY_N_CTX, backend=backend)
 
 
-@lru_cache(maxsize=None)
+@cache
 def our_trace(model, token_ids, names):
     with refllama.trace(model, names=names) as t:
         model.logits(list(token_ids))

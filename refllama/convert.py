@@ -82,7 +82,7 @@ def write_shards(tensors, directory, dtype, shard_bytes):
     files = (["model.safetensors"] if len(shards) == 1 else
              [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))])
     weight_map, total = {}, 0
-    for file, shard in zip(files, shards):
+    for file, shard in zip(files, shards, strict=True):
         arrays = {name: np.ascontiguousarray(cast(values())) for name, values in shard}
         total += sum(a.nbytes for a in arrays.values())
         if dtype == "bf16":  # safetensors' NumPy API has no bfloat16: write the bits, then name the dtype
@@ -192,10 +192,10 @@ def hf_tokenizer(tok):
 
     vocab, algo = tok.vocab, tok.algo
     if isinstance(algo, Spm):
-        ids = [(s, a, b) for piece, s in zip(tok.tokens, algo.scores) for cut in range(1, len(piece))
+        ids = [(s, a, b) for piece, s in zip(tok.tokens, algo.scores, strict=True) for cut in range(1, len(piece))
                if (a := vocab.get(piece[:cut])) is not None and (b := vocab.get(piece[cut:])) is not None]
         ids.sort(key=lambda m: (-m[0], m[1], m[2]))
-        unk = next((t for t, a in zip(tok.tokens, tok.attrs) if a & A_UNKNOWN), None)
+        unk = next((t for t, a in zip(tok.tokens, tok.attrs, strict=True) if a & A_UNKNOWN), None)
         hf = Tokenizer(BPE(vocab, [(tok.tokens[a], tok.tokens[b]) for _, a, b in ids], byte_fallback=True,
                            fuse_unk=True, unk_token=unk))
         hf.normalizer = normalizers.Sequence([*([normalizers.Prepend("▁")] if tok.space_prefix else []),
@@ -213,7 +213,7 @@ def hf_tokenizer(tok):
     else:
         raise RefllamaError("no tokenizer.json form for a Gemma 4 vocabulary (SentencePiece-style BPE)")
     hf.add_tokens([AddedToken(t, special=bool(a & A_CONTROL), normalized=False)
-                   for t, a in zip(tok.tokens, tok.attrs) if a & (A_CONTROL | A_USER_DEFINED)])
+                   for t, a in zip(tok.tokens, tok.attrs, strict=True) if a & (A_CONTROL | A_USER_DEFINED)])
     return hf
 
 

@@ -6,7 +6,8 @@ module from its inputs, so the same code runs on NumPy and CuPy.
 """
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 

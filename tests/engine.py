@@ -112,7 +112,7 @@ class Engine:
                 k = s[f"Kcur_rope-{i}"] = self.rope(k, rot)
                 stored = (k, v) if not self.half else (k.astype(np.float16).astype(np.float32),
                                                        v.astype(np.float16).astype(np.float32))
-                ks, vs = (np.concatenate([c, n]) for c, n in zip(cache[i], stored))
+                ks, vs = (np.concatenate([c, n]) for c, n in zip(cache[i], stored, strict=True))
                 cache[i] = (ks, vs)
                 kv = np.arange(H) % KVH if "gqa" in self.bugs else np.arange(H) // (H // KVH)
                 kq = s[f"kq-{i}"] = self.round(np.einsum("thd,shd->hts", q, ks[:, kv]))  # [H, T, S]

@@ -405,7 +405,7 @@ def _whole_row_norm(norm):  # an RMS norm of [T, n, HD] over all n heads at once
 
 def _tables(cache, local, make):  # the cache's RoPE tables of the local or global layers replaced by make(cos, sin)
     names = ("cos_swa", "sin_swa") if local else ("cos", "sin")
-    return dict(zip(names, make(*(getattr(cache, n) for n in names))))
+    return dict(zip(names, make(*(getattr(cache, n) for n in names)), strict=True))
 
 
 def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
@@ -456,7 +456,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
         elif bug == "embedding_scale":
             mp.setattr(m, "config", dataclasses.replace(cfg, embedding_scale=1.0))
         elif bug == "bases_swapped":  # the local layers rotated with the global base and the reverse
-            for name, t in zip(("cos_swa", "sin_swa", "cos", "sin"), (c.cos, c.sin, c.cos_swa, c.sin_swa)):
+            for name, t in zip(("cos_swa", "sin_swa", "cos", "sin"), (c.cos, c.sin, c.cos_swa, c.sin_swa), strict=True):
                 mp.setattr(c, name, t)
         elif bug in ("base", "local_base"):  # another RoPE base than the model's (Gemma 3: its local layers')
             local = bug == "local_base"

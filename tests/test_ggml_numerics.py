@@ -132,7 +132,7 @@ def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
     for four, quantize in itertools.product((0, T - T % 4), (gq.quantize_q8_K_one, gq.quantize_q8_K_many)):
         q, d, bsums = quantize(x, four, T + -T % 16)
         want = gn.quantize_q8_K(x, in_fours=four > 0)
-        for got, ref in zip((q, d, bsums), want):
+        for got, ref in zip((q, d, bsums), want, strict=True):
             np.testing.assert_array_equal(got[:T], ref)
             assert not got[T:].any()
 
@@ -336,7 +336,7 @@ def test_fused_products_equal_separate_ones():
     x = activations(3, 256)
     want = [x @ m.T for m in parts]
     fused = Fused(concat_blocks(parts), [64, 32, 32]).parts()
-    for m, w in zip(fused, want):
+    for m, w in zip(fused, want, strict=True):
         np.testing.assert_array_equal(x @ m.T, w)
     y = activations(3, 256)
     np.testing.assert_array_equal(y @ fused[1].T, y @ parts[1].T)  # a new input is multiplied afresh

@@ -66,7 +66,7 @@ def test_f32_logits_and_hidden_states_match_transformers(family):
         logits = m.logits(r["token_ids"].tolist())
     assert rel_err(logits, r["hf_logits"]) < F32_TOL
     ours = [t[m.arch.INPUTS[-1]]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
-    for i, (a, b) in enumerate(zip(ours, r["hf_hidden_states"])):
+    for i, (a, b) in enumerate(zip(ours, r["hf_hidden_states"], strict=True)):
         assert rel_err(a, b) < F32_TOL, f"hidden state {i}"
 
 

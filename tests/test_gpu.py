@@ -62,10 +62,10 @@ def test_the_decode_step_equals_the_forward(name):
     assert eligible(m)
     want_logits, want_k = forward_steps(m, STEPS)
     got_logits, got_k = decoder_steps(m, GraphDecoder(m), STEPS)
-    for got, want in zip(got_logits, want_logits):
+    for got, want in zip(got_logits, want_logits, strict=True):
         assert got.shape == want.shape == (1, m.config.vocab_size)
         assert rel(got, want) < 1e-5
-    for got, want in zip(got_k, want_k):
+    for got, want in zip(got_k, want_k, strict=True):
         assert rel(got, want) < 1e-5
     assert [int(g.argmax()) for g in got_logits] == [int(w.argmax()) for w in want_logits]
 
@@ -88,10 +88,10 @@ def test_matrices_of_several_kinds_stay_apart_and_multiply_as_their_float32_valu
              gpu.GpuMatrix(bits(rng, (4, 16), "f16"), "f16", scratch),
              rng.standard_normal((4, 16)).astype(np.float32)]
     want = np.concatenate([p.float32(0, p.shape[0]).copy() if isinstance(p, gpu.GpuMatrix) else p for p in parts])
-    lw = dict(zip(QKV, parts))
+    lw = dict(zip(QKV, parts, strict=True))
     joined = join_rows(lw, QKV)
     assert [(a, b) for _, a, b in joined] == [(0, 6), (6, 10), (10, 14)]
-    assert all(lw[n] is p for n, p in zip(QKV, parts))
+    assert all(lw[n] is p for n, p in zip(QKV, parts, strict=True))
     x, out = rng.standard_normal(16).astype(np.float32), np.zeros(14, np.float32)
     decoder = GraphDecoder.__new__(GraphDecoder)
     decoder.k = gpu.NumpyKernels()
@@ -179,13 +179,13 @@ DQ_TYPES(HOST_DQ)
 
 
 def test_the_cuda_dequantizers_compute_gguf_pys_values_on_the_host(tmp_path):
-    """gpu.DEQUANT is plain C but for a few names: compiled by the host's C compiler (float16 from _Float16, no
+    """cuda/dequant.cuh (gpu.DEQUANT) is plain C but for a few names: compiled by the host's C compiler (float16 from _Float16, no
     fused multiply-add), every type's values equal gguf-py's dequantize bit for bit, as the loaders convert them."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler here (cc) to run the CUDA dequantizers' C on the host")
     src, lib = tmp_path / "dequant.c", tmp_path / "dequant.so"
-    src.write_text(HOST + gpu.DEQUANT + gpu.DQ_TYPES + "\n" + HOST_ROWS)
+    src.write_text(HOST + gpu.DQ_TYPES + "\n" + gpu.DEQUANT + HOST_ROWS)
     subprocess.run([cc, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     so, rng = ctypes.CDLL(str(lib)), np.random.default_rng(5)
     for qtype, kind in gpu.QUANT.items():
@@ -234,7 +234,7 @@ def test_a_quantized_gguf_on_the_gpu_placement_computes_its_float32_values(name)
     np.testing.assert_allclose(m.logits(PROMPT), want.logits(PROMPT), rtol=0, atol=1e-5)
     got_logits, _ = decoder_steps(m, GraphDecoder(m), STEPS)
     want_logits, _ = forward_steps(want, STEPS)
-    assert max(rel(g, w) for g, w in zip(got_logits, want_logits)) < 1e-5
+    assert max(rel(g, w) for g, w in zip(got_logits, want_logits, strict=True)) < 1e-5
 
 
 def bf16_copy(name, tmp_path):  # a tiny family's HF directory with its tensors in bfloat16
@@ -256,7 +256,7 @@ def test_a_bfloat16_model_on_the_gpu_placement_computes_its_float32_values(tmp_p
     np.testing.assert_allclose(m.logits(PROMPT), want.logits(PROMPT), rtol=0, atol=1e-5)
     got_logits, _ = decoder_steps(m, GraphDecoder(m), STEPS)
     want_logits, _ = forward_steps(want, STEPS)
-    assert max(rel(g, w) for g, w in zip(got_logits, want_logits)) < 1e-5
+    assert max(rel(g, w) for g, w in zip(got_logits, want_logits, strict=True)) < 1e-5
 
 
 # --- on a GPU: each kernel against its mirror, the graph against the forward (skipped without one) ---
@@ -283,7 +283,7 @@ def test_each_cuda_kernel_equals_its_mirror():
             a = [xp.asarray(v) if isinstance(v, np.ndarray) else v for v in args]
             getattr(k, name)(*a, *o)
             outs.append([to_numpy(v) for v in o])
-        for g, w in zip(*outs):
+        for g, w in zip(*outs, strict=True):
             assert rel(g, w) < 2e-6, name
 
     f32 = np.float32
@@ -314,7 +314,7 @@ def test_each_cuda_kernel_equals_its_mirror():
                 k.rope_store(xp.asarray(qkv), xp.asarray(cos), xp.asarray(sin), xp.asarray(np.array([7], np.int32)),
                              q, kc, vc, qn, kn, 1e-6, (H, KVH, HD), layout)
                 outs.append([to_numpy(a) for a in (q, kc, vc)])
-            for g, w in zip(*outs):
+            for g, w in zip(*outs, strict=True):
                 assert rel(g, w) < 2e-6, layout
     for window in (None, 4):
         q = rng.standard_normal(H * HD).astype(f32)
@@ -340,7 +340,7 @@ def test_each_cuda_kernel_equals_its_mirror():
         k.scale(y, 45.25)
         k.softcap(z, 5.0)
         outs.append([to_numpy(a) for a in (o, y, z)])
-    for got, want in zip(*outs):
+    for got, want in zip(*outs, strict=True):
         assert rel(got, want) < 2e-6
     kq = rng.standard_normal((4, 3, 40)).astype(f32) * 5
     both("softmax_rows", kq, refllama.layers.causal_mask(37, 3, 40, np, window=30), 0.3,
@@ -389,7 +389,7 @@ def test_quantized_weights_stay_quantized_on_the_gpu():
     assert rel(m.logits(PROMPT), want.logits(PROMPT)) < 1e-5
     got, _ = forward_steps(m, STEPS)
     ref, _ = forward_steps(want, STEPS)
-    assert max(rel(g, r) for g, r in zip(got, ref)) < 1e-5
+    assert max(rel(g, r) for g, r in zip(got, ref, strict=True)) < 1e-5
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -401,8 +401,8 @@ def test_the_graphed_decode_equals_the_forward_on_the_gpu(name):
     m.graph = True
     got_logits, got_k = forward_steps(m, STEPS)
     assert m.decoder and m.decoder.graph, "the decode step was not captured as a graph"
-    assert max(rel(g, w) for g, w in zip(got_logits, want_logits)) < 1e-5
-    assert max(rel(g, w) for g, w in zip(got_k, want_k)) < 1e-5
+    assert max(rel(g, w) for g, w in zip(got_logits, want_logits, strict=True)) < 1e-5
+    assert max(rel(g, w) for g, w in zip(got_k, want_k, strict=True)) < 1e-5
     assert [int(g.argmax()) for g in got_logits] == [int(w.argmax()) for w in want_logits]
 
 
@@ -416,4 +416,4 @@ def test_bfloat16_weights_stay_16_bit_on_the_gpu(tmp_path):
     assert rel(m.logits(PROMPT), want.logits(PROMPT)) < 1e-5
     got, _ = forward_steps(m, STEPS)
     ref, _ = forward_steps(want, STEPS)
-    assert max(rel(g, r) for g, r in zip(got, ref)) < 1e-5
+    assert max(rel(g, r) for g, r in zip(got, ref, strict=True)) < 1e-5

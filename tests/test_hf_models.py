@@ -38,7 +38,7 @@ def test_logits_and_hidden_states_match_transformers(name):
     assert rel_err(logits, r["logits"]) < TOL
     hs = r["hidden_states"]  # 0: embeddings, i: block i-1's output, last: after the final norm
     ours = [t[m.arch.INPUTS[-1]]] + [t[f"l_out-{i}"] for i in range(m.config.n_layer - 1)] + [t["result_norm"]]
-    for i, (a, b) in enumerate(zip(ours, hs)):
+    for i, (a, b) in enumerate(zip(ours, hs, strict=True)):
         assert rel_err(a, b) < TOL, f"hidden state {i}"
 
 

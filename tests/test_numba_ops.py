@@ -47,7 +47,7 @@ def test_one_token_attention_equals_layers(HD, S):
     q, mask = randn(1, 9, HD), layers.causal_mask(S - 1, 1, S, np)
     got = attention(numba_ops.OPS, q, K[:, :S], V[:, :S], mask)
     want = attention(layers.FLOAT32, q, K[:, :S], V[:, :S], mask)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * np.abs(w).max())  # float32 sums in another order
 
@@ -55,7 +55,7 @@ def test_one_token_attention_equals_layers(HD, S):
 def test_a_batch_is_layers_itself():
     K, V, q = randn(3, 20, 64), randn(3, 20, 64), randn(4, 9, 64)
     mask = layers.causal_mask(16, 4, 20, np)
-    for g, w in zip(attention(numba_ops.OPS, q, K, V, mask), attention(layers.FLOAT32, q, K, V, mask)):
+    for g, w in zip(attention(numba_ops.OPS, q, K, V, mask), attention(layers.FLOAT32, q, K, V, mask), strict=True):
         assert np.array_equal(g, w)
 
 

@@ -44,7 +44,8 @@ def test_ids_equal_llamacpps(vocab):
                 n += 1
                 got = tok.encode(text, add_special=mode[0] == "1", parse_special=mode[1] == "1")
                 if got != ids:
-                    at = next((i for i, (a, b) in enumerate(zip(got, ids)) if a != b), min(len(got), len(ids)))
+                    at = next((i for i, (a, b) in enumerate(zip(got, ids, strict=False)) if a != b),
+                              min(len(got), len(ids)))
                     wrong.append(f"{kind} ({MODES[mode]}) {text[:40]!r}: first difference at {at}, "
                                  f"llama.cpp {ids[at:at + 4]}, refllama {got[at:at + 4]}")
     assert n > 100

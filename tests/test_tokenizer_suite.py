@@ -37,7 +37,7 @@ def cases(name):
         nxt = raw.find(sep, pos)
         texts.append(raw[pos:] if nxt < 0 else raw[pos:nxt])
         pos = len(raw) if nxt < 0 else nxt + len(sep)
-    return list(zip(texts, ([int(t) for t in line.split()] for line in out), strict=False))
+    return list(zip(texts, ([int(t) for t in line.split()] for line in out), strict=True))
 
 
 @needs_cache

@@ -92,7 +92,7 @@ def capture(hf, ids, decode_steps=0):
 
     def split_hook(names, sizes):  # a fused projection's output, split as refllama splits its weight
         def hook(mod, inp, out):
-            for name, part in zip(names, torch.split(out, sizes, dim=-1)):
+            for name, part in zip(names, torch.split(out, sizes, dim=-1), strict=True):
                 keep(name[0], part, name[1])
         return hook
 

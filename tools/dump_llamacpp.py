@@ -93,7 +93,7 @@ def to_numpy(t):
     """A copy of a host tensor, honouring its strides: numpy shape = reversed ggml ne."""
     dtype = np.dtype(DTYPES[_GGML.ggml_type_name(t.type).decode()])
     shape, strides = tuple(reversed(list(t.ne))), tuple(reversed(list(t.nb)))
-    extent = sum((n - 1) * s for n, s in zip(shape, strides)) + dtype.itemsize
+    extent = sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + dtype.itemsize
     buf = (ctypes.c_char * extent).from_address(t.data)
     return np.lib.stride_tricks.as_strided(np.frombuffer(buf, dtype=dtype), shape, strides).astype(np.float32)
 
@@ -115,7 +115,7 @@ def unfuse(stages, arch, n_head, n_head_kv, kq_scale):
             a = stages.pop(name)  # [T, sum of the parts' widths]
             shares = [heads.get(p, 1) for p in parts]  # q, k, v by head count; gate and up in halves
             cuts = np.cumsum(shares)[:-1] * (a.shape[1] // sum(shares))
-            for part, x in zip(parts, np.split(a, cuts, axis=1)):
+            for part, x in zip(parts, np.split(a, cuts, axis=1), strict=True):
                 stages[f"{part}-{layer}"] = x.reshape(len(x), heads[part], -1) if part in heads else x
         elif stage == "kq" and getattr(arch, "LLAMACPP_Q_SCALED", False):
             stages[name] = stages[name] / np.float32(kq_scale)

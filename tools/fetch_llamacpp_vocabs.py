@@ -44,7 +44,7 @@ def extract(sdist, dest):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sdist", help="a llama_cpp_python-%s.tar.gz already downloaded" % VERSION)
+    ap.add_argument("--sdist", help=f"a llama_cpp_python-{VERSION}.tar.gz already downloaded")
     args = ap.parse_args(argv)
     dest = cache_dir()
     if (dest / "VERSION").exists():

@@ -197,7 +197,7 @@ def write(name, kind, out, n_layer=None, seed=0, n_vocab=None):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for n, s, qtype, is_norm in tensors:
+    for _, s, qtype, is_norm in tensors:
         w.write_tensor_data(random_tensor(rng, qtype, s, is_norm))
     w.close()
     os.replace(tmp, path)

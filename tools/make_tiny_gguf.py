@@ -283,7 +283,7 @@ def main():
         with torch.no_grad():
             r = model(torch.tensor([ids]), output_hidden_states=True)
         stages, *_ = dump_llamacpp.capture(str(f32), ids, 2, kv_f32=True, n_ctx=N_CTX)
-        def logits(path, n_ctx=N_CTX, kv_f32=True):
+        def logits(path, n_ctx=N_CTX, kv_f32=True, ids=ids):
             return dump_llamacpp.capture(str(path), ids, 2, kv_f32=kv_f32, n_ctx=n_ctx)[0]["result_output"]
 
         long = {"llamacpp_logits_f32_long": logits(f32, N_CTX_LONG)} if name == "phi3" else {}

@@ -46,7 +46,7 @@ def config_from_gguf(g):
         window, swa = WINDOW, tuple(i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(n_layer))
     n_embd, n_head = int(g.integer(f"{arch}.embedding_length")), int(g.integer(f"{arch}.attention.head_count"))
     head_dim = int(g.integer(f"{arch}.attention.key_length", n_embd // n_head))
-    caps = [g.real(f"{arch}.{k}_logit_softcapping", d) for k, d in zip(("attn", "final"), CAPS)]
+    caps = [g.real(f"{arch}.{k}_logit_softcapping", d) for k, d in zip(("attn", "final"), CAPS, strict=True)]
     return gguf_config(g, ROPE_LAYOUT, sliding_window=window, swa_layers=swa,
                        attn_scale=llamacpp_attn_scale(n_layer, n_embd, n_head, head_dim),
                        attn_softcap=caps[0], logit_softcap=caps[1], embedding_scale=sqrt_scale(n_embd))

@@ -104,7 +104,8 @@ def gguf_yarn(g, arch, rope, n_ctx):
     if g.has(log_mul) and g.real(log_mul, positive=False) != 0:
         raise RefllamaError(f"{g.path}: unsupported {log_mul} {g.real(log_mul, positive=False):g} "
                             "(YaRN's mscale_all_dim)")
-    betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d) for k, d in zip(("fast", "slow"), YARN_BETAS))
+    betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d)
+                  for k, d in zip(("fast", "slow"), YARN_BETAS, strict=True))
     yarn = {"rope_yarn": (*betas, True), "rope_ctx_orig": rope["rope_ctx_orig"] or n_ctx}
     key = f"{arch}.rope.scaling.yarn_attn_factor"
     if g.has(key):  # in place of yarn_mscale, which the numerics multiply in
@@ -247,7 +248,8 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
                      / yarn_mscale(linear_scale, _number(s, "mscale_all_dim", where))
                      if s.get("mscale") and s.get("mscale_all_dim") else yarn_mscale(linear_scale))
         attn_factor = attention / yarn_mscale(linear_scale)  # the numerics multiply yarn_mscale back in
-        betas = tuple(_number(s, k, where) if s.get(k) else d for k, d in zip(("beta_fast", "beta_slow"), YARN_BETAS))
+        betas = tuple(_number(s, k, where) if s.get(k) else d
+                      for k, d in zip(("beta_fast", "beta_slow"), YARN_BETAS, strict=True))
         truncate = s.get("truncate", True)
         if not isinstance(truncate, bool):
             raise RefllamaError(f"{where}: truncate must be true or false")

@@ -159,7 +159,7 @@ def read_weights(arch, cfg, side, fetch, has, place):
         if row.split:
             sizes = [size(e, d) for _, e in row.split]
             parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])
-            out.update(zip((key for key, _ in row.split), map(place, parts)))
+            out.update(zip((key for key, _ in row.split), map(place, parts), strict=True))
         else:
             out[row.key] = place(t)
 

@@ -113,7 +113,7 @@ class MergeRanks:
         return self.ranks[i] if i < len(self.keys) and self.keys[i] == a << 32 | b else None
 
     def pairs(self):  # (left id, right id) of the token pairs, by rank
-        return [(k >> 32, k & 0xFFFFFFFF) for _, k in sorted(zip(self.ranks, self.keys))]
+        return [(k >> 32, k & 0xFFFFFFFF) for _, k in sorted(zip(self.ranks, self.keys, strict=True))]
 
 
 def _attributes(g, tokens, types, vocab):

@@ -299,7 +299,8 @@ def _make_krow(qtype, isa, n_rows, repacked):
             boths = [None] * n_rows  # the scales unpacked a row at a time, or (AVX2, where it is faster) side by side
             if qtype in (QT.Q4_K, QT.Q5_K) and isa == "avx2":
                 boths = k_scales_mins_rows(builder, blks, qtype)
-            sums = (_kblock_sums(builder, blk, qtype, isa, xi, bsi, ahead, both) for blk, both in zip(blks, boths))
+            sums = (_kblock_sums(builder, blk, qtype, isa, xi, bsi, ahead, both)
+                    for blk, both in zip(blks, boths, strict=True))
             out = []  # vec_dot: each row's float steps after its sums (a generator: emitted in that order)
             if repacked:  # one total per block and row, the rows in the lanes; the products d_w * d_x, dmin_w * d_x
                 sums = list(sums)

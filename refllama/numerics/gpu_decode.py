@@ -38,13 +38,13 @@ def join_rows(lw, names):  # -> [sum of N, K], or its parts [(matrix, first row,
         starts.append(starts[-1] + p.shape[0])
     kinds = {p.kind if isinstance(p, GpuMatrix) else "f32" for p in parts}
     if len(kinds) > 1:
-        return list(zip(parts, starts, starts[1:]))
+        return list(zip(parts, starts[:-1], starts[1:], strict=True))
     if kinds == {"f32"}:
         whole = array_module(parts[0]).concatenate(parts)
-        lw.update((n, whole[a:b]) for n, a, b in zip(names, starts, starts[1:]))
+        lw.update((n, whole[a:b]) for n, a, b in zip(names, starts[:-1], starts[1:], strict=True))
     else:
         whole = GpuMatrix(parts[0].xp.concatenate([p.raw for p in parts]), parts[0].kind, parts[0].scratch)
-        lw.update((n, whole.rows(a, b)) for n, a, b in zip(names, starts, starts[1:]))
+        lw.update((n, whole.rows(a, b)) for n, a, b in zip(names, starts[:-1], starts[1:], strict=True))
     return whole
 
 

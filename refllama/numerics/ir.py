@@ -67,7 +67,7 @@ def counted_loop(builder, n, initial, body):
     i, values = builder.phi(I64), [builder.phi(v.type) for v in initial]
     new = body(i, values)
     i1, tail = builder.add(i, ir.Constant(I64, 1)), builder.block
-    for phi, first, nxt in [(i, ir.Constant(I64, 0), i1), *zip(values, initial, new)]:
+    for phi, first, nxt in [(i, ir.Constant(I64, 0), i1), *zip(values, initial, new, strict=True)]:
         phi.add_incoming(first, entry)
         phi.add_incoming(nxt, tail)
     builder.cbranch(builder.icmp_signed("<", i1, n), loop, done)

@@ -50,7 +50,7 @@ class Fused:
 
     def parts(self):
         starts = np.cumsum((0, *self.sizes))
-        return [FusedPart(self, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+        return [FusedPart(self, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
     def columns(self, x, a, b):  # [T, K] -> [T, b - a]: this part's share of x @ whole.T
         if self.x is not x or self.left == 0:
@@ -96,7 +96,7 @@ def fuse_layer(lw, concat):
         if all(n in lw for n in names):
             whole = concat([lw[n] for n in names])
             if whole is not None:
-                lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts()))
+                lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts(), strict=True))
 
 
 SCRATCH_VALUES = 64 << 20  # float32 values (256 MiB): every matrix of an 8B model but the vocabulary's fits whole

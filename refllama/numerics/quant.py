@@ -198,7 +198,7 @@ def lane_tile(typingctx, w, stride, K, xt, out):
                 k = builder.add(builder.mul(i, ir.Constant(I64, UNROLL)), ir.Constant(I64, u))
                 x = load(builder, builder.add(xt, builder.mul(k, ir.Constant(I64, 64))), V16F32)
                 accs = [builder.call(fma, [splat(builder, load(builder, builder.add(row, builder.mul(
-                    k, ir.Constant(I64, 4))), F32), V16F32), x, acc]) for row, acc in zip(rows, accs)]
+                    k, ir.Constant(I64, 4))), F32), V16F32), x, acc]) for row, acc in zip(rows, accs, strict=True)]
             return accs
 
         accs = counted_loop(builder, builder.udiv(K, ir.Constant(I64, UNROLL)), [ir.Constant(V16F32, None)] * ROWS,
@@ -279,8 +279,9 @@ class Blocks(WeightMatrix):
 
     def raw_rows(self, rows):  # [T] checked ids -> [T, row bytes]: those rows' blocks
         part = np.searchsorted(self.starts, rows, side="right") - 1
-        return np.stack([self.parts[p][r - self.starts[p]] for p, r in zip(part, rows)]) if len(rows) else \
-            np.empty((0, self.parts[0].shape[1]), np.uint8)
+        if not len(rows):
+            return np.empty((0, self.parts[0].shape[1]), np.uint8)
+        return np.stack([self.parts[p][r - self.starts[p]] for p, r in zip(part, rows, strict=True)])
 
 
 def concat_blocks(ms):
@@ -340,7 +341,7 @@ def _half_dot(bf16):
             def chunk(i, accs):
                 xv = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 128))), V32F32)
                 out = []
-                for w, acc in zip(rows, accs):
+                for w, acc in zip(rows, accs, strict=True):
                     at = builder.add(w, builder.mul(i, ir.Constant(I64, 64)))
                     prefetch(builder, builder.add(at, ahead))
                     bits = load(builder, at, v32i16)
