@@ -20,7 +20,7 @@ from .check.dump import StageWriter, model_sha256, storage_plan
 from .config import ModelConfig
 from .errors import RefllamaError, shown
 from .loader import load_gguf, load_hf
-from .numerics import cpu_paths, ops_for, placement
+from .numerics import Numerics, resolve
 from .numerics.gpu_decode import GraphDecoder
 from .numerics.gpu_decode import eligible as gpu_decode_eligible
 from .sampling import Sampler, SamplingParams
@@ -91,17 +91,16 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if cpu_path is not None and numerics != "ggml":
         raise RefllamaError(f"cpu path {cpu_path!r} goes with numerics 'ggml' (it picks which of llama.cpp's CPU "
                             "paths to reproduce)")
-    if numerics == "ggml":
-        try:
-            cpu_path, notice = cpu_paths.choose(cpu_path, backend, lambda: matrix_types(path))
-        except ValueError as e:
-            raise RefllamaError(str(e)) from None
-        if notice:
-            print(f"refllama: {notice}", file=sys.stderr)
     xp = backend_module(backend)
+    try:
+        chosen = resolve(backend, xp, numerics, cpu_path, weights_in_file, repack, lambda: matrix_types(path))
+    except ValueError as e:
+        raise RefllamaError(str(e)) from None
+    if chosen.notice:
+        print(f"refllama: {chosen.notice}", file=sys.stderr)
     if threads is not None or backend not in CHOSEN:
         set_threads(threads, backend)
-    where = placement(backend, xp, numerics, weights_in_file, repack, cpu_path)
+    where = chosen.placement
     loaded = load_hf(path, where) if os.path.isdir(path) else load_gguf(path, where)
     for notice in loaded.notices:
         print(f"refllama: {notice.format(backend=backend)}", file=sys.stderr)
@@ -109,8 +108,7 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, numerics, repack,
-              cpu_path)
+    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, chosen)
     if m.n_ctx > cfg.n_ctx_train:  # as llama.cpp: allowed, but positions past training are unlike any it has seen
         print(f"refllama: context size {m.n_ctx} exceeds the {cfg.n_ctx_train} tokens the model was trained on; "
               "text past that may degrade", file=sys.stderr)
@@ -187,14 +185,13 @@ class Model:
     `trace` NumPy arrays, `generate` token ids."""
 
     def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
-                 backend: str, xp, n_ctx: int | None = None, numerics: str = "float32", repack: bool = True,
-                 cpu_path: str | None = None):
+                 backend: str, xp, n_ctx: int | None = None, numerics: Numerics | None = None):
+        numerics = numerics or resolve(backend, xp)  # None: float32
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
-        self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics
-        self.repack = numerics == "ggml" and repack
-        self.cpu_path = cpu_path if numerics == "ggml" else None
+        self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics.name
+        self.repack, self.cpu_path = numerics.repack, numerics.cpu_path
         self.arch = archs.get(config.arch)
-        self.ops = ops_for(backend, numerics, self.arch, self.cpu_path)
+        self.ops = numerics.ops(self.arch)
         self.n_ctx = int(min(DEFAULT_CTX, config.n_ctx_train) if n_ctx is None else n_ctx or config.n_ctx_train)
         self.cache = Cache(config, self.n_ctx, self.ops, xp, archs.freq_factors(weights, config, self.n_ctx))
         self.graph, self.decoder = backend == "cupy", None

@@ -22,8 +22,9 @@ import json, sys
 import numpy as np
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.numerics import ggml_blocks as gb, ggml_kernels as gk, ggml_kquants as gq, ggml_numerics as gn, quant
+from refllama.numerics import ggml_tables as gt
 data = np.load(sys.argv[1])
-out = {"isa": gb.ISA, "rows": quant.ROWS, "side": quant.SIDE, "krows": gq.ROWS, "float32": {}, "ggml": {}}
+out = {"isa": gb.ISA, "rows": quant.TILE_N, "side": quant.SIDE, "krows": gq.K_TILE_N, "float32": {}, "ggml": {}}
 for name in data["names"]:
     raw, qtype, x = data[name + ".raw"], QT(int(data[name + ".qtype"])), data[name + ".x"]
     out["float32"][name] = (x @ quant.QuantMatrix([raw], qtype, x.shape[1]).T).tolist()
@@ -32,7 +33,7 @@ for name in data["names"]:
     fast.repacked = want.repacked = gn.repacked(qtype, want.shape, "avx2") is not None
     out["ggml"][name] = bool(np.array_equal(x @ fast.T, x @ want.T))
 q = np.random.default_rng(1).standard_normal((3, 4, 64)).astype(np.float32)
-kv = gn.round_f16(np.random.default_rng(2).standard_normal((2, 9, 64)).astype(np.float32))
+kv = gt.round_f16(np.random.default_rng(2).standard_normal((2, 9, 64)).astype(np.float32))
 steps = gk.path_ops("avx2"), gn.path_ops("avx2")
 kq = [ops.attention_scores(q, kv) for ops in steps]
 out["steps"] = bool(np.array_equal(*kq)) and bool(np.array_equal(*[ops.swiglu(q[0], q[1]) for ops in steps]))

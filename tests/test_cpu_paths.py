@@ -11,7 +11,8 @@ import refllama
 from refllama.check.compare import compare
 from refllama.check.dump import Dump
 from refllama.numerics import cpu_paths
-from refllama.numerics import ggml_numerics as gn
+from refllama.numerics import ggml_float as gf
+from refllama.numerics import ggml_tables as gt
 
 RNG = np.random.default_rng(20261126)
 DATA = Path(__file__).parent / "data"
@@ -101,12 +102,12 @@ def test_the_avx2_path_differs_from_avx512s_where_llamacpps_builds_do():
     finite up to 88.7 and 0 below -103 as the true exp), its vec_dot reduces 8 lanes by two hadds; each path's
     kq sums differ in their last bits."""
     x = np.linspace(-103, 88.7, 200001, dtype=np.float32)
-    a, b = gn.expf(x), gn.expf_avx2(x)
+    a, b = gf.expf(x), gf.expf_avx2(x)
     assert (a != b).any() and np.all(np.abs(a.view(np.int32) - b.view(np.int32)) <= 1)
-    assert np.isfinite(b).all() and gn.expf_avx2(np.float32([-110, 100])).tolist() == [0.0, np.inf]
-    q = gn.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
-    k = gn.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
-    one = {p: gn.f16_dots(q, k, 1, False, p) for p in gn.LANES}
+    assert np.isfinite(b).all() and gf.expf_avx2(np.float32([-110, 100])).tolist() == [0.0, np.inf]
+    q = gt.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
+    k = gt.round_f16(RNG.standard_normal((50, 64)).astype(np.float32))
+    one = {p: gf.f16_dots(q, k, 1, False, p) for p in gf.LANES}
     assert (one["avx2"] != one["avx512-vnni"]).any()
 
 

@@ -18,9 +18,11 @@ from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.ggml_types import byte_shape
 from refllama.layers import linear
 from refllama.numerics import ggml_blocks as gb
+from refllama.numerics import ggml_float as gf
 from refllama.numerics import ggml_kernels as gk
 from refllama.numerics import ggml_kquants as gq
 from refllama.numerics import ggml_numerics as gn
+from refllama.numerics import ggml_quantize as gz
 from refllama.numerics import ggml_tables as gt
 from refllama.numerics.cpu_paths import EMULATED
 from refllama.numerics.matrices import Fused, mul_mat_id
@@ -60,9 +62,9 @@ def random_blocks(qtype, N, K):
 @pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: t.name)
 def test_integer_form_dequantizes_as_gguf_py_does(qtype):
     raw = random_blocks(qtype, 6, 512)
-    w = gn.int_weights(raw, qtype, (6, 512))
+    w = gz.int_weights(raw, qtype, (6, 512))
     assert w.codes.dtype == np.int8
-    np.testing.assert_array_equal(gn.dequantize(w), dequantize(raw, gguf.GGMLQuantizationType(qtype)))
+    np.testing.assert_array_equal(gz.dequantize(w), dequantize(raw, gguf.GGMLQuantizationType(qtype)))
 
 
 @pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: t.name)
@@ -73,17 +75,17 @@ def test_a_product_is_the_dequantized_activations_times_the_dequantized_weights(
     raw = random_blocks(qtype, N, K)
     x = activations(4, K)
     got = x @ gn.GgmlMatrix(raw, qtype, (N, K)).T
-    vdt = gn.VEC_DOT_TYPE[qtype]
-    if vdt == gn.Q8_K:
-        q, d, _ = gn.quantize_q8_K(x)
+    vdt = gz.VEC_DOT_TYPE[qtype]
+    if vdt == gz.Q8_K:
+        q, d, _ = gz.quantize_q8_K(x)
         xq = q.reshape(4, -1, 256) * d[..., None].astype(np.float64)
     else:
-        q, _, d = gn.quantize_q8_0(x)
+        q, _, d = gz.quantize_q8_0(x)
         xq = q.reshape(4, -1, 32) * d[..., None].astype(np.float64)
     want = xq.reshape(4, K) @ dequantize(raw, gguf.GGMLQuantizationType(qtype)).astype(np.float64).T
-    if vdt == gn.Q8_1:  # Q8_1's offset term uses s = d * sum(q) rounded to float16, not the exact sum
-        _, _, s = gn.quantize_q8_1(x)
-        w = gn.int_weights(raw, qtype, (N, K))
+    if vdt == gz.Q8_1:  # Q8_1's offset term uses s = d * sum(q) rounded to float16, not the exact sum
+        _, _, s = gz.quantize_q8_1(x)
+        w = gz.int_weights(raw, qtype, (N, K))
         exact_s = (q.reshape(4, -1, 32).sum(-1) * d).astype(np.float64)
         want += (s.astype(np.float64) - exact_s) @ w.m.T.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
@@ -93,16 +95,16 @@ def test_q8_activation_rules():
     """x86 quantize_row_q8_0/q8_1/q8_K: round half to even, 127 / amax (not 1 / d), float16 d and s (Q8_K: float32
     d, signed max), zero blocks all zero."""
     x = activations(2, 256)
-    q, d32, d = gn.quantize_q8_0(x)
+    q, d32, d = gz.quantize_q8_0(x)
     blocks = x.reshape(2, -1, 32)
     assert (q.reshape(2, -1, 32)[0, 0] == 0).all() and d[0, 0] == 0
     ties = blocks[0, 2, 1:]  # k + 0.5: to even (2.5 -> 2), where C's roundf goes away from zero (2.5 -> 3)
     np.testing.assert_array_equal(q.reshape(2, -1, 32)[0, 2, 1:], np.rint(ties))
     assert (q.reshape(2, -1, 32)[0, 2, 1:] != np.trunc(ties + np.copysign(0.5, ties))).sum() == 16  # the odd halves
     np.testing.assert_array_equal(d, d32.astype(np.float16).astype(np.float32))
-    _, _, s = gn.quantize_q8_1(x)
+    _, _, s = gz.quantize_q8_1(x)
     np.testing.assert_array_equal(s, (d32 * q.reshape(2, -1, 32).sum(-1)).astype(np.float16).astype(np.float32))
-    qk, dk, bsums = gn.quantize_q8_K(x)
+    qk, dk, bsums = gz.quantize_q8_K(x)
     big = x[1].reshape(-1, 256)[0]
     i = np.abs(big).argmax()  # -50
     assert dk[1, 0] == np.float32(1) / (np.float32(-127) / big[i])
@@ -114,7 +116,7 @@ def test_numba_activation_quantizer_equals_numpy():
     x = activations(5, 512)
     xq, xd, xs = np.empty((5, 512), np.int8), np.empty((16, 5), np.float32), np.empty((16, 5), np.float32)
     gb.quantize_q8(x, xq, xd, xs)
-    q, d, s = gn.quantize_q8_1(x)
+    q, d, s = gz.quantize_q8_1(x)
     np.testing.assert_array_equal(xq, q)
     np.testing.assert_array_equal(xd, d.T)  # block by block, the tokens side by side
     np.testing.assert_array_equal(xs, s.T)
@@ -131,7 +133,7 @@ def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
     x[:, 512:] = 0.0
     for four, quantize in itertools.product((0, T - T % 4), (gq.quantize_q8_K_one, gq.quantize_q8_K_many)):
         q, d, bsums = quantize(x, four, T + -T % 16)
-        want = gn.quantize_q8_K(x, in_fours=four > 0)
+        want = gz.quantize_q8_K(x, in_fours=four > 0)
         for got, ref in zip((q, d, bsums), want, strict=True):
             np.testing.assert_array_equal(got[:T], ref)
             assert not got[T:].any()
@@ -144,7 +146,7 @@ def test_numba_float16_rounding_equals_f16c_on_every_tie():
                         .astype(np.float32)])
     x = x[np.abs(x) < 65504]
     got = njit(lambda a: np.array([gb._round_f16(v) for v in a]))(x)
-    np.testing.assert_array_equal(got, gn.round_f16(x))
+    np.testing.assert_array_equal(got, gt.round_f16(x))
 
 
 def compiles_here(isa):
@@ -265,8 +267,8 @@ def test_a_repacked_matrixs_gemm_rows_quantize_ties_to_the_positive_max():
     by -127 / 2 here (d < 0)."""
     x = RNG.uniform(-1, 1, (5, 256)).astype(np.float32)
     x[:, 10], x[:, 20] = -2.0, 2.0
-    q, d, _ = gn.quantize_q8_K(x)
-    q4, d4, _ = gn.quantize_q8_K(x, in_fours=True)
+    q, d, _ = gz.quantize_q8_K(x)
+    q4, d4, _ = gz.quantize_q8_K(x, in_fours=True)
     assert (q[:, 10] == -127).all() and (q[:, 20] == 127).all() and (d > 0).all()
     assert (q4[:4, 10] == 127).all() and (q4[:4, 20] == -127).all() and (d4[:4] < 0).all()
     np.testing.assert_array_equal(q4[4], q[4])  # the fifth row goes through the gemv: ggml's own quantizer
@@ -290,7 +292,7 @@ def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
 
 def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
     x = np.concatenate([np.linspace(-100, 80, 20001, dtype=np.float32), [-np.inf, 0, -0.5, 88.7]]).astype(np.float32)
-    got = gn.expf(x)
+    got = gf.expf(x)
     ref = np.exp(x.astype(np.float64))
     finite = np.isfinite(ref) & (ref > 1e-37) & (ref < 3e38)
     ulp = np.spacing(ref[finite].astype(np.float32)).astype(np.float64)
@@ -308,26 +310,26 @@ def test_attention_kernels_equal_the_numpy_emulation_to_the_bit(T, S, HD, path):
     as the forward passes them. SwiGLU over whole vectors and a rest (50 = 3 x 16 + 2 = 6 x 8 + 2)."""
     H, KVH = 6, 2
     q = RNG.standard_normal((T, H, HD)).astype(np.float32)
-    k, v = (gn.round_f16(RNG.standard_normal((KVH, S + 9, HD)).astype(np.float32))[:, :S] for _ in range(2))
-    kq = gn.attention_scores(q, k, path)
+    k, v = (gt.round_f16(RNG.standard_normal((KVH, S + 9, HD)).astype(np.float32))[:, :S] for _ in range(2))
+    kq = gf.attention_scores(q, k, path)
     np.testing.assert_array_equal(gk.attention_scores(q, k, path), kq)
     mask = refllama.layers.causal_mask(S - T, T, S, np)
-    p = gn.attention_weights(kq, mask, 0.125, path)
+    p = gf.attention_weights(kq, mask, 0.125, path)
     np.testing.assert_array_equal(gk.attention_weights(kq, mask, 0.125, path), p)
     np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
-    np.testing.assert_array_equal(gk.attention_mix(p, v, path), gn.attention_mix(p, v, path))
+    np.testing.assert_array_equal(gk.attention_mix(p, v, path), gf.attention_mix(p, v, path))
     gate, up = (RNG.standard_normal((T, 50)) * 4).astype(np.float32), RNG.standard_normal((T, 50)).astype(np.float32)
-    np.testing.assert_array_equal(gk.swiglu(gate, up, path), gn.swiglu(gate, up, path))
+    np.testing.assert_array_equal(gk.swiglu(gate, up, path), gf.swiglu(gate, up, path))
 
 
 def test_f16_sums_follow_ggml_order_not_float64():
     """Sums of float16 products in ggml's lane order differ from the exactly rounded sum: a check that the order is
     modelled, not float64 in disguise (which would miss llama.cpp's last bits)."""
-    a = gn.round_f16(RNG.standard_normal((2000, 64)).astype(np.float32))
-    b = gn.round_f16(RNG.standard_normal((2000, 64)).astype(np.float32))
+    a = gt.round_f16(RNG.standard_normal((2000, 64)).astype(np.float32))
+    b = gt.round_f16(RNG.standard_normal((2000, 64)).astype(np.float32))
     exact = (a.astype(np.float64) * b).sum(-1).astype(np.float32)
-    assert (gn.f16_dots(a, b, 2, False) != exact).any()
-    assert (gn.f16_dots(a, b, 2, False) != gn.f16_dots(a, b, 1, False)).any()
+    assert (gf.f16_dots(a, b, 2, False) != exact).any()
+    assert (gf.f16_dots(a, b, 2, False) != gf.f16_dots(a, b, 1, False)).any()
 
 
 def test_fused_products_equal_separate_ones():
@@ -424,4 +426,4 @@ def test_numba_router_softmax_equals_numpy(n, path):
     """A router's softmax in Numba: ggml_v_expf on whole vectors (16 lanes, AVX2's 8), the C library's expf on the
     rest, the sum in float64 vector by vector, bit-equal to the NumPy form (60 experts: Qwen2-MoE's 12 left over)."""
     x = (RNG.standard_normal((5, n)) * 4).astype(np.float32)
-    np.testing.assert_array_equal(gk.router_softmax(x, path), gn.softmax(x, path))
+    np.testing.assert_array_equal(gk.router_softmax(x, path), gf.softmax(x, path))

@@ -179,8 +179,9 @@ DQ_TYPES(HOST_DQ)
 
 
 def test_the_cuda_dequantizers_compute_gguf_pys_values_on_the_host(tmp_path):
-    """cuda/dequant.cuh (gpu.DEQUANT) is plain C but for a few names: compiled by the host's C compiler (float16 from _Float16, no
-    fused multiply-add), every type's values equal gguf-py's dequantize bit for bit, as the loaders convert them."""
+    """cuda/dequant.cuh (gpu.DEQUANT) is plain C but for a few names: compiled by the host's C compiler (float16
+    from _Float16, no fused multiply-add), every type's values equal gguf-py's dequantize bit for bit, as the loaders
+    convert them."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler here (cc) to run the CUDA dequantizers' C on the host")

@@ -8,7 +8,7 @@ import pytest
 
 from refllama import arch as archs
 from refllama.layers import FLOAT32, Ops, causal_mask
-from refllama.numerics import ggml_kernels, ggml_numerics, gpu, numba_ops, ops_for
+from refllama.numerics import ggml_kernels, ggml_numerics, gpu, numba_ops, resolve
 from refllama.numerics.cpu_paths import EMULATED
 
 TABLES = {"float32": FLOAT32, "float32-numba": numba_ops.OPS, "ggml": ggml_numerics.OPS, "ggml-numba": ggml_kernels.OPS,
@@ -70,6 +70,10 @@ def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step, path)
     assert np.array_equal(run(kernels, T, step), run(emulation, T, step))
 
 
+def ops_for(backend, numerics, arch):
+    return resolve(backend, np, numerics, "avx512-vnni" if numerics == "ggml" else None).ops(arch)
+
+
 def test_a_table_is_chosen_once_from_backend_and_numerics():
     llama, gemma3 = archs.get("llama"), archs.get("gemma3")
     assert ops_for("numpy", "float32", llama) is FLOAT32 and ops_for("cupy", "float32", gemma3) is gpu.OPS
@@ -77,6 +81,9 @@ def test_a_table_is_chosen_once_from_backend_and_numerics():
     for backend, table in (("numpy", ggml_numerics.OPS), ("numba", ggml_kernels.OPS)):
         assert ops_for(backend, "ggml", gemma3) == table and ops_for(backend, "ggml", gemma3).q_first
         assert ops_for(backend, "ggml", llama) == table._replace(q_first=False)  # llama.cpp scales the scores
+    chosen = resolve("numpy", np, "ggml", "avx2", repack=False)
+    assert (chosen.name, chosen.cpu_path, chosen.repack, chosen.notice) == ("ggml", "avx2", False, None)
+    assert chosen.placement.path == "avx2" and not chosen.placement.repack
     for table in TABLES.values():
         assert isinstance(table, Ops) and set(table.rope) == {"interleaved", "half"}
         steps = [f for name, f in table._asdict().items() if name not in ("rope", "kv_f16", "q_first")]

@@ -19,8 +19,11 @@ pages are released).
 """
 
 import importlib
+from typing import NamedTuple
 
-from ..layers import FLOAT32
+from ..layers import FLOAT32, Ops
+from ..xp import Placement
+from . import cpu_paths
 
 OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps; refllama.layers' own otherwise
     ("numba", "float32"): "refllama.numerics.numba_ops",  # a decode step's small steps as Numba kernels
@@ -31,32 +34,54 @@ OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps;
 }
 
 
-def ops_for(backend, numerics, arch, cpu_path=None):
-    """The operations table (refllama.layers.Ops) of a backend and numerics for an architecture, chosen once, at
-    load: the forwards call every step whose arithmetic a numerics sets through it. A numerics module is imported
-    only when chosen; one that follows llama.cpp's graph scales q first only where that architecture's graph does;
-    `cpu_path` (numerics "ggml"): which of llama.cpp's CPU paths its float steps take."""
-    if (backend, numerics) not in OPS:
-        return FLOAT32
-    module = importlib.import_module(OPS[backend, numerics])
-    ops = module.path_ops(cpu_path) if cpu_path else module.OPS  # a path: numerics "ggml" only
-    return ops._replace(q_first=False) if ops.q_first and not getattr(arch, "LLAMACPP_Q_SCALED", False) else ops
+class Numerics(NamedTuple):
+    """What a model computes with, resolved once at load (`resolve`): the numerics' name ("float32" or "ggml"), the
+    placement the loader puts each weight through, the operations table, and in numerics "ggml" llama.cpp's CPU path
+    and repack; `notice`: what the user is told about the path chosen, or None."""
+
+    name: str
+    placement: Placement
+    table: Ops
+    cpu_path: str | None = None
+    repack: bool = False
+    notice: str | None = None
+
+    def ops(self, arch):  # -> the operations table for an architecture module
+        """The table as the architecture's llama.cpp graph orders its steps: a numerics that follows llama.cpp's
+        graph scales q before q.k only where that graph does (arch LLAMACPP_Q_SCALED)."""
+        if self.table.q_first and not getattr(arch, "LLAMACPP_Q_SCALED", False):
+            return self.table._replace(q_first=False)
+        return self.table
 
 
-def placement(backend, xp, numerics="float32", in_file=None, repack=True, cpu_path=None):
-    """Where the backend wants its weights, given to the loader so that each tensor is placed as it is read.
-    `in_file`: numpy's choice between file-form and float32 matrices (None: by the model's size, FilePlacement),
-    cupy's between 16-bit and quantized matrices kept so (None, True) and widened to float32 (False);
-    `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms (ggml_numerics.REPACK) or its vec_dot;
-    `cpu_path`: its float steps' CPU path (refllama.numerics.cpu_paths)."""
+def resolve(backend, xp, numerics="float32", cpu_path=None, in_file=None, repack=True, qtypes=set):  # -> Numerics
+    """The numerics of a backend, chosen once, at load; a numerics module is imported only when chosen.
+    `cpu_path` (numerics "ggml"): which of llama.cpp's CPU paths to reproduce, None for the host's where reproduced
+    (for the model's matrix types, `qtypes()`: cpu_paths.choose), else the nearest, with a notice; a ValueError
+    names a path not reproduced on `backend`. `in_file`: numpy's choice between file-form and float32 matrices
+    (None: by the model's size, FilePlacement), cupy's between 16-bit and quantized matrices kept so (None, True)
+    and widened to float32 (False); `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms
+    (ggml_numerics.REPACK) or its vec_dot."""
+    notice = None
+    if numerics == "ggml":
+        cpu_path, notice = cpu_paths.choose(cpu_path, backend, qtypes)
+    table = FLOAT32
+    if (backend, numerics) in OPS:
+        module = importlib.import_module(OPS[backend, numerics])
+        table = module.path_ops(cpu_path) if cpu_path else module.OPS  # a path: numerics "ggml" only
+    return Numerics(numerics, _placement(backend, xp, numerics, in_file, repack, cpu_path), table, cpu_path,
+                    numerics == "ggml" and repack, notice)
+
+
+def _placement(backend, xp, numerics, in_file, repack, cpu_path):  # -> where the backend wants its weights
     if numerics == "ggml":
         if backend == "numba":
             from .ggml_kernels import GgmlNumbaPlacement
 
-            return GgmlNumbaPlacement(xp, repack, cpu_path or "avx512-vnni")
+            return GgmlNumbaPlacement(xp, repack, cpu_path)
         from .ggml_numerics import GgmlPlacement
 
-        return GgmlPlacement(xp, repack, cpu_path or "avx512-vnni")
+        return GgmlPlacement(xp, repack, cpu_path)
     if backend == "numba":
         from .quant import NumbaPlacement
 

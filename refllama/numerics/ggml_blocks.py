@@ -28,11 +28,9 @@ from .block_ir import (
     q5_0_codes,
     rows_ahead,
 )
-from .ggml_numerics import (
-    GgmlMatrix,
-)
+from .ggml_numerics import GgmlMatrix
 from .ir import F32, I8, I16, I32, I64, V32I8, compile_features, counted_loop, lanes, load, load_f16, specialize, splat
-from .quant import LANES, N_READ, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
+from .quant import N_READ, TILE_T, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
 
 
 def kernel_isa():
@@ -221,7 +219,7 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] 
             xs[b, t] = _round_f16(d * np.float32(total))
 
 
-TILE_ROWS = {False: 2, True: 4}  # rows a block tile multiplies at once: 8 float32 sums a row (4 if repacked: one)
+BLOCK_TILE_N = {False: 2, True: 4}  # rows a block tile multiplies at once: 8 float32 sums a row (4 if repacked: one)
 
 
 def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0 block -> <32 x i8>: the integers ggml multiplies
@@ -262,15 +260,15 @@ def _make_block_codes(qtype):
 
 
 def _make_block_tile(qtype, isa, repacked):
-    """An intrinsic (ws, codes, pitch, xt, dt, st, nb, out): TILE_ROWS[repacked] rows, their blocks of 32 at
-    addresses ws (for d and m) unpacked by _make_block_codes at codes, codes + pitch, .., against LANES tokens in
+    """An intrinsic (ws, codes, pitch, xt, dt, st, nb, out): BLOCK_TILE_N[repacked] rows, their blocks of 32 at
+    addresses ws (for d and m) unpacked by _make_block_codes at codes, codes + pitch, .., against TILE_T tokens in
     the lanes of a vector, as _make_dot computes each token's: xt, the tokens' Q8 codes plus 128, 4 at a time
-    ([K/4, LANES] words); dt, st: their Q8 d and s ([K/32, LANES] float32); out: [rows, LANES] float32. Each word
+    ([K/4, TILE_T] words); dt, st: their Q8 d and s ([K/32, TILE_T] float32); out: [rows, TILE_T] float32. Each word
     of a row's codes is broadcast from memory to every lane, and one vpdpbusd adds its 4 products with every
     token's: ggml's 8 int32 lanes of a block (lane j: elements 4j .. 4j + 3) are 8 vectors here, each with its own
     float32 sums (vec_dot's 8 lanes, hsum_float_8 at the end; `repacked`: one sum a block). Not repacked, each sum
     starts from MAGIC, so that its float32 value is its bits minus 1.5 * 2^23."""
-    size, n_rows = BLOCK_BYTES[qtype], TILE_ROWS[repacked]
+    size, n_rows = BLOCK_BYTES[qtype], BLOCK_TILE_N[repacked]
     per = 1 if repacked else 8  # float32 sums per row
 
     def codegen(context, builder, signature, args):
@@ -365,7 +363,7 @@ def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and
                 for i in range(N_READ):
                     out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
-    n_tiles = (T + LANES - 1) // LANES
+    n_tiles = (T + TILE_T - 1) // TILE_T
     # the tokens in lanes: x's codes plus 128 (each byte's sign bit flipped: 0x80808080), their d and s
     xt, dt, st = to_lanes(xq.view(np.int32) ^ np.int32(-0x7F7F7F80), n_tiles), to_lanes(xd.T, n_tiles), \
         to_lanes(xs.T, n_tiles)
@@ -373,7 +371,7 @@ def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and
     n_chunks = min(n_groups, 64)
     pitch = 2 * K + 64  # a row's codes and starts, then a line more (rows 4 KiB apart would share cache sets)
     for c in prange(n_chunks):
-        res = np.empty((N_ROWS, LANES), np.float32)
+        res = np.empty((N_ROWS, TILE_T), np.float32)
         scratch = np.empty(N_ROWS * pitch, np.uint8)
         w = np.zeros(8, np.int64)
         for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
@@ -385,7 +383,7 @@ def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and
             for j in range(n_tiles):
                 BTILE(ws, scratch.ctypes.data, pitch, xt[j].ctypes.data, dt[j].ctypes.data, st[j].ctypes.data, nb,
                       res.ctypes.data)
-                put_tile(out, res, j * LANES, n0, rows, min(LANES, T - j * LANES))
+                put_tile(out, res, j * TILE_T, n0, rows, min(TILE_T, T - j * TILE_T))
     return out
 
 
@@ -394,7 +392,7 @@ def _make_matmul(qtype, isa, repacked):
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{isa}"
     return specialize(_matmul, name, DOTS=_make_dot(qtype, isa, repacked), CODES=_make_block_codes(qtype),
                       BTILE=_make_block_tile(qtype, isa, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
-                      N_ROWS=TILE_ROWS[repacked], BIAS=0 if repacked else MAGIC)
+                      N_ROWS=BLOCK_TILE_N[repacked], BIAS=0 if repacked else MAGIC)
 
 
 KERNELS = {}  # (qtype, isa, repacked) -> compiled matmul, made on first use

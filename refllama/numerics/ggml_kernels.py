@@ -14,30 +14,19 @@ from numba.extending import intrinsic
 
 from ..formats.ggml_types import QuantizedTensor, byte_shape
 from ..layers import Ops
-from . import ggml_numerics
+from . import ggml_float
 from .cpu_paths import EMULATED
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
+from .ggml_float import AVX512, cos_sin, geglu, gelu, rope_cos_sin, silu, softcap
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
-from .ggml_numerics import (
-    AVX512,
-    F32Matrix,
-    GgmlPlacement,
-    cos_sin,
-    geglu,
-    gelu,
-    id_product,
-    repacked,
-    rope_cos_sin,
-    silu,
-    softcap,
-)
+from .ggml_numerics import F32Matrix, GgmlPlacement, id_product, repacked
 from .ir import I64, counted_loop, load, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer, mul_mat_id
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, expf_avx2, kq_dot16, rms_norm
 from .quant import concat_blocks
 
-# A CPU path's float steps (ggml_numerics.LANES) as Numba kernels. Each kernel below is written once over these
+# A CPU path's float steps (ggml_float.LANES) as Numba kernels. Each kernel below is written once over these
 # names, and compiled once per path with that path's values (ir.specialize; PATH_KERNELS): PW float32 lanes a
 # vector, EXPF its ggml_v_expf, HADD8 whether a vec_dot's last vector is summed by AVX2's two hadds (else its halves
 # added), KQ_ONE / KQ_MANY the IR dots of one token's and a batch's attention scores, F32_ONE / F32_MANY of an F32
@@ -92,7 +81,7 @@ def _swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: x / (1 + expf(-x)) * up, as 
     return out
 
 
-def _softmax(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml_numerics.attention_weights
+def _softmax(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml_float.attention_weights
     H, T, S = kq.shape
     out = np.empty_like(kq)
     for ht in prange(H * T):
@@ -119,7 +108,7 @@ def _softmax(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml_numerics.
 
 @njit(cache=True)
 def _f16_sums(a, bt, out, many, padded, pw, hadd8):  # a [n], bt [n, m] f32 (float16 values) -> out [m]: sum_i a[i] *
-    """bt[i, j], added in ggml's order on a path of `pw` lanes (ggml_numerics.f16_dots says which): lane l holds
+    """bt[i, j], added in ggml's order on a path of `pw` lanes (ggml_float.f16_dots says which): lane l holds
     elements l, l + W, l + 2W, ..., W = pw for a batch (tinyBLAS), 4 pw for one token (vec_dot_f16, whose n % 4 pw
     leftovers are added in float64 after its lanes, unless llama.cpp `padded` the row with zeros to whole lanes).
     Vectorized over the m columns."""
@@ -256,7 +245,7 @@ def _mix_f16(p, vf):  # [H, T, S] f32, [KVH, S, HD] f32 (float16 values) -> [T, 
     return out
 
 
-def _f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: ggml_numerics.f32_dots (which says whose sums these are)
+def _f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: ggml_float.f32_dots (which says whose sums these are)
     T, K = x.shape
     N = w.shape[0]
     many = T > 1 and K % PW == 0 and N % 4 == 0
@@ -276,7 +265,7 @@ def _f32_dots(x, w):  # [T, K] f32, [N, K] f32 -> [T, N]: ggml_numerics.f32_dots
     return out
 
 
-def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_numerics.softmax (which says whose steps these are)
+def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_float.softmax (which says whose steps these are)
     T, n = x.shape
     body = n - n % PW
     out = np.empty_like(x)
@@ -299,7 +288,7 @@ def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_numerics.softmax (which sa
 
 def _path_kernels(path):
     """The kernels above compiled with a path's lanes, expf and sums."""
-    pw, avx2 = ggml_numerics.LANES[path].width, path == "avx2"
+    pw, avx2 = ggml_float.LANES[path].width, path == "avx2"
     values = dict(PW=pw, EXPF=expf_avx2 if avx2 else expf, HADD8=avx2, KQ_ONE=_kq_dot(pw, parts=4, hadd8=avx2),
                   KQ_MANY=_kq_dot(pw), F32_ONE=_kq_dot(pw, parts=4, fused=True, hadd8=avx2),
                   F32_MANY=_kq_dot(pw, fused=True))
@@ -341,7 +330,7 @@ def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H,
 
 
 def attention_scores(q, k, path=AVX512):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
-    if q.shape[2] % (4 * ggml_numerics.LANES[path].width) == 0 and k.strides[2] == 4:  # each key's dot in IR, K read
+    if q.shape[2] % (4 * ggml_float.LANES[path].width) == 0 and k.strides[2] == 4:  # each key's dot in IR, K read
         return PATH_KERNELS[path]["scores_ir"](_round_f16s(np.ascontiguousarray(q)), k)  # in place
     return PATH_KERNELS[path]["scores_f16"](np.ascontiguousarray(q), k)
 
@@ -361,7 +350,7 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
 
 
 def path_ops(path):
-    """OPS on a CPU path: its lanes and expf (ggml_numerics.LANES) in every small step."""
+    """OPS on a CPU path: its lanes and expf (ggml_float.LANES) in every small step."""
     if path == AVX512:
         return OPS
     steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax)

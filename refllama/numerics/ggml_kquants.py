@@ -24,12 +24,10 @@ from .block_ir import (
     rows_ahead,
 )
 from .ggml_blocks import ISA, MAGIC, V8F32, V8I32, V16F32, V16I32, GgmlBlocks, _dpbusd16, _lanes
-from .ggml_numerics import (
-    GEMM_STEP,
-)
 from .ggml_tables import LAYOUT
+from .ggml_x86 import GEMM_STEP
 from .ir import F32, I8, I16, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
-from .quant import LANES, N_READ, WIDE, part_of, put_tile, row_address, row_quad, to_lanes
+from .quant import N_READ, TILE_T, WIDE, part_of, put_tile, row_address, row_quad, to_lanes
 
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
 
@@ -112,7 +110,7 @@ def _kblock_sums(builder, blk, qtype, isa, x, bs, ahead, both=None):
 UNIT_BOUNDS = {QT.Q2_K: (16, 3, 15), QT.Q3_K: (16, 4, 32), QT.Q4_K: (32, 15, 63), QT.Q5_K: (32, 31, 63),
                QT.Q6_K: (16, 32, 128)}
 UNIT_SHIFT = {QT.Q3_K: 4, QT.Q6_K: 32}
-ROWS = 4 if WIDE else 1  # rows of weights a K-quant tile multiplies at once: what 32 (16, AVX2) registers hold
+K_TILE_N = 4 if WIDE else 1  # rows of weights a K-quant tile multiplies at once: what 32 (16, AVX2) registers hold
 
 
 def _kunits(builder, blk, qtype):
@@ -156,12 +154,12 @@ def _kunits(builder, blk, qtype):
 
 
 def _make_lane_tile(qtype, isa, form):
-    """An intrinsic (ws, xt, bt, bf, dt, nb, out): the ROWS rows at addresses ws, nb blocks each, against LANES
-    tokens, the tokens in the lanes of a vector. xt: the tokens' Q8_K codes, 4 at a time ([K/4, LANES] words); bt,
-    bf: their sums of 16 ([K/16, LANES], int32 and float32); dt: their scales ([nb, LANES] float32); out: the
-    [ROWS, LANES] float32 results. Each weight's 4 codes are broadcast to every lane and one vpdpbusd adds their
+    """An intrinsic (ws, xt, bt, bf, dt, nb, out): the K_TILE_N rows at addresses ws, nb blocks each, against TILE_T
+    tokens, the tokens in the lanes of a vector. xt: the tokens' Q8_K codes, 4 at a time ([K/4, TILE_T] words); bt,
+    bf: their sums of 16 ([K/16, TILE_T], int32 and float32); dt: their scales ([nb, TILE_T] float32); out: the
+    [K_TILE_N, TILE_T] float32 results. Each weight's 4 codes are broadcast to every lane and one vpdpbusd adds their
     products with all the tokens' (the codes unsigned, x signed: a code's offset is taken back from x's sums), so
-    no sum is ever reduced across lanes; each vector of x is read once for the ROWS rows. Each token's float steps
+    no sum is ever reduced across lanes; each vector of x is read once for the K_TILE_N rows. Each token's float steps
     are its own lane's, by `form`: the repacked "gemm"'s (fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x,
     accm) every GEMM_STEP sub-blocks of 32, then acc - accm), the repacked "gemv"'s (the same, once a block) or the
     "tiled" kernel's (per block r = isum * d_w, r = fma(-dmin_w, msum, r), acc = fma(r, d_x, acc)). A step's
@@ -176,8 +174,8 @@ def _make_lane_tile(qtype, isa, form):
 
     def codegen(context, builder, signature, args):
         ws, xt, bt, bf, dt, nb, out = args
-        rows = [builder.extract_value(ws, r) for r in range(ROWS)]
-        ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), ROWS)
+        rows = [builder.extract_value(ws, r) for r in range(K_TILE_N)]
+        ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), K_TILE_N)
         fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
         zero, fzero = ir.Constant(V16I32, None), ir.Constant(V16F32, None)
         magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
@@ -206,18 +204,18 @@ def _make_lane_tile(qtype, isa, form):
                     mins = builder.sitofp(mins, ir.VectorType(F32, mins.type.count))
                 blocks.append((d, dmin, codes, scales, mins))
             accs = list(accs)
-            isums, msums = [fzero if in_float else zero] * ROWS, [fzero] * ROWS
+            isums, msums = [fzero if in_float else zero] * K_TILE_N, [fzero] * K_TILE_N
             for u in range(256 // n):
                 first = builder.mul(bs[u], ir.Constant(V16I32, [-UNIT_SHIFT[qtype]] * 16)) \
                     if qtype in UNIT_SHIFT else zero  # the codes' offset times x's sum over the unit
                 if in_float:
                     first = builder.add(first, ir.Constant(V16I32, [MAGIC] * 16))
                 words = [builder.bitcast(b[2](u), ir.VectorType(I32, n // 4)) for b in blocks]
-                dots = [first] * ROWS
+                dots = [first] * K_TILE_N
                 for g in range(n // 4):
                     y = vec(xt, builder.add(builder.mul(i, ir.Constant(I64, 64)), ir.Constant(I64, u * n // 4 + g)))
                     dots = [_dpbusd16(builder, dots[r], splat(builder, builder.extract_element(
-                        words[r], ir.Constant(I32, g)), V16I32), y, isa) for r in range(ROWS)]
+                        words[r], ir.Constant(I32, g)), V16I32), y, isa) for r in range(K_TILE_N)]
                 sums = bsf[u] if n == 16 else builder.fadd(bsf[2 * u], bsf[2 * u + 1])  # x's sums over the unit
                 for r, (d, dmin, _, scales, mins) in enumerate(blocks):
                     if in_float:  # the sum's value: its bits as a float32 minus 1.5 * 2^23
@@ -240,15 +238,15 @@ def _make_lane_tile(qtype, isa, form):
                     isums[r], msums[r] = (fzero if in_float else zero), fzero
             return accs
 
-        accs = counted_loop(builder, nb, [ir.Constant(V16F32, None)] * (2 * ROWS), block)
-        for r in range(ROWS):
+        accs = counted_loop(builder, nb, [ir.Constant(V16F32, None)] * (2 * K_TILE_N), block)
+        for r in range(K_TILE_N):
             at = builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer())
             builder.store(builder.fsub(accs[2 * r], accs[2 * r + 1]), at, align=4)
         return context.get_dummy_value()
 
     @intrinsic
     def lane_tile(typingctx, ws, xt, bt, bf, dt, nb, out):
-        return types.none(types.UniTuple(types.int64, ROWS), *[types.int64] * 6), codegen
+        return types.none(types.UniTuple(types.int64, K_TILE_N), *[types.int64] * 6), codegen
 
     return lane_tile
 
@@ -357,13 +355,13 @@ def _make_krow(qtype, isa, n_rows, repacked):
     return krow
 
 
-LTILE = GTILE = KROW = KROWS = None  # one K-quant type's intrinsics: ROWS rows against a lane tile (the form's; the
+LTILE = GTILE = KROW = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows against a lane tile (the form's; the
 # repacked gemv's), one token's row, four
 REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
 
 
 def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/256] f32, bsums [rows, K/16] i32
-    """ggml_numerics.quantize_q8_K (which says why each step is as it is), the first `four` tokens in fours; rows
+    """ggml_quantize.quantize_q8_K (which says why each step is as it is), the first `four` tokens in fours; rows
     past T are zeros."""
     T, K = X.shape
     q = np.zeros((rows, K), np.int8)
@@ -407,8 +405,8 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
     experts, parts of whole quads); a repacked matrix's tokens in fours through the gemm (float steps every
     GEMM_STEP sub-blocks), the rest through the gemv, or (`gemv`: mul_mat_id's form) every token through the gemv's
     float steps; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per block); fewer,
-    vec_dot each. The gemm, the tiled kernel and a batch's gemv run as lane tiles (LTILE, GTILE: LANES tokens
-    against ROWS rows); `xq`, `dx`, `bsums` have rows up to a multiple of LANES (zeros past the T tokens, results
+    vec_dot each. The gemm, the tiled kernel and a batch's gemv run as lane tiles (LTILE, GTILE: TILE_T tokens
+    against K_TILE_N rows); `xq`, `dx`, `bsums` have rows up to a multiple of TILE_T (zeros past the T tokens, results
     dropped)."""
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
@@ -426,26 +424,26 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
                     out[0, min(N_READ * q + i, N - 1)] = sums[i]
         return out
     tiled = T if gemv else T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
-    n_tiles = (tiled + LANES - 1) // LANES
+    n_tiles = (tiled + TILE_T - 1) // TILE_T
     xt, bt, dt = to_lanes(xq.view(np.int32), n_tiles), to_lanes(bsums, n_tiles), to_lanes(dx, n_tiles)
     bf = bt.astype(np.float32)
-    n_groups = (N + ROWS - 1) // ROWS
+    n_groups = (N + K_TILE_N - 1) // K_TILE_N
     n_chunks = min(n_groups, 64)
     for c in prange(n_chunks):
-        res = np.empty((ROWS, LANES), np.float32)
+        res = np.empty((K_TILE_N, TILE_T), np.float32)
         w = np.zeros(8, np.int64)
         x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
         for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
-            n0, rows = g * ROWS, min(ROWS, N - g * ROWS)
-            for i in range(ROWS):
+            n0, rows = g * K_TILE_N, min(K_TILE_N, N - g * K_TILE_N)
+            for i in range(K_TILE_N):
                 w[i] = row_address(bases, starts, n0 + min(i, rows - 1), nb * SIZE)
-            ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:ROWS]
+            ws = (w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7])[:K_TILE_N]
             for j in range(n_tiles):
                 if gemv:  # every token through the gemv's float steps, as lanes
                     GTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
                 else:
                     LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
-                put_tile(out, res, j * LANES, n0, rows, min(LANES, tiled - j * LANES))
+                put_tile(out, res, j * TILE_T, n0, rows, min(TILE_T, tiled - j * TILE_T))
             for t in range(tiled, T):
                 for i in range(rows):
                     out[t, n0 + i] = KROW((w[i],), x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
@@ -473,10 +471,10 @@ class NumbaKQuantMatrix(GgmlBlocks):
 
     def matmul(self, x, gemv=False):  # [T, K] -> [T, N]
         T, K = x.shape
-        # rows up to a multiple of LANES, zeros: the tiles read them, their results are dropped
+        # rows up to a multiple of TILE_T, zeros: the tiles read them, their results are dropped
         quantize = quantize_q8_K_one if T == 1 else quantize_q8_K_many
         xq, dx, bsums = quantize(np.ascontiguousarray(x, dtype=np.float32),
-                                       T - T % 4 if self.repacked and not gemv else 0, T if T == 1 else T + -T % LANES)
+                                       T - T % 4 if self.repacked and not gemv else 0, T if T == 1 else T + -T % TILE_T)
         return kquant_kernel(self.qtype, self.isa, self.repacked)(xq, dx, bsums, T, self.bases, self.starts, gemv,
                                                                    False)
 

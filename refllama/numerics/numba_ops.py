@@ -61,7 +61,7 @@ R, LOG2E, LN2_LO, LN2_HI, C5, C4, C3, C2, C1 = (EXPF_R, EXPF_LOG2E, EXPF_LN2_LO,
 
 
 @njit(cache=True)
-def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (refllama.numerics.ggml_numerics.expf)
+def expf(x):  # float32 -> float32: ggml_v_expf's AVX-512 form, one lane (refllama.numerics.ggml_float.expf)
     z = fma32(x, LOG2E, R)
     n = z - R
     b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
@@ -89,7 +89,7 @@ def from_bits(typingctx, n):  # int64 -> the float32 whose bits are its low 32 (
 
 
 @njit(cache=True)
-def expf_avx2(x):  # float32 -> float32: ggml_v_expf's AVX2 form, one lane (refllama.numerics.ggml_numerics.expf_avx2)
+def expf_avx2(x):  # float32 -> float32: ggml_v_expf's AVX2 form, one lane (refllama.numerics.ggml_float.expf_avx2)
     z = fma32(x, LOG2E, R)
     n = z - R
     b = fma32(-n, LN2_LO, fma32(-n, LN2_HI, x))
@@ -126,7 +126,7 @@ def rms_norm(x, w, eps):  # [..., D], [D] -> [..., D]: rows of any leading shape
 
 
 @njit(cache=True)
-def _rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_numerics.rope
+def _rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_float.rope
     T, n, HD = x.shape
     half = cos.shape[1]
     out = x.copy()
@@ -140,7 +140,7 @@ def _rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n,
     return out
 
 
-def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_numerics.rope
+def rope(x, cos, sin, interleaved):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]: ggml_float.rope
     return _rope(np.ascontiguousarray(x), cos, sin, interleaved)
 
 

@@ -5,7 +5,7 @@ copied), so the weights take the file's bytes and loading reads nothing. Every b
 a group of 32 values at a time (block_ir.groups): codes, a scale and for some types an offset, value = scale * code
 + offset, as ggml's dequantize_row_* computes it. One token's product is a vector loop in LLVM IR per row: 32 float32
 lanes accumulate fma(scale, code * x, acc) over the whole row, the offsets times x's group sums apart, one horizontal
-sum at the end. A batch's product dequantizes ROWS rows at a time (16; 6 with AVX2) and multiplies them by 16
+sum at the end. A batch's product dequantizes TILE_N rows at a time (16; 6 with AVX2) and multiplies them by 16
 tokens at once. Every value a product uses is the float32 one gguf-py's dequantize gives; only the order of the
 float32 additions is the kernel's, the same on every x86 host.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
@@ -31,8 +31,8 @@ KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
 N_READ = 4  # rows one token's product reads side by side (row_quad)
 WIDE = "avx512f" in compile_features()  # 32 vector registers of 16 float32 lanes; else (AVX2) 16 of 8
 SIDE = N_READ if WIDE else 2  # of those, the rows whose 32 lanes of sums fit the registers at once
-LANES, UNROLL = 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector; k steps per pass
-ROWS = 16 if WIDE else 6  # a tile's rows, each token's sums in one register (AVX2: two, and 3 more for x)
+TILE_T, UNROLL = 16, 4  # a batch's tiles: 16 tokens in the lanes of a vector; k steps per pass
+TILE_N = 16 if WIDE else 6  # a tile's rows, each token's sums in one register (AVX2: two, and 3 more for x)
 
 
 def _row_dot(qtype):
@@ -136,16 +136,16 @@ def row_quad(bases, starts, q, N, row_bytes):  # the addresses of rows 4q .. 4q 
 
 
 @njit(cache=True)
-def to_lanes(a, n_tiles):  # [T, m] -> [n_tiles, m, LANES]: each tile's LANES tokens in the lanes, zeros past T
+def to_lanes(a, n_tiles):  # [T, m] -> [n_tiles, m, TILE_T]: each tile's TILE_T tokens in the lanes, zeros past T
     T, m = a.shape
-    out = np.zeros((n_tiles, m, LANES), a.dtype)
-    for t in range(min(T, n_tiles * LANES)):
-        out[t // LANES, :, t % LANES] = a[t]
+    out = np.zeros((n_tiles, m, TILE_T), a.dtype)
+    for t in range(min(T, n_tiles * TILE_T)):
+        out[t // TILE_T, :, t % TILE_T] = a[t]
     return out
 
 
 @njit(inline="always")
-def put_tile(out, res, t0, n0, rows, tokens):  # a tile's [rows, LANES] results into out [T, N] at (t0, n0)
+def put_tile(out, res, t0, n0, rows, tokens):  # a tile's [rows, TILE_T] results into out [T, N] at (t0, n0)
     for i in range(rows):
         for k in range(tokens):
             out[t0 + k, n0 + i] = res[i, k]
@@ -184,14 +184,14 @@ V16F32 = ir.VectorType(F32, 16)
 
 @intrinsic
 def lane_tile(typingctx, w, stride, K, xt, out):
-    """(w, stride, K, xt, out): ROWS dequantized rows (float32, K values each, `stride` bytes apart from w) against
-    LANES tokens ([K, LANES] at xt, a token in each lane) -> out [ROWS, LANES]: each weight broadcast to every lane,
-    one FMA per weight and 16 tokens, a sum per row and token in its own register, added in k's order."""
+    """(w, stride, K, xt, out): TILE_N dequantized rows (float32, K values each, `stride` bytes apart from w) against
+    TILE_T tokens ([K, TILE_T] at xt, a token in each lane) -> out [TILE_N, TILE_T]: each weight broadcast to every
+    lane, one FMA per weight and 16 tokens, a sum per row and token in its own register, added in k's order."""
     def codegen(context, builder, signature, args):
         w, stride, K, xt, out = args
         fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
 
-        rows = [builder.add(w, builder.mul(stride, ir.Constant(I64, r))) for r in range(ROWS)]
+        rows = [builder.add(w, builder.mul(stride, ir.Constant(I64, r))) for r in range(TILE_N)]
 
         def step(i, accs):
             for u in range(UNROLL):
@@ -201,7 +201,7 @@ def lane_tile(typingctx, w, stride, K, xt, out):
                     k, ir.Constant(I64, 4))), F32), V16F32), x, acc]) for row, acc in zip(rows, accs, strict=True)]
             return accs
 
-        accs = counted_loop(builder, builder.udiv(K, ir.Constant(I64, UNROLL)), [ir.Constant(V16F32, None)] * ROWS,
+        accs = counted_loop(builder, builder.udiv(K, ir.Constant(I64, UNROLL)), [ir.Constant(V16F32, None)] * TILE_N,
                             step)
         for r, acc in enumerate(accs):
             builder.store(acc, builder.inttoptr(builder.add(out, ir.Constant(I64, 64 * r)), V16F32.as_pointer()),
@@ -212,27 +212,27 @@ def lane_tile(typingctx, w, stride, K, xt, out):
 
 
 def _matmul(X, bases, starts):  # [T, K] f32, the parts' addresses and first rows -> [T, N] = X @ W.T
-    """ROWS rows at a time dequantized into a scratch, then multiplied by the tokens LANES at a time (lane_tile),
+    """TILE_N rows at a time dequantized into a scratch, then multiplied by the tokens TILE_T at a time (lane_tile),
     the tokens' values transposed once so that each k's are one vector; past T, zeros (results dropped)."""
     T, K = X.shape
     N = starts[-1]
-    n_tiles = (T + LANES - 1) // LANES
+    n_tiles = (T + TILE_T - 1) // TILE_T
     xt = to_lanes(X, n_tiles)
     out = np.empty((T, N), np.float32)
-    n_groups = (N + ROWS - 1) // ROWS
+    n_groups = (N + TILE_N - 1) // TILE_N
     n_chunks = min(n_groups, CHUNKS)
     for c in prange(n_chunks):
         # the rows dequantized, reused for every tile; a line apart more than K (rows a multiple of 4 KiB apart
         # would share the L1 cache's sets)
-        w = np.empty((ROWS, K + 16), np.float32)
-        res = np.empty((ROWS, LANES), np.float32)
+        w = np.empty((TILE_N, K + 16), np.float32)
+        res = np.empty((TILE_N, TILE_T), np.float32)
         for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
-            for i in range(ROWS):
-                r = min(ROWS * g + i, N - 1)
+            for i in range(TILE_N):
+                r = min(TILE_N * g + i, N - 1)
                 ROW_VALUES(row_address(bases, starts, r, K // BLOCK * SIZE), w[i:].ctypes.data, K // BLOCK)
             for j in range(n_tiles):
                 lane_tile(w.ctypes.data, (K + 16) * 4, K, xt[j].ctypes.data, res.ctypes.data)
-                put_tile(out, res, j * LANES, ROWS * g, min(ROWS, N - ROWS * g), min(LANES, T - j * LANES))
+                put_tile(out, res, j * TILE_T, TILE_N * g, min(TILE_N, N - TILE_N * g), min(TILE_T, T - j * TILE_T))
     return out
 
 
