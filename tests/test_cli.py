@@ -21,6 +21,7 @@ def test_greedy_run_prints_prompt_continuation_and_timings(model):
         assert field in r.stderr
 
 
+@pytest.mark.slow
 def test_numerics_ggml_runs_llamacpps_arithmetic_on_both_backends():
     """--numerics ggml on the CLI: the same greedy text on numpy (the readable emulation) and numba (its kernels),
     and the timing line names the numerics."""
@@ -30,6 +31,7 @@ def test_numerics_ggml_runs_llamacpps_arithmetic_on_both_backends():
     assert numpy_run.stdout == numba_run.stdout and "numerics ggml, cpu path " in numba_run.stderr
 
 
+@pytest.mark.slow
 def test_prompt_from_file_and_chat_mode(tmp_path):
     p = tmp_path / "q.txt"
     p.write_text("What is the capital of France? Answer in one word.", encoding="utf-8")
@@ -38,6 +40,7 @@ def test_prompt_from_file_and_chat_mode(tmp_path):
     assert "Paris" in r.stdout and "stop: stop" in r.stderr
 
 
+@pytest.mark.slow
 def test_sampling_flags_with_seed_are_reproducible():
     args = ("-p", "Once upon a time", "-n", "10", "--temp", "0.9", "--top-k", "20", "--top-p", "0.9",
             "--min-p", "0.02", "--repeat-penalty", "1.1", "--repeat-last-n", "32", "--seed", "5", "-c", "256")
@@ -77,6 +80,7 @@ def test_contradictory_or_ignored_flags_are_refused(args, fragment):
     assert r.returncode == 2 and fragment in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_llamacpp_habits_work(tmp_path):
     """-ngl 99 (on a CPU backend: a notice, not `-n gl`), -n -1 (to the context's end), --version, and the console
     script and `python -m refllama` run the same command."""
@@ -104,6 +108,7 @@ def test_cupy_backend_without_gpu_is_a_clear_error():
     assert r.returncode == 1 and ("CuPy" in r.stderr or "GPU" in r.stderr) and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_checkpoint_suite_runs_one_backend_on_request():
     def collected(*args):
         r = subprocess.run([sys.executable, "-m", "pytest", "checkpoints/checkpoint_00_embedding.py", "--collect-only",

@@ -15,6 +15,8 @@ from test_ggml_numerics import activations, random_blocks
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.numerics import ggml_blocks as gb
 
+pytestmark = pytest.mark.slow  # every kernel recompiled for an AVX2 host in a subprocess (~50 s): the slow tier
+
 AVX2_HOST = {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+avx2,+fma,+f16c"}
 
 PROBE = """
@@ -23,6 +25,7 @@ import numpy as np
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.numerics import ggml_blocks as gb, ggml_kernels as gk, ggml_kquants as gq, ggml_numerics as gn, quant
 from refllama.numerics import ggml_tables as gt
+
 data = np.load(sys.argv[1])
 out = {"isa": gb.ISA, "rows": quant.TILE_N, "side": quant.SIDE, "krows": gq.K_TILE_N, "float32": {}, "ggml": {}}
 for name in data["names"]:

@@ -12,7 +12,9 @@ import shutil
 
 import numpy as np
 import pytest
-from test_gguf_families import DATA, F32_TOL, GELU_TABLE, N_CTX, ref, rel_err
+from families import GGUF, names
+from test_gguf_families import DATA, F32_TOL, N_CTX, ref, rel_err
+from tiers import param
 
 import refllama
 from refllama import arch
@@ -22,8 +24,7 @@ from refllama.check.tolerances import band
 from refllama.formats.gguf_loader import Field, GGUFFile
 from refllama.layers import yarn_dims, yarn_mscale
 
-NEW = {"gemma2": "gemma2", "smollm3": "smollm3", "olmo2": "olmo2", "granite": "granite", "yarn": "qwen3",
-       "llama32": "llama", "phi4": "phi3"}
+NEW = names(hf_model=True, experts=False)  # the dense families kept as HF directories too
 SHARED = ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim", "rope_dim", "rope_base", "rope_scale",
           "rope_yarn", "tied_output", "sliding_window", "swa_layers", "attn_scale", "logit_softcap",
           "attn_softcap", "nope_layers", "embedding_scale", "residual_scale", "logit_scale")
@@ -38,7 +39,7 @@ def test_the_hf_directory_reads_as_its_gguf_and_matches_transformers(family):
     r = ref(family)
     hf = refllama.load(hf_dir(family), n_ctx=N_CTX)
     gguf = refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=N_CTX)
-    assert hf.config.arch == gguf.config.arch == NEW[family]
+    assert hf.config.arch == gguf.config.arch == GGUF[family].arch
     for field in SHARED:
         a, b = getattr(hf.config, field), getattr(gguf.config, field)
         assert a == b or (isinstance(a, float) and math.isclose(a, b, rel_tol=1e-6)), field
@@ -75,7 +76,7 @@ def test_greedy_text_is_both_references(family):
         seq.append(int(m.logits(seq)[-1].argmax()))
     ours = seq[len(ids):]
     assert ours == hf
-    if family not in GELU_TABLE:
+    if not GGUF[family].gelu_table:
         assert ours == llamacpp
 
 
@@ -133,7 +134,7 @@ def test_gguf_options_refllama_does_not_compute_are_refused_by_name(family, key,
     g = GGUFFile(DATA / f"gguf-{family}" / f"{family}-f32.gguf")
     g.fields[key] = value
     with pytest.raises(refllama.RefllamaError, match=message):
-        arch.get(NEW[family]).config_from_gguf(g)
+        arch.get(GGUF[family].arch).config_from_gguf(g)
 
 
 def test_a_gguf_yarn_takes_the_files_betas_and_attention_factor_which_llamacpp_reads_only_for_grok():
@@ -210,7 +211,7 @@ def test_a_yarn_gguf_exports_as_the_yarn_transformers_reads(tmp_path):
     assert rel_err(refllama.load(out, n_ctx=N_CTX).logits(r["token_ids"].tolist()), r["hf_logits"]) < F32_TOL
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", ["numpy", param("numba", fast=False)])
 @pytest.mark.parametrize("family", NEW)
 def test_every_stage_of_the_q8_0_file_in_ggml_numerics_is_llamacpps(family, backend):
     """numerics "ggml" on the Q8_0 file, stage by stage, against llama.cpp's own dump of it (float16 cache, the CPU

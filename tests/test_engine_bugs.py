@@ -14,6 +14,8 @@ from refllama.api import default_model_path
 from refllama.check.compare import compare
 from refllama.check.dump import Dump
 
+pytestmark = pytest.mark.slow  # SmolLM2's 30 layers dumped and compared once a bug, ~5 s each
+
 PROMPT = "The quick brown fox jumps over"
 DECODE_STEPS = 2
 BUGS = {  # bug: (the stage it must be named at, words of the hint that must explain it)

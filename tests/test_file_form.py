@@ -47,6 +47,7 @@ def test_numpy_keeps_every_gguf_type_in_the_file_and_computes_as_float32(tmp_pat
     same_run(m, float32_model(path, "numpy"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", sorted(FILE_FORMS - KERNEL_TYPES - {QT.F16, QT.BF16}, key=int), ids=lambda t: t.name)
 def test_numba_keeps_the_types_without_a_kernel_in_the_file(tmp_path, qtype):
     path = write_gguf(tmp_path / "m.gguf", tiny_metadata(), tiny_tensors(qtype))
@@ -55,6 +56,7 @@ def test_numba_keeps_the_types_without_a_kernel_in_the_file(tmp_path, qtype):
     same_run(m, float32_model(path, "numba"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", [QT.F16, QT.BF16], ids=lambda t: t.name)
 def test_numba_multiplies_16_bit_matrices_as_stored(tmp_path, qtype):
     """F16/BF16 on numba: a batch's product as FileMatrix (bit-equal), one token's a kernel on the 16-bit weights
@@ -93,6 +95,7 @@ def in_file(model):
     return refllama.load(model.path, n_ctx=64, weights_in_file=True)
 
 
+@pytest.mark.slow
 def test_the_size_rule_keeps_big_models_in_the_file_and_converts_small_ones(model, in_file):
     from refllama.numerics.matrices import FilePlacement
 
@@ -138,6 +141,7 @@ print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if 
 """  # VmHWM, this program's peak: ru_maxrss would count the pytest process it was forked from
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend, qtype", [("numpy", QT.BF16), ("numba", QT.BF16), ("numba", QT.Q4_K),
                                             ("numba", QT.Q6_K)])
 def test_an_8b_wide_layer_runs_in_little_more_memory_than_its_file(tmp_path, backend, qtype):

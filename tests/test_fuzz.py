@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 from fuzzing import gguf_mutant, header_outcome, hf_mutant, load_outcome, rng_for, template_mutant, template_outcome
+from tiers import first_fast
 
 from refllama.api import default_model_path
 
@@ -35,11 +36,12 @@ def mutants(tmp_path, sources, mutate, suffix=""):
     return make
 
 
-@pytest.mark.parametrize("first", range(0, 2000, BLOCK))
+@pytest.mark.parametrize("first", first_fast(range(0, 2000, BLOCK)))
 def test_gguf_mutants_of_tiny_models(tmp_path, first):
     run_block(first, mutants(tmp_path, GGUF_SOURCES, gguf_mutant, ".gguf"), load_outcome, ("loaded", "refused"))
 
 
+@pytest.mark.slow  # SmolLM2 loaded 50 times: the tiny models' first block is the fast tier's
 @pytest.mark.parametrize("first", range(10_000, 10_000 + BLOCK, BLOCK))
 def test_gguf_mutants_of_the_default_models_header(tmp_path, first):
     src = default_model_path()
@@ -50,12 +52,12 @@ def test_gguf_mutants_of_the_default_models_header(tmp_path, first):
     run_block(first, make, header_outcome, ("loaded", "refused"))
 
 
-@pytest.mark.parametrize("first", range(0, 400, BLOCK))
+@pytest.mark.parametrize("first", first_fast(range(0, 400, BLOCK)))
 def test_hf_directory_mutants(tmp_path, first):
     run_block(first, mutants(tmp_path, HF_SOURCES, hf_mutant), load_outcome, ("loaded", "refused"))
 
 
-@pytest.mark.parametrize("first", range(0, 100, BLOCK))
+@pytest.mark.parametrize("first", first_fast(range(0, 100, BLOCK)))
 def test_template_mutants(first):
     def make(seed):
         t = template_mutant(rng_for(seed))

@@ -113,6 +113,7 @@ def test_a_trace_is_a_mapping_of_stage_names_to_arrays(model):
     assert all(a is t[k] for k, a in t.items())
 
 
+@pytest.mark.slow
 def test_a_cancellable_generation_prefills_in_chunks_to_the_same_tokens_and_stops_when_cancelled(model):
     import threading
 

@@ -112,6 +112,7 @@ def test_q8_activation_rules():
     np.testing.assert_array_equal(bsums, qk.reshape(2, -1, 16).sum(-1))
 
 
+@pytest.mark.slow
 def test_numba_activation_quantizer_equals_numpy():
     x = activations(5, 512)
     xq, xd, xs = np.empty((5, 512), np.int8), np.empty((16, 5), np.float32), np.empty((16, 5), np.float32)
@@ -122,6 +123,7 @@ def test_numba_activation_quantizer_equals_numpy():
     np.testing.assert_array_equal(xs, s.T)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T", [1, 5, 19])
 def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
     """Q8_K for the K-quant kernels, serial and parallel: quantize_row_q8_K's rule, and the repacked gemm's first
@@ -139,6 +141,7 @@ def test_numba_q8_k_quantizer_equals_numpy_in_both_forms(T):
             assert not got[T:].any()
 
 
+@pytest.mark.slow
 def test_numba_float16_rounding_equals_f16c_on_every_tie():
     halves = np.arange(0, 0x7bff, dtype=np.uint16).view(np.float16).astype(np.float64)
     mid = ((halves[:-1] + halves[1:]) / 2).astype(np.float32)  # ties: to even
@@ -206,6 +209,7 @@ def test_every_instruction_form_sums_the_same_products(isa):
                 np.testing.assert_array_equal(out[:8], products[:8])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("qtype", sorted(gb.BLOCK_BYTES), ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 8, 19])
@@ -221,6 +225,7 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T):
     np.testing.assert_array_equal(x @ fast.T, want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("qtype, N", [(QT.Q4_K, 40), (QT.Q4_K, 37), (QT.Q5_K, 40), (QT.Q6_K, 40), (QT.Q2_K, 40),
                                      (QT.Q2_K, 37), (QT.Q3_K, 40)],
@@ -274,6 +279,7 @@ def test_a_repacked_matrixs_gemm_rows_quantize_ties_to_the_positive_max():
     np.testing.assert_array_equal(q4[4], q[4])  # the fifth row goes through the gemv: ggml's own quantizer
 
 
+@pytest.mark.slow
 def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
     """vpdpbusd only where LLVM reports AVX-512 VNNI with 256-bit vectors, vpmaddubsw where it reports AVX2:
     compiling them elsewhere aborts. Numba told to compile for another CPU: that CPU's features."""
@@ -290,6 +296,7 @@ def test_the_kernel_form_follows_the_host_cpu(monkeypatch):
         assert gb.kernel_isa() == isa
 
 
+@pytest.mark.slow
 def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
     x = np.concatenate([np.linspace(-100, 80, 20001, dtype=np.float32), [-np.inf, 0, -0.5, 88.7]]).astype(np.float32)
     got = gf.expf(x)
@@ -301,6 +308,7 @@ def test_expf_is_within_a_few_ulp_of_exp_and_kernels_agree():
     np.testing.assert_array_equal(njit(lambda a: np.array([gk.expf(v) for v in a], np.float32))(x), got)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("T, S, HD", [(1, 37, 64), (1, 200, 96), (1, 130, 128), (1, 9, 80), (1, 5, 40), (5, 5, 64),
                                       (7, 130, 96), (3, 11, 40)])
@@ -332,6 +340,7 @@ def test_f16_sums_follow_ggml_order_not_float64():
     assert (gf.f16_dots(a, b, 2, False) != gf.f16_dots(a, b, 1, False)).any()
 
 
+@pytest.mark.slow
 def test_fused_products_equal_separate_ones():
     """q/k/v (gate/up) joined into one matrix give each part the columns its own product gives."""
     parts = [QuantMatrix([random_blocks(QT.Q4_1, n, 256)], QT.Q4_1, 256) for n in (64, 32, 32)]
@@ -356,6 +365,7 @@ def test_numerics_errors_name_the_problem(tmp_path):
         refllama.load(numerics="bf16")
 
 
+@pytest.mark.slow
 def test_ggml_models_on_both_backends_agree_to_the_bit(model):
     """The readable emulation and the fast kernels: the same logits for a prefill and three decode steps."""
     ids = [1, 504, 3575, 282, 4649, 314]
@@ -370,6 +380,7 @@ def test_ggml_models_on_both_backends_agree_to_the_bit(model):
     assert math.isfinite(float(out[0].max()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("qtype", [QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q5_0], ids=lambda t: t.name)
 def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtype, T):
@@ -383,6 +394,7 @@ def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtyp
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("T,N,K", [(1, 128, 2048), (1, 8, 200), (1, 8, 96), (3, 8, 64), (2, 6, 48), (5, 4, 100),
                                    (3, 4, 40)])
@@ -394,6 +406,7 @@ def test_numba_f32_products_equal_numpy_in_every_form(T, N, K, path):
     np.testing.assert_array_equal(x @ gk.NumbaF32Matrix(w, path).T, x @ gn.F32Matrix(w, path).T)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [
     lambda r, q: QuantMatrix([r], q, 256),
     lambda r, q: gq.NumbaKQuantMatrix([r], q, 256) if q in gq.K_QUANTS else gb.NumbaGgmlMatrix([r], q, 256),
@@ -420,6 +433,7 @@ def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, r
         np.testing.assert_array_equal(got, np.stack(want, axis=1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("n", [128, 60, 8, 5])
 def test_numba_router_softmax_equals_numpy(n, path):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from families import GGUF
+from tiers import param
 
 import refllama
 from refllama import arch
@@ -21,15 +23,8 @@ from refllama.formats.gguf_loader import Field, GGUFFile
 from refllama.numerics.cpu_paths import EMULATED
 
 DATA = Path(__file__).parent / "data"
-FAMILIES = {"llama": "interleaved", "qwen2": "half", "qwen3": "half", "phi3": "half",
-            "gemma3": "half", "gpt2": "half",  # llama.cpp's pair layouts (GPT-2: no RoPE, recorded as half)
-            "mixtral": "interleaved", "qwen3moe": "half", "qwen2moe": "half", "olmoe": "half",
-            "gemma2": "half", "smollm3": "interleaved", "olmo2": "half", "granite": "interleaved", "yarn": "half",
-            "llama32": "interleaved", "phi4": "half"}
-ARCH = {"mixtral": "llama", "yarn": "qwen3", "llama32": "llama", "phi4": "phi3"}  # a family's GGUF architecture,
-# where it is not the family's own name
+FAMILIES = list(GGUF)
 N_CTX = 256  # Phi-3's original context: its short factors, which llama.cpp and transformers both take here
-GELU_TABLE = ("gemma3", "gpt2", "gemma2")  # llama.cpp's GELU from a float16 table (docs/references.md)
 F32_TOL = 1e-5  # of the reference's range: llama.cpp on F32 weights and an F32 cache computes in float32
 
 
@@ -48,7 +43,7 @@ def rel_err(got, want):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_runs_as_its_architecture_with_llamacpps_pair_layout(family):
     cfg = load(family).config
-    assert (cfg.arch, cfg.rope_layout) == (ARCH.get(family, family), FAMILIES[family])
+    assert (cfg.arch, cfg.rope_layout) == (GGUF[family].arch, GGUF[family].layout)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -84,7 +79,7 @@ def test_f32_every_stage_of_every_layer_matches_llamacpp(family, tmp_path):
     a = arch.get(m.config.arch)
     assert set(theirs.names) <= set(Dump(ours).names)
     assert len(theirs.names) == len(a.INPUTS) + 2 + sum(map(len, arch.layer_stages(a, m.config)))
-    e2e_tol = 5e-3 if family in GELU_TABLE else F32_TOL  # Gemma 3: 4.6e-3 at kq_soft_max, GPT-2: 2.7e-5
+    e2e_tol = 5e-3 if GGUF[family].gelu_table else F32_TOL  # Gemma 3: 4.6e-3 at kq_soft_max, GPT-2: 2.7e-5
     rows = compare(ours, DATA / f"gguf-{family}" / "llamacpp-f32", m).rows
     assert len(rows) == len(theirs.names)
     for row in rows:
@@ -105,7 +100,7 @@ def test_phi3_takes_its_long_rope_factors_beyond_the_original_context_as_llamacp
     assert rel_err(logits, r["llamacpp_logits_f32"]) > 1e-3
 
 
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", ["numpy", param("numba", fast=False)])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_q8_0_logits_match_llamacpp(family, backend):
     """On Q8_0 weights llama.cpp rounds the activations to Q8_0 too before its integer dot products; refllama keeps
@@ -128,9 +123,6 @@ def ggml_refs(family, suffix=""):
     return {text.split(":")[0]: ref(family)[key + suffix] for key, text in paths.items() if key + suffix in ref(family)}
 
 
-TANHF = {"gemma3": 1, "gemma2": None}  # logits soft-capped with the C library's tanhf (final_logit_softcapping): the
-# ulps a last-bit difference of tanhf leaves in them; Gemma 2's attention scores are soft-capped too (None: carried on)
-
 
 def assert_llamacpps(logits, want, family, cpu):
     """Bit-equal, but where the logits pass through the C library's tanhf on an ARM path computed on x86: aarch64's
@@ -138,9 +130,10 @@ def assert_llamacpps(logits, want, family, cpu):
     the tiny Gemma 2's 35,523), so a few soft-capped logits may be 1 ulp apart; in Gemma 2, whose attention scores
     pass through tanhf too, the difference is carried through the layers: a few ulps in a few logits. With aarch64's
     tanhf put in, the tiny Gemma 3 and Gemma 2 are bit-equal (checked under qemu-aarch64)."""
-    if family in TANHF and cpu.startswith("neon") and not platform.machine().lower().startswith(("arm", "aarch64")):
-        if TANHF[family]:
-            np.testing.assert_array_max_ulp(logits, want, TANHF[family])
+    ulps = GGUF[family].tanhf_ulps  # logits soft-capped with the C library's tanhf: 0 none, None carried through
+    if ulps != 0 and cpu.startswith("neon") and not platform.machine().lower().startswith(("arm", "aarch64")):
+        if ulps:
+            np.testing.assert_array_max_ulp(logits, want, ulps)
             assert (logits != want).mean() < 1e-3
         else:
             assert rel_err(logits, want) < 1e-6 and (logits != want).mean() < 1e-2
@@ -148,7 +141,8 @@ def assert_llamacpps(logits, want, family, cpu):
         np.testing.assert_array_equal(logits, want)
 
 
-@pytest.mark.parametrize("backend, cpu", [(b, c) for b in ("numpy", "numba") for c in EMULATED[b]])
+@pytest.mark.parametrize("backend, cpu", [param(b, c, fast=(b, c) == ("numpy", "avx512-vnni"))
+                                          for b in ("numpy", "numba") for c in EMULATED[b]])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_q8_0_logits_in_ggml_numerics_are_llamacpps(family, backend, cpu):
     """numerics "ggml" computes as llama.cpp does (8-bit activations, float16 KV cache, its sums' order, its GELU
@@ -208,7 +202,7 @@ def test_a_window_longer_than_any_context_hides_nothing():
 def test_a_block_count_past_the_files_tensors_is_refused_before_any_table_is_sized(family):
     """Found by tools/fuzz.py (gguf seed 700873): Gemma 3's block_count 2^32 - 1 sized its per-layer window table."""
     g = GGUFFile(DATA / f"gguf-{family}" / f"{family}-f32.gguf")
-    name = ARCH.get(family, family)
+    name = GGUF[family].arch
     g.fields[f"{name}.block_count"] = Field(4, False, 2 ** 32 - 1)
     with pytest.raises(refllama.RefllamaError, match="block_count' is 4294967295, more blocks than the file's"):
         arch.get(name).config_from_gguf(g)
@@ -271,4 +265,4 @@ def test_the_llamacpp_dump_tool_reads_each_files_architecture(monkeypatch):
     import dump_llamacpp
 
     for family in FAMILIES:
-        assert dump_llamacpp.arch_of(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf").NAME == ARCH.get(family, family)
+        assert dump_llamacpp.arch_of(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf").NAME == GGUF[family].arch

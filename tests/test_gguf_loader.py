@@ -102,6 +102,7 @@ def test_type_table_equals_gguf_py(qtype):
     assert byte_shape((3, 512), qtype) == gguf.quant_shape_to_byte_shape((3, 512), QT[qtype.name])
 
 
+@pytest.mark.slow
 def test_numba_path_does_not_import_gguf_py(model):
     """Its package import costs 2 to 3.4 MB (gguf_loader.GGMLType); SmolLM2 needs none of its functions."""
     code = (f"import sys, refllama; m = refllama.load({model.path!r}, backend='numba', n_ctx=8); m.logits([1, 2]);"

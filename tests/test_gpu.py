@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine import write_safetensors_bf16
+from families import GGUF, HF, names
 from safetensors.numpy import load_file
 
 import refllama
@@ -25,10 +26,10 @@ from refllama.xp import to_numpy
 
 DATA = Path(__file__).parent / "data"
 PROMPT, STEPS = [1, 5, 9, 2, 7], [3, 11, 4, 8]
-MODELS = {"llama-gguf": DATA / "gguf-llama" / "llama-f32.gguf",
-          **{f: DATA / f"tiny-{f}" for f in ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3")},
+MODELS = {**{f"gguf-{f}": GGUF[f].gguf() for f in names(gpu_graph=True)},  # every model the graph reproduces
+          **{f"tiny-{f}": DATA / f"tiny-{f}" for f, (_, graph) in HF.items() if graph},
           "qwen2-q4_k_m": DATA / "gguf-qwen2-kquant" / "qwen2-q4_k_m.gguf",
-          "gemma3-q8_0": DATA / "gguf-gemma3" / "gemma3-q8_0.gguf"}
+          "gemma3-q8_0": GGUF["gemma3"].gguf("q8_0")}
 
 
 def rel(got, want):
@@ -71,7 +72,7 @@ def test_the_decode_step_equals_the_forward(name):
 
 
 def test_the_decode_step_joins_a_layers_matrices_without_a_copy():
-    m = refllama.load(MODELS["qwen2"], n_ctx=32)
+    m = refllama.load(MODELS["tiny-qwen2"], n_ctx=32)
     q = m.weights["layers"][0]["attn_q"].copy()
     d = GraphDecoder(m)
     lw = m.weights["layers"][0]
@@ -99,12 +100,17 @@ def test_matrices_of_several_kinds_stay_apart_and_multiply_as_their_float32_valu
     np.testing.assert_allclose(out, want @ x + np.arange(14), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("family", GGUF)
+def test_the_catalogue_says_which_families_the_graph_takes(family):
+    assert eligible(refllama.load(GGUF[family].gguf(), n_ctx=32)) == GGUF[family].gpu_graph
+
+
 def test_models_the_graph_does_not_reproduce_are_not_taken():
     """GPT-2's and the mixtures of experts' forwards have steps the kernels lack; numerics ggml rounds where the
     kernels do not: they stay ungraphed."""
     assert not eligible(refllama.load(DATA / "tiny-gpt2"))
     assert not eligible(refllama.load(DATA / "gguf-moe-kquant" / "qwen3moe-q4_k_m.gguf"))
-    assert not eligible(refllama.load(MODELS["llama-gguf"], numerics="ggml"))
+    assert not eligible(refllama.load(MODELS["gguf-llama"], numerics="ggml"))
 
 
 def bits(rng, shape, kind):  # random 16-bit weights' bits, finite, of either kind

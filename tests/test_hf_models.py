@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from families import HF
 from safetensors.numpy import save_file
 
 import refllama
@@ -15,8 +16,7 @@ from refllama.convert import convert
 from refllama.formats.hf_loader import Checkpoint
 
 DATA = Path(__file__).parent / "data"
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-            "gemma3": "gemma3", "gpt2": "gpt2"}  # -> arch
+FAMILIES = {name: a for name, (a, _) in HF.items()}  # -> arch
 N_CTX = 64  # Phi-3's original context: LongRoPE's short factors, which transformers takes for a 16-token sequence
 TOL = 1e-5  # of the logit range: both sides compute in float32 from the same stored weights (measured ~2e-7)
 
@@ -235,6 +235,7 @@ def exported(model, tmp_path_factory):
     return convert(model.path, tmp_path_factory.mktemp("export") / "smollm2")
 
 
+@pytest.mark.slow
 def test_exported_smollm2_gives_the_gguf_logits(model, exported):
     hf = refllama.load(exported)
     text = "The capital of France is"
@@ -267,6 +268,7 @@ def test_exported_directory_loads_in_transformers_with_the_same_logits(model, ex
     assert rel_err(model.logits(ids), want) < 1e-4
 
 
+@pytest.mark.slow
 def test_cli_runs_the_exported_directory(exported):
     import subprocess
     import sys

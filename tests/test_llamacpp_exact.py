@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiers import param
 
 import refllama
 from refllama.api import gemma3_path
@@ -46,7 +47,11 @@ def model_file(name):
                REF["models"][name]["model"])
 
 
-@pytest.mark.parametrize("name, prompt, cpu, path, backend", CASES, ids=["-".join(c) for c in CASES])
+FIRST_PROMPT = {model: next(iter(r["prompts"])) for model, r in REF["models"].items()}
+
+
+@pytest.mark.parametrize("name, prompt, cpu, path, backend", [  # the fast tier: NumPy on one path, one prompt
+    param(*c, id="-".join(c), fast=c[2:5:2] == ("avx512-vnni", "numpy") and c[1] == FIRST_PROMPT[c[0]]) for c in CASES])
 def test_logits_and_greedy_tokens_are_llamacpps(name, prompt, cpu, path, backend):
     """Every position's logits to the bit; then llama.cpp's 32 greedy tokens (last position's logits only, as
     llama-cli asks for them), up to the end-of-generation token where refllama stops. The NumPy emulation takes
@@ -81,7 +86,8 @@ ARM_CASES = [(model, prompt, cpu, path) for model, entry in ARM["models"].items(
              for prompt, case in entry["prompts"].items() for cpu in ARM["paths"] for path in case.get(cpu, ())]
 
 
-@pytest.mark.parametrize("name, prompt, cpu, path", ARM_CASES, ids=["-".join(c) for c in ARM_CASES])
+@pytest.mark.parametrize("name, prompt, cpu, path", [  # SmolLM2's 135M parameters in the slow tier
+    param(*c, id="-".join(c), fast=c[0] != "smollm2") for c in ARM_CASES])
 def test_logits_on_arm_paths_are_llamacpps(name, prompt, cpu, path):
     """SmolLM2 (Q4_1, Q8_0), Gemma 3 270M (Q4_K, Q6_K, Q5_0, Q8_0) and the tiny Qwen2 and mixtures of experts in
     Q4_K_M on ARM's paths, against llama.cpp cross-built for aarch64 and run under qemu: every position's logits to

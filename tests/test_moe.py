@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from families import GGUF, names
 from test_gguf_families import DATA, F32_TOL, N_CTX, ref, rel_err
 
 import refllama
@@ -18,7 +19,7 @@ from refllama.arch import blocks
 from refllama.formats.gguf_loader import Field, GGUFFile
 from refllama.layers import FLOAT32
 
-MOE = {"mixtral": "llama", "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "olmoe": "olmoe"}
+MOE = names(experts=True)
 
 
 @pytest.mark.parametrize("family", MOE)
@@ -26,7 +27,7 @@ def test_the_hf_directory_matches_transformers_and_its_gguf(family):
     r = ref(family)
     hf = refllama.load(DATA / f"gguf-{family}" / "hf-model", n_ctx=N_CTX)
     gguf = refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=N_CTX)
-    assert hf.config.arch == gguf.config.arch == MOE[family]
+    assert hf.config.arch == gguf.config.arch == GGUF[family].arch
     for field in ("n_expert", "n_expert_used", "n_ff_exp", "n_ff_shexp", "expert_norm", "moe_layers"):
         assert getattr(hf.config, field) == getattr(gguf.config, field), field
     ids = r["token_ids"].tolist()

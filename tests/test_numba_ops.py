@@ -13,6 +13,8 @@ from refllama import layers
 from refllama.numerics import ggml_blocks, ggml_kernels, numba_ops
 from refllama.numerics.kernel_pages import warm_up_steps
 
+pytestmark = pytest.mark.slow  # Numba's kernels, compiled cold: the slow tier (the fast one holds their NumPy forms)
+
 rng = np.random.default_rng(0)
 
 
@@ -90,6 +92,7 @@ def test_generating_to_the_end_of_the_context_loads_nothing_after_load(model, nu
     code = f"""
 import numpy as np, refllama
 from test_quant import _resident_kb
+
 m = refllama.load({path!r}, backend="numba", n_ctx=16, numerics={numerics!r})
 before = _resident_kb("libllvmlite")
 m.forward(list(range(100, 110)), 0, True)

@@ -5,6 +5,7 @@ its numerics' distance from float32; the Numba tables of numerics "ggml" are the
 
 import numpy as np
 import pytest
+from tiers import param
 
 from refllama import arch as archs
 from refllama.layers import FLOAT32, Ops, causal_mask
@@ -54,13 +55,14 @@ STEPS = list(calls(1, np.random.default_rng(0)))
 
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("T", [1, 5], ids=["decode", "batch"])
-@pytest.mark.parametrize("name", list(TABLES))
+@pytest.mark.parametrize("name", [param(n, fast="numba" not in n) for n in TABLES])  # Numba: the slow tier
 def test_every_table_computes_the_float32_steps(name, T, step):
     want, got = run(FLOAT32, T, step), run(TABLES[name], T, step)
     assert got.shape == want.shape and got.dtype == np.float32
     assert np.abs(got - want).max() <= TOLERANCE[name] * np.abs(want).max(), np.abs(got - want).max()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("step", STEPS)
 @pytest.mark.parametrize("T", [1, 5], ids=["decode", "batch"])
@@ -71,7 +73,7 @@ def test_numerics_ggml_on_numba_is_its_numpy_emulation_to_the_bit(T, step, path)
 
 
 def ops_for(backend, numerics, arch):
-    return resolve(backend, np, numerics, "avx512-vnni" if numerics == "ggml" else None).ops(arch)
+    return resolve(backend, numerics, "avx512-vnni" if numerics == "ggml" else None, xp=np).ops(arch)
 
 
 def test_a_table_is_chosen_once_from_backend_and_numerics():
@@ -81,7 +83,7 @@ def test_a_table_is_chosen_once_from_backend_and_numerics():
     for backend, table in (("numpy", ggml_numerics.OPS), ("numba", ggml_kernels.OPS)):
         assert ops_for(backend, "ggml", gemma3) == table and ops_for(backend, "ggml", gemma3).q_first
         assert ops_for(backend, "ggml", llama) == table._replace(q_first=False)  # llama.cpp scales the scores
-    chosen = resolve("numpy", np, "ggml", "avx2", repack=False)
+    chosen = resolve("numpy", "ggml", "avx2", repack=False)
     assert (chosen.name, chosen.cpu_path, chosen.repack, chosen.notice) == ("ggml", "avx2", False, None)
     assert chosen.placement.path == "avx2" and not chosen.placement.repack
     for table in TABLES.values():

@@ -21,6 +21,7 @@ def random_blocks(qtype, shape):
     return rng.integers(0, 0x3C, size=gguf.quant_shape_to_byte_shape(shape, qtype), dtype=np.uint8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("T", [1, 5], ids=["decode", "prefill"])
 @pytest.mark.parametrize("shape", [(64, 512), (300, 256), (30, 256)])  # 30: rows not a multiple of 4
 @pytest.mark.parametrize("qtype", sorted(KERNEL_TYPES, key=lambda t: t.value), ids=lambda t: t.name)
@@ -33,6 +34,7 @@ def test_kernel_equals_gguf_dequantize_then_matmul(qtype, shape, T):
     np.testing.assert_allclose(got, want, atol=2e-6 * np.abs(want).max(), rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", sorted(KERNEL_TYPES, key=lambda t: t.value), ids=lambda t: t.name)
 def test_rows_dequantize_exactly(qtype):
     raw = random_blocks(qtype, (40, 256))
@@ -44,6 +46,7 @@ def test_rows_dequantize_exactly(qtype):
     assert q.nbytes < W.nbytes / 3  # quantized in memory: at most 8.5 bits of 32 (Q8_0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", sorted(KERNEL_TYPES, key=lambda t: t.value), ids=lambda t: t.name)
 def test_matrix_is_the_file_bytes_in_place(qtype):
     raw = random_blocks(qtype, (40, 256))
@@ -57,6 +60,7 @@ def test_matrix_is_the_file_bytes_in_place(qtype):
         QuantMatrix([raw[:, :-1]], qtype, 256)
 
 
+@pytest.mark.slow
 def test_q4_0_offset_of_the_largest_float16_scale_stays_exact():
     raw = random_blocks(QT.Q4_0, (4, 64))
     raw.reshape(4, 2, 18)[0, 0, :2] = np.frombuffer(np.float16(60000).tobytes(), np.uint8)  # -8 d overflows float16
@@ -67,6 +71,7 @@ def test_q4_0_offset_of_the_largest_float16_scale_stays_exact():
     np.testing.assert_allclose(x @ q.T, x @ W.T, rtol=1e-5, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_numba_backend_keeps_smollm2_quantized(model):
     m = refllama.load(model.path, backend="numba", n_ctx=256)
     q = m.weights["layers"][0]["attn_q"].fused.whole  # q, k and v multiplied as one matrix (quant.Fused)
@@ -79,6 +84,7 @@ def test_numba_backend_keeps_smollm2_quantized(model):
     assert list(m.generate(ids, **greedy)) == list(model.generate(ids, **greedy))
 
 
+@pytest.mark.slow
 def test_unsupported_types_fall_back_with_one_notice(tmp_path):
     path = write_gguf(tmp_path / "q3.gguf", tiny_metadata(), tiny_tensors(QT.Q3_K))
     r = subprocess.run([sys.executable, "-c", f"import refllama; m = refllama.load({str(path)!r}, backend='numba');"
@@ -105,6 +111,7 @@ def _resident_kb(pattern):  # resident KB of this process's read-only mappings o
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux") or tuple(map(int, os.uname().release.split(".")[:2])) < (5, 4),
                     reason="MADV_PAGEOUT needs Linux 5.4+")
 def test_released_loader_pages_leave_kernels_and_hashing_working():

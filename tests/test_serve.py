@@ -87,6 +87,7 @@ def cli(*args):
     return r.stdout
 
 
+@pytest.mark.slow
 def test_openai_client_streams_a_chat_completion_equal_to_the_cli(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     question = "What is the capital of France?"
@@ -98,6 +99,7 @@ def test_openai_client_streams_a_chat_completion_equal_to_the_cli(server):
     assert text + "\n" == cli("--chat", "-p", question, "-n", "24", "--temp", "0")
 
 
+@pytest.mark.slow
 def test_openai_client_streams_a_completion_equal_to_the_cli(server):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     prompt = "The history of the printing press begins"
@@ -184,6 +186,7 @@ def stream_one(url, i):
     return "served" if r.status_code == 200 and lines[-1] == "data: [DONE]" and finished else f"broken {r.status_code}"
 
 
+@pytest.mark.slow
 def test_burst_of_20_streaming_clients_each_served_or_refused(server):
     with ThreadPoolExecutor(20) as pool:
         results = list(pool.map(lambda i: stream_one(server.url, i), range(20)))
@@ -219,6 +222,7 @@ def test_ready_callback_reaches_the_pool_manager(secured):
                                     "url": secured.url, "context_size": 4096}
 
 
+@pytest.mark.slow
 def test_generation_thread_runs_numba_with_the_threads_asked_for():
     import numba
     from starlette.testclient import TestClient

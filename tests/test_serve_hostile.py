@@ -93,6 +93,7 @@ def test_a_tiny_temperature_streams_to_the_end(tiny):
     assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+@pytest.mark.slow
 def test_slow_and_idle_clients_are_disconnected(tiny):
     t = time.perf_counter()
     with socket.create_connection(("127.0.0.1", tiny.port), timeout=15) as s:
@@ -122,6 +123,7 @@ def test_a_model_that_gives_nan_ends_the_stream_with_an_error_event(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow
 def test_a_looping_template_neither_freezes_the_server_nor_survives_its_time_limit(tmp_path):
     loop = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     s = Server(tmp_path, "-m", variant(tmp_path, "loop", template=loop), "-c", "256")
@@ -170,6 +172,7 @@ def test_sigterm_ends_the_server_within_seconds_whatever_it_is_doing(tmp_path):
     assert time.perf_counter() - t < 5
 
 
+@pytest.mark.slow
 def test_fuzzed_requests_get_an_answer_or_a_4xx_and_streams_always_end(tiny):
     with httpx.Client(timeout=30) as c:
         for seed in range(150):

@@ -10,6 +10,8 @@ import pytest
 
 from refllama import xp
 
+pytestmark = pytest.mark.slow  # Numba's thread pools, its kernels compiled cold: the slow tier
+
 PROBE = """
 import json, numba, refllama
 from threadpoolctl import threadpool_info
@@ -25,6 +27,7 @@ print(json.dumps({{"numba": numba.get_num_threads(), "blas": blas,
 FOLLOWED = """
 import json, subprocess, sys, time, numba, refllama
 from refllama import xp
+
 xp.FOLLOW_S = 0.3
 m = refllama.load(backend="numba", n_ctx=64)
 m.forward([1], 0)

@@ -36,6 +36,8 @@ The module interface (tests/test_arch.py holds every module to it):
             CHAT_TEMPLATE          for GGUF files that carry none (Gemma 3)
             LLAMACPP_FUSED         llama.cpp graph nodes that fuse stages, for tools/dump_llamacpp.py
             LLAMACPP_Q_SCALED      llama.cpp scales q before kq, so its kq is refllama's times kq_scale
+            llamacpp_differs(cfg)  why llama.cpp computes another model than this config (compare's reference
+                                   note), or None
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
             LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
@@ -50,7 +52,7 @@ from .tables import Weight
 
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
-OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED")
+OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
                                      smollm3, olmo2, granite)}

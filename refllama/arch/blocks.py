@@ -15,11 +15,20 @@ from ..layers import causal_mask, embedding, linear
 from ..trace import tap
 from ..xp import array_module
 
-PRE_NORM_INPUTS = ("inp_embd",)  # the stages pre_norm_forward taps before the first block, and in each block:
-PRE_NORM_STAGES = ("attn_norm", "Qcur", "Kcur", "Vcur", "Qcur_rope", "Kcur_rope", "kq", "kq_soft_max", "kqv_out",
-                   "attn_out", "ffn_inp", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "l_out")
+# A block's stages in named parts, as the functions below tap them; a family's STAGES joins the parts its block has.
+QKV_STAGES = ("Qcur", "Kcur", "Vcur")  # qkv's
 QK_NORM_STAGES = ("Qcur_normed", "Kcur_normed")  # qk_norm's, after Vcur (Qwen3, Gemma 3)
+ROPE_STAGES = ("Qcur_rope", "Kcur_rope")  # rope_qk's: none on a NoPE layer
+ATTEND_STAGES = ("kq", "kq_soft_max", "kqv_out", "attn_out")  # attend's (kq_scaled_2 between where scores are capped)
 DENSE_FFN_STAGES = ("ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out")  # gated_ffn's
+PRE_NORM_INPUTS = ("inp_embd",)  # the stages pre_norm_forward taps before the first block
+
+
+def pre_norm_stages(qk_norm=False):  # -> the stages of pre_norm_block, with qk_norm's where the layers have the norms
+    return ("attn_norm", *QKV_STAGES, *(QK_NORM_STAGES if qk_norm else ()), *ROPE_STAGES, *ATTEND_STAGES, "ffn_inp",
+            "ffn_norm", *DENSE_FFN_STAGES, "l_out")
+
+
 ROUTING_STAGES = ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights")  # moe_ffn's, in order:
 NORM_W_STAGES = ("ffn_moe_weights_sum", "ffn_moe_weights_norm")  # where the K weights are renormalised
 EXPERT_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out")
@@ -29,24 +38,26 @@ SHARED_EXPERT_STAGES = ("ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_gate", "ffn
 MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the routing weights' sum to float16's smallest normal number
 
 
+def replaced(stages, part, new):  # -> stages with the run of stages `part` replaced by `new`
+    at = stages.index(part[0])
+    assert stages[at:at + len(part)] == part, f"{part} is not a run of {stages}"
+    return (*stages[:at], *new, *stages[at + len(part):])
+
+
 def moe_stage_order(stages):
     """Every stage a block of a family with mixtures of experts may tap, dense or not, in forward order."""
-    at = stages.index("ffn_gate")
-    return (*stages[:at], *ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES, *SHARED_EXPERT_STAGES[:-1],
-            *stages[at + len(DENSE_FFN_STAGES) - 1:])
+    return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES, *SHARED_EXPERT_STAGES))
 
 
 def block_stages(stages, cfg, i):
     """The stages of block i, given the family's dense block `stages`: its feed-forward's replaced by moe_ffn's
     (and shared_expert's) where layer i is a mixture of experts, no rotated q/k on a NoPE layer."""
     if cfg.is_nope(i):
-        stages = tuple(s for s in stages if s not in ("Qcur_rope", "Kcur_rope"))
+        stages = tuple(s for s in stages if s not in ROPE_STAGES)
     if not cfg.is_moe(i):
         return stages
-    moe = (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()), *EXPERT_STAGES,
-           *(SHARED_EXPERT_STAGES if cfg.n_ff_shexp else ()))
-    at = stages.index("ffn_gate")
-    return (*stages[:at], *moe, *stages[at + len(DENSE_FFN_STAGES):])
+    return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()),
+                                               *EXPERT_STAGES, *(SHARED_EXPERT_STAGES if cfg.n_ff_shexp else ())))
 
 
 class At(NamedTuple):

@@ -36,6 +36,15 @@ def llamacpp_attn_scale(n_layer, n_embd, n_head, head_dim):
     return 1.0 / math.sqrt(n_embd // n_head if n_layer == 46 else head_dim)
 
 
+def llamacpp_differs(cfg):  # -> why llama.cpp computes another model than this config's, or None
+    theirs = llamacpp_attn_scale(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_dim)
+    if math.isclose(cfg.kq_scale, theirs, rel_tol=1e-6):
+        return None
+    return (f"this model's softmax scale (query_pre_attn_scalar^-1/2 = {cfg.kq_scale:.6g}) is not llama.cpp's "
+            f"({theirs:.6g}): GGUF has no field for query_pre_attn_scalar, so llama.cpp computes another model; "
+            "transformers reads it (docs/references.md)")
+
+
 def config_from_gguf(g):
     """llama.cpp always has a window (4096 unless given) in every other layer and both soft-caps (50 and 30 unless
     given). It has no field for query_pre_attn_scalar: HD^-1/2, or (D/H)^-1/2 for the 46-layer 27B."""

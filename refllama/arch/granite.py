@@ -18,7 +18,7 @@ ROPE_LAYOUT = "interleaved"  # NORM: its converter (LlamaModel's) permutes HF's 
 WEIGHTS = (tables.TOKEN_EMBD, tables.OUTPUT_NORM, tables.OUTPUT)
 LAYER_WEIGHTS = tables.LLAMA_LAYER
 INPUTS = ("inp_embd", "inp_scaled")
-STAGES = blocks.PRE_NORM_STAGES
+STAGES = blocks.pre_norm_stages()
 
 
 def config_from_gguf(g):

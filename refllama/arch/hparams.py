@@ -116,9 +116,10 @@ def gguf_yarn(g, arch, rope, n_ctx):
 GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes
 
 
-def gguf_moe(g, norm, split_ff=False):
+def gguf_moe(g, norm, split_ff=False, shared=0):
     """The mixture-of-experts fields of a GGUF config ({} for a dense model), as llama.cpp reads them: `norm` is the
-    family's renormalisation (llama.cpp's graph fixes it per architecture, no file key); without an
+    family's renormalisation (llama.cpp's graph fixes it per architecture, no file key), `shared` the shared experts
+    its graph computes (an expert_shared_count of another number is refused); without an
     `expert_feed_forward_length` an expert is feed_forward_length wide, or (`split_ff`, Qwen's) that over K. A layer
     is a mixture where it has a router (`ffn_gate_inp`), as llama.cpp's llama graph decides per layer. Routing options
     refllama does not compute are refused by name."""
@@ -127,7 +128,7 @@ def gguf_moe(g, norm, split_ff=False):
     if not n_expert:
         return {}
     for key, allowed in ((f"{arch}.expert_gating_func", GATING_SOFTMAX), (f"{arch}.expert_group_count", 1),
-                         (f"{arch}.expert_shared_count", 1 if arch == "qwen2moe" else 0)):
+                         (f"{arch}.expert_shared_count", shared)):
         if g.has(key) and int(g.integer(key, low=0)) not in (0, allowed):
             raise RefllamaError(f"{g.path}: unsupported {key} {g.integer(key, low=0)} (refllama routes by softmax "
                                 "over every expert, ungrouped)")

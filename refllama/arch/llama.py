@@ -35,7 +35,7 @@ LAYER_WEIGHTS = (  # a block's, after blk.N. / model.layers.N.
 MOE_WEIGHTS = tuple(row._replace(hf=hf, hf_fused=()) for row, hf in zip(tables.MOE, (  # Mixtral: renormalised
     "block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight", "block_sparse_moe.experts.{e}.w3.weight",
     "block_sparse_moe.experts.{e}.w2.weight"), strict=True))
-INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES
+INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.pre_norm_stages()
 
 
 def config_from_gguf(g):

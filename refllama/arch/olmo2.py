@@ -31,9 +31,8 @@ LAYER_WEIGHTS = (
     Weight("ffn_post_norm", "D", "post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
 )
 INPUTS = blocks.PRE_NORM_INPUTS
-STAGES = ("Qcur", "Kcur", "Vcur", *blocks.QK_NORM_STAGES, "Qcur_rope", "Kcur_rope", "kq", "kq_soft_max", "kqv_out",
-          "attn_out", "attn_post_norm", "ffn_inp", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_out", "ffn_post_norm",
-          "l_out")
+STAGES = (*blocks.QKV_STAGES, *blocks.QK_NORM_STAGES, *blocks.ROPE_STAGES, *blocks.ATTEND_STAGES, "attn_post_norm",
+          "ffn_inp", *blocks.DENSE_FFN_STAGES, "ffn_post_norm", "l_out")
 
 
 def config_from_gguf(g):

@@ -18,7 +18,7 @@ LAYER_WEIGHTS = (
 )
 MOE_WEIGHTS = tables.MOE
 INPUTS = blocks.PRE_NORM_INPUTS
-STAGES = (*blocks.PRE_NORM_STAGES[:4], *blocks.QK_NORM_STAGES, *blocks.PRE_NORM_STAGES[4:])  # the norms after Vcur
+STAGES = blocks.pre_norm_stages(qk_norm=True)
 
 
 def config_from_gguf(g):

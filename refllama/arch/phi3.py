@@ -28,7 +28,7 @@ LAYER_WEIGHTS = (
            split=(("ffn_gate", "F"), ("ffn_up", "F"))),
     tables.FFN_DOWN,
 )
-INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES
+INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.pre_norm_stages()
 forward = blocks.pre_norm_forward
 
 

@@ -14,7 +14,7 @@ LAYER_WEIGHTS = (
     tables.ATTN_Q_BIAS, tables.ATTN_K_BIAS, tables.ATTN_V_BIAS,  # Qwen2's biases
     tables.ATTN_OUTPUT, tables.FFN_NORM, tables.FFN_GATE, tables.FFN_UP, tables.FFN_DOWN,
 )
-INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES
+INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.pre_norm_stages()
 
 
 def config_from_gguf(g):

@@ -16,11 +16,11 @@ LAYER_WEIGHTS = (  # a dense layer's (HF's mlp_only_layers); tables.layer_rows s
     tables.ATTN_OUTPUT, tables.FFN_NORM, tables.FFN_GATE, tables.FFN_UP, tables.FFN_DOWN,
 )
 MOE_WEIGHTS = (*tables.MOE, *tables.SHARED_EXPERT)
-INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES
+INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.pre_norm_stages()
 
 
 def config_from_gguf(g):
-    return gguf_config(g, ROPE_LAYOUT, **gguf_moe(g, norm=False, split_ff=True))
+    return gguf_config(g, ROPE_LAYOUT, **gguf_moe(g, norm=False, split_ff=True, shared=1))
 
 
 def config_from_hf(c):

@@ -17,11 +17,19 @@ NOPE_INTERVAL = 4  # llama.cpp's n_no_rope_layer_step, transformers' no_rope_lay
 
 WEIGHTS = (tables.TOKEN_EMBD, tables.OUTPUT_NORM, tables.OUTPUT)
 LAYER_WEIGHTS = tables.LLAMA_LAYER
-INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.PRE_NORM_STAGES  # a NoPE layer lacks Qcur_rope, Kcur_rope
+INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.pre_norm_stages()  # a NoPE layer lacks Qcur_rope, Kcur_rope
 
 
 def nope(n_layer, interval):  # -> per layer, whether it is a NoPE layer: every interval-th
     return tuple((i + 1) % interval == 0 for i in range(n_layer))
+
+
+def llamacpp_differs(cfg):  # -> why llama.cpp computes another model than this config's, or None
+    if cfg.nope_layers == nope(cfg.n_layer, NOPE_INTERVAL):
+        return None
+    return ("this model's NoPE layers are not llama.cpp's: its smollm3 graph leaves every 4th layer unrotated "
+            "whatever the config lists (its converter writes no list), so llama.cpp computes another model; "
+            "transformers follows no_rope_layers (docs/references.md)")
 
 
 def config_from_gguf(g):

@@ -4,7 +4,6 @@ dumps it compares when one side is llama.cpp's, so that a user caught between th
 
 import math
 
-from .. import arch as archs
 from ..layers import YARN_BETAS
 
 GELU_STAGES = ("ffn_geglu", "ffn_gelu")
@@ -32,15 +31,9 @@ def notes(model, mine, ref, rows):
     if model is None:
         return out
     cfg = model.config
-    if cfg.arch == "smollm3" and cfg.nope_layers != archs.smollm3.nope(cfg.n_layer, archs.smollm3.NOPE_INTERVAL):
-        out.append("reference: this model's NoPE layers are not llama.cpp's: its smollm3 graph leaves every 4th layer "
-                   "unrotated whatever the config lists (its converter writes no list), so llama.cpp computes "
-                   "another model; transformers follows no_rope_layers (docs/references.md)")
-    theirs = archs.gemma2.llamacpp_attn_scale(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.head_dim)
-    if cfg.arch == "gemma2" and not math.isclose(cfg.kq_scale, theirs, rel_tol=1e-6):
-        out.append(f"reference: this model's softmax scale (query_pre_attn_scalar^-1/2 = {cfg.kq_scale:.6g}) is not "
-                   f"llama.cpp's ({theirs:.6g}): GGUF has no field for query_pre_attn_scalar, so "
-                   "llama.cpp computes another model; transformers reads it (docs/references.md)")
+    differs = getattr(model.arch, "llamacpp_differs", None)  # a family's own difference, where it has one
+    if differs is not None and differs(cfg):
+        out.append(f"reference: {differs(cfg)}")
     if cfg.rope_yarn is not None and (cfg.rope_yarn != (*YARN_BETAS, True)
                                       or not math.isclose(cfg.rope_attn_factor, 1.0, rel_tol=1e-6)):
         out.append("reference: this model's YaRN is not llama.cpp's: llama.cpp ramps between beta_fast 32 and "

@@ -22,7 +22,7 @@ import importlib
 from typing import NamedTuple
 
 from ..layers import FLOAT32, Ops
-from ..xp import Placement
+from ..xp import Placement, backend_module
 from . import cpu_paths
 
 OPS = {  # (backend, numerics) -> the module whose OPS table computes the steps; refllama.layers' own otherwise
@@ -54,17 +54,19 @@ class Numerics(NamedTuple):
         return self.table
 
 
-def resolve(backend, xp, numerics="float32", cpu_path=None, in_file=None, repack=True, qtypes=set):  # -> Numerics
+def resolve(backend, numerics="float32", cpu_path=None, in_file=None, repack=True, qtypes=set, xp=None):  # -> Numerics
     """The numerics of a backend, chosen once, at load; a numerics module is imported only when chosen.
     `cpu_path` (numerics "ggml"): which of llama.cpp's CPU paths to reproduce, None for the host's where reproduced
     (for the model's matrix types, `qtypes()`: cpu_paths.choose), else the nearest, with a notice; a ValueError
     names a path not reproduced on `backend`. `in_file`: numpy's choice between file-form and float32 matrices
     (None: by the model's size, FilePlacement), cupy's between 16-bit and quantized matrices kept so (None, True)
     and widened to float32 (False); `repack`: numerics "ggml"'s products as llama.cpp's repacked x86 forms
-    (ggml_numerics.REPACK) or its vec_dot."""
+    (ggml_numerics.REPACK) or its vec_dot. `xp`: the backend's array module, None for refllama.xp's (after the path
+    is chosen, so that a path not reproduced is named before a backend that is missing)."""
     notice = None
     if numerics == "ggml":
         cpu_path, notice = cpu_paths.choose(cpu_path, backend, qtypes)
+    xp = xp or backend_module(backend)
     table = FLOAT32
     if (backend, numerics) in OPS:
         module = importlib.import_module(OPS[backend, numerics])
