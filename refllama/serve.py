@@ -175,7 +175,7 @@ class Worker:
 
 
 def sampling(body, m):
-    """refllama.generate keyword arguments from an OpenAI request (OpenAI's defaults where it has them)."""
+    """Model.generate keyword arguments from an OpenAI request (OpenAI's defaults where it has them)."""
     max_tokens = field(body, "max_completion_tokens", (int,)) or field(body, "max_tokens", (int,), 256)
     if max_tokens <= 0:
         raise APIError(400, "'max_tokens' must be at least 1", param="max_tokens")

@@ -22,7 +22,7 @@ imports another. Loaders, dump, compare and the harness read these.
     granite                 NORM                     its own forward: llama's block with embedding, residual,
                                                      attention and logit multipliers
 
-The module interface (tests/test_arch.py holds every module to it):
+The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
             HF_ARCHITECTURES       config.json `architectures[0]` values it reads
             ROPE_LAYOUT            "interleaved" or "half": llama.cpp's q/k pair layout for it

@@ -1,7 +1,7 @@
 """Checkpoint dumps: one directory per run, one .npy per stage, a manifest.json (see checkpoints/FORMAT.md).
 
 The same format is written by refllama (`--dump-dir`), by the reference tools in tools/, and by anyone's
-engine; `read_dump` loads any of them and can convert q/k to either RoPE pair layout.
+engine; `Dump` reads any of them and can convert q/k to either RoPE pair layout.
 """
 
 import difflib

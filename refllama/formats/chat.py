@@ -1,5 +1,5 @@
 """Chat prompts: the model's own jinja2 chat template rendered in a sandbox, as transformers renders it, in a process
-of its own with time, output and memory limits (refllama/template_sandbox.py says why)."""
+of its own with time, output and memory limits (refllama/formats/template_sandbox.py says why)."""
 
 import json
 import math
