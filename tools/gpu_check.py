@@ -128,8 +128,8 @@ def tests():
     out = {}
     for name, cmd, limit in (("tests/test_gpu.py", ["tests/test_gpu.py"], 180),
                              ("checkpoints --backend cupy", ["checkpoints", "--backend", "cupy", "-k", "cupy"], 240)):
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", *cmd],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=line", "--full",
+                            *cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
         tail = (r.stdout + r.stderr).strip().splitlines()[-25:]
         print("\n".join(tail), flush=True)
         out[name] = tail[-1] if tail else "?"
