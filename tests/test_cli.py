@@ -63,6 +63,7 @@ def test_bad_input_is_one_line_and_nonzero(args, fragment):
     assert len(lines) == 1 and lines[0].startswith("refllama: error:") and fragment in lines[0], r.stderr
 
 
+@pytest.mark.slow
 def test_a_prompt_too_long_is_refused_before_it_is_echoed():
     r = cli("-p", "hello " * 50, "-c", "16", "-n", "2")
     assert r.returncode == 1 and r.stdout == "" and "context size 16" in r.stderr

@@ -19,8 +19,8 @@ imports another. Loaders, dump, compare and the harness read these.
     olmo2                   NEOX                     its own forward: no pre-norms, attention and feed-forward
                                                      outputs normed before the residual adds them, q/k norms over
                                                      the whole projection
-    granite                 NORM                     its own forward: llama's block with embedding, residual,
-                                                     attention and logit multipliers
+    granite                 NORM                     llama's forward, embedding, residual, attention and logit
+                                                     multipliers
 
 The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch

@@ -212,26 +212,35 @@ def decoder_forward(w, cfg, ops, tokens, start_pos, cache, last_only, block):  #
     return tap("result_output", None, logits)
 
 
+def feed_forward(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: layer i's feed-forward, chosen as llama.cpp's graphs do
+    """A SwiGLU feed-forward, or where the layer has a router a mixture of experts, plus the shared expert where the
+    model has one (Qwen2-MoE)."""
+    if not cfg.is_moe(i):
+        return gated_ffn(h, lw, ops, "swiglu", i)
+    if not cfg.n_ff_shexp:
+        return moe_ffn(h, lw, cfg, ops, i)
+    return tap("ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + shared_expert(h, lw, ops, i))
+
+
+def add_residual(x, h, cfg):  # [T, D], [T, D] -> x + h, h scaled first where the model scales it (Granite's)
+    return x + h if cfg.residual_scale == 1.0 else x + h * array_module(h).float32(cfg.residual_scale)
+
+
 def pre_norm_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
     h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
     q, k, v = qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
-    if "attn_q_norm" in lw:  # Qwen3
+    if "attn_q_norm" in lw:  # Qwen3, OLMoE
         q, k = qk_norm(q, k, lw, cfg, ops, i)
     if not cfg.is_nope(i):  # SmolLM3's NoPE layers: q and k unrotated
         q, k = rope_qk(q, k, cfg, ops, at, i)
     h = attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
     if last_only:  # only the last row goes on
         x, h = x[-1:], h[-1:]  # [1, D]
-    x = tap("ffn_inp", i, x + h)  # [T, D]
+    x = tap("ffn_inp", i, add_residual(x, h, cfg))  # [T, D]
     del h, q, k, v  # before the feed-forward's larger arrays
     h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
-    if not cfg.is_moe(i):
-        h = gated_ffn(h, lw, ops, "swiglu", i)
-    elif cfg.n_ff_shexp:  # Qwen2-MoE: the experts plus its shared expert
-        h = tap("ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + shared_expert(h, lw, ops, i))
-    else:
-        h = moe_ffn(h, lw, cfg, ops, i)
-    return tap("l_out", i, x + h)  # [T, D]
+    h = feed_forward(h, lw, cfg, ops, i)  # [T, D]
+    return tap("l_out", i, add_residual(x, h, cfg))  # [T, D]
 
 
 def sandwich_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i

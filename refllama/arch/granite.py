@@ -6,8 +6,6 @@ As llama.cpp's src/models/granite.cpp and transformers' modeling_granite.py comp
 logits by float32(1 / logits_scaling) where transformers divides (a last-bit difference), refllama as llama.cpp."""
 
 from ..errors import RefllamaError
-from ..trace import tap
-from ..xp import array_module
 from . import blocks, tables
 from .hparams import gguf_config, hf_config, refuse
 
@@ -43,21 +41,5 @@ def config_from_hf(c):
                      logit_scale=m["logits_scaling"])
 
 
-def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [T or 1, V] logits
-    """Granite's forward: blocks.decoder_forward (its embeddings scaled, its logits divided) of the block below."""
-    return blocks.decoder_forward(w, cfg, ops, tokens, start_pos, cache, last_only, block)
-
-
-def block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
-    residual = array_module(x).float32(cfg.residual_scale)
-    h = tap("attn_norm", i, ops.rms_norm(x, lw["attn_norm"], cfg.rms_eps))  # [T, D]
-    q, k, v = blocks.qkv(h, lw, cfg, i)  # [T, H, HD], [T, KVH, HD], [T, KVH, HD]
-    q, k = blocks.rope_qk(q, k, cfg, ops, at, i)
-    h = blocks.attend(q, k, v, lw, cfg, ops, i, at)  # [T, D], softmax scale attention_multiplier
-    del q, k, v
-    if last_only:  # only the last row goes on
-        x, h = x[-1:], h[-1:]  # [1, D]
-    x = tap("ffn_inp", i, x + h * residual)  # [T, D]
-    h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
-    h = blocks.gated_ffn(h, lw, ops, "swiglu", i)  # [T, D]
-    return tap("l_out", i, x + h * residual)  # [T, D]
+forward = blocks.pre_norm_forward  # llama's: the multipliers are settings of it (ModelConfig's embedding_scale,
+# attn_scale, residual_scale, logit_scale)
