@@ -139,7 +139,6 @@ def softmax(x):  # [..., n] -> [..., n]
     return e / e.sum(axis=-1, keepdims=True)
 
 
-
 def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.k
     """Grouped-query scores: query head h reads kv head h // (H / KVH), as llama.cpp and transformers do.
 

@@ -436,8 +436,6 @@ FIELDS = {"messages": [CHAT_MSG, [], "x", [{"role": 1}], [{"role": "user", "cont
           "model": ["llama-q8_0", "other", 5]}
 
 
-
-
 def request_mutant(rng):
     """(path, body) of a valid request with up to three fields given random values, valid or not."""
     chat = bool(rng.integers(2))

@@ -113,7 +113,8 @@ def test_cupy_backend_without_gpu_is_a_clear_error():
 def test_checkpoint_suite_runs_one_backend_on_request():
     def collected(*args):
         r = subprocess.run([sys.executable, "-m", "pytest", "checkpoints/checkpoint_00_embedding.py", "--collect-only",
-                            "-q", *args], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1])
+                            "-q", "--full", *args], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).parents[1])
         assert r.returncode == 0, r.stdout + r.stderr
         return [line for line in r.stdout.splitlines() if "::" in line]
 
@@ -121,7 +122,6 @@ def test_checkpoint_suite_runs_one_backend_on_request():
     on_numba = ("-gguf-numba-", "-ggml-numba-")  # its float32 and ggml numerics cases
     assert numba and all(any(b in t for b in on_numba) for t in numba)
     assert numba == [t for t in every if any(b in t for b in on_numba)] and len(every) > len(numba)
-
 
 
 def test_a_dump_keeps_the_blocks_and_positions_asked_for(tmp_path):

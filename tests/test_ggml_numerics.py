@@ -393,7 +393,6 @@ def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtyp
     np.testing.assert_array_equal(fast[[0, 3, 39, 3]], ref[[0, 3, 39, 3]])
 
 
-
 @pytest.mark.slow
 @pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("T,N,K", [(1, 128, 2048), (1, 8, 200), (1, 8, 96), (3, 8, 64), (2, 6, 48), (5, 4, 100),

@@ -123,7 +123,6 @@ def ggml_refs(family, suffix=""):
     return {text.split(":")[0]: ref(family)[key + suffix] for key, text in paths.items() if key + suffix in ref(family)}
 
 
-
 def assert_llamacpps(logits, want, family, cpu):
     """Bit-equal, but where the logits pass through the C library's tanhf on an ARM path computed on x86: aarch64's
     glibc (built with fused multiply-adds) differs from x86-64's in the last bit for about 1 input in 4,000 (69 of

@@ -58,6 +58,9 @@ from transformers import (
     SmolLM3Config,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from families import names  # tests/families.py: the catalogue of these fixtures
+
 import refllama
 from refllama.arch import get, layer_stages
 from refllama.check.dump import file_sha256, storage_plan, write_dump
@@ -128,8 +131,8 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
         "original_max_position_embeddings": 64, "rope_theta": 500000.0})),
     "phi4": (Phi3Config, dict(COMMON, partial_rotary_factor=0.75, rope_theta=250000.0)),
 }
-MOE = ("mixtral", "qwen3moe", "qwen2moe", "olmoe")
-NEW = ("gemma2", "smollm3", "olmo2", "granite", "yarn", "llama32", "phi4")  # kept as HF directories too
+KEPT_HF = names(hf_model=True)  # the catalogue's: kept as HF directories too
+Q8_0_STAGES = names(q8_0_stages=True)  # llama.cpp's every stage on the Q8_0 file (--ggml-stages)
 ROUTER = (".gate.weight", ".shared_expert_gate.weight")  # routers: transformers' init (std 0.02) nearly ties
 # the experts' probabilities, so that the last bit of a logit would choose; 0.5 separates them
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
@@ -258,7 +261,7 @@ def main():
     if args.ggml_logits:
         return ggml_logits(args.families or FAMILIES, args.arm)
     if args.ggml_stages:
-        return ggml_stages(args.families or NEW)
+        return ggml_stages(args.families or Q8_0_STAGES)
     if not args.llama_cpp:
         p.error("--llama-cpp is needed to make the models")
     import llama_cpp
@@ -271,7 +274,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             hf_dir = Path(tmp) / name
             model = save_hf(name, hf_dir, tok)
-            if name in MOE + NEW:  # kept: checked as HF directories too
+            if name in KEPT_HF:  # kept: checked as HF directories too
                 shutil.copytree(hf_dir, out / "hf-model")
             for outtype in ("f32", "q8_0"):
                 script = CONVERT.format(src=args.llama_cpp, model=str(hf_dir), outtype=outtype,
