@@ -5,7 +5,9 @@ hold no numerics dispatch; the model file's hyper-parameters (ModelConfig) hold 
 
 import ast
 import dataclasses
+import importlib
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,34 @@ def test_layers_are_the_formula_with_no_numerics_dispatch():
 
 def test_model_config_holds_the_model_files_hyper_parameters_only():
     assert "numerics" not in {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+ROOT = PACKAGE.parent
+TEXTS = [p for p in (*ROOT.glob("*.md"), *ROOT.glob("*/*.md"), *PACKAGE.rglob("*.py"), *ROOT.glob("tools/*.py"),
+                     *ROOT.glob("tests/*.py"), *ROOT.glob("checkpoints/*.py"))]
+PATH = re.compile(r"(?<![\w/.-])((?:refllama|tests|tools|checkpoints|docs|benchmarks)/[\w/.-]*[\w/])(?![\w{*-])")
+
+
+def test_every_file_and_refllama_name_the_docs_and_docstrings_give_exists():
+    """A doc or docstring that names a module, function or constant of refllama's (dotted, from `refllama`) or a file
+    of this repository names one that exists now (names with an upper-case placeholder, as tests/data/gguf-NAME, stand
+    for many; __pycache__ is made by a run)."""
+    missing = []
+    for text in TEXTS:
+        source = text.read_text(encoding="utf-8")
+        for path in PATH.findall(source):
+            if not any(c.isupper() for c in path) and not (ROOT / path).exists() and "__pycache__" not in path:
+                missing.append(f"{text.relative_to(ROOT)}: {path}")
+        for name in set(re.findall(r"\brefllama(?:\.[A-Za-z_]\w*)+", source)):
+            parts, obj = name.split("."), None
+            for i in range(len(parts), 0, -1):
+                try:
+                    obj = importlib.import_module(".".join(parts[:i]))
+                except ImportError:
+                    continue
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr, None)
+                break
+            if obj is None:
+                missing.append(f"{text.relative_to(ROOT)}: {name}")
+    assert not missing, missing

@@ -1,4 +1,4 @@
-"""llama.cpp's own tokenizer suite (tests/test-tokenizer-0.cpp): vocabulary-only GGUFs with inputs and the ids
+"""llama.cpp's own tokenizer suite (its test-tokenizer-0.cpp): vocabulary-only GGUFs with inputs and the ids
 llama.cpp gives them (no BOS, no special-token parsing). `tools/fetch_llamacpp_vocabs.py` puts the files in a cache
 (.ci/run does); without it these tests skip, saying so."""
 

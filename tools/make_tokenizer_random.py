@@ -3,7 +3,7 @@ tokenizer suite and of the two real models (SmolLM2, Gemma 3 270M), in the modes
 (BOS, special parsing) and, for texts made of special tokens, the other two; and each vocabulary's
 end-of-generation set (llama_vocab_is_eog).
 
-The generators are those of llama.cpp's tests/test-tokenizer-random.py, ported: its hand-written texts and edge
+The generators are those of llama.cpp's test-tokenizer-random.py, ported: its hand-written texts and edge
 cases, random words of ASCII/Latin characters, random Unicode, random words of the vocabulary, random runs of its
 special and added tokens, and those tokens with whitespace around them. Seeds 0 to SEEDS-1.
 
