@@ -95,7 +95,20 @@ def divergence_line(f):
     wrong = f.get("wrong_positions") or f["positions"]  # those past tolerance on their own, else all compared
     where = spans(wrong) + (f" of {spans(f['positions'])}" if wrong != f["positions"] else "")
     return (f"first divergence: {f['name']} (max_rel {f['max_rel']:.3e}, nmse {f['nmse']:.3e}"
-            + (f"; added by {' and '.join(f['adds'])}" if f["adds"] else "") + f"; positions {where})")
+            + (f"; added by {' and '.join(f['adds'])}" if f["adds"] else "") + f"; positions {where})"
+            + (f"; {entered_line(f)}" if "entered" in f else ""))
+
+
+def entered_line(f):
+    """Where error that no compared stage adds came in: between the last stage within tolerance and this one."""
+    e = f["entered"]
+    span = f"between {e['after']} and {f['name']}" if e["after"] else f"before {f['name']}"
+    if not e["only"]:
+        return (f"the error entered {span}, where neither dump holds a stage: each side's re-run of {f['name']} is "
+                "within tolerance, so a step before it that both skip dumping differs")
+    return f"the error entered {span}, in stages " + "; ".join(
+        f"only {side} holds: " + ", ".join(a if a == b else f"{a} .. {b}" for a, b in runs)
+        for side, runs in e["only"].items())
 
 
 SHOWN = 5  # the later stages that add error of their own a short report lists after the first divergence
@@ -120,7 +133,8 @@ def print_report(rep, full):
         local = [f"{r[f'local_{s}']['nmse']:9.2e}" if f"local_{s}" in r else f"{'-':>9}" for s in ("MINE", "REF")]
         inp = f"{r['input_nmse']:9.2e}" if r["input_nmse"] is not None else f"{'-':>9}"
         verdict = ("adds error (" + ", ".join(r["adds"]) + ")" if r["adds"] else
-                   "FAIL" if not r["ok"] else "carried from its inputs" if r["carried"] else "ok")
+                   "FAIL" if not r["ok"] else "entered before it" if "entered" in r else
+                   "carried from its inputs" if r["carried"] else "ok")
         pos = r["positions"]
         at = f" @{pos[0]}" if len(pos) == 1 else ""
         print(f"{r['name'] + at:<18} {r['max_rel']:9.2e} {r['nmse']:9.2e} {inp} {local[0]} {local[1]}  {verdict}")
@@ -142,7 +156,7 @@ def print_report(rep, full):
 
 def as_json(rep):
     keep = ("name", "stage", "layer", "positions", "max_abs", "max_rel", "nmse", "cosine", "tol", "local_tol",
-            "input_nmse", "local_MINE", "local_REF", "adds", "ok", "carried", "verdict", "wrong_positions")
+            "input_nmse", "local_MINE", "local_REF", "adds", "ok", "carried", "verdict", "wrong_positions", "entered")
     return {"tolerance": rep.column._asdict(), "notes": rep.notes, "coverage": rep.coverage,
             "rows": [{k: r[k] for k in keep if k in r} for r in rep.rows],
             "first_divergence": rep.first["name"] if rep.first else None, "where": rep.where, "hints": rep.hints}

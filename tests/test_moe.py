@@ -253,3 +253,30 @@ def test_transformers_5s_fused_experts_read_as_the_per_expert_tensors(family, tm
     save_file(tensors, str(tmp_path / "fused" / "model.safetensors"), metadata={"format": "pt"})
     ids = ref(family)["token_ids"].tolist()
     np.testing.assert_array_equal(refllama.load(tmp_path / "fused").logits(ids), refllama.load(src).logits(ids))
+
+
+def test_error_in_stages_only_mine_holds_fails_where_it_entered(tmp_path, monkeypatch):
+    """A REF without the routed stages (transformers exposes none of them): an engine whose experts are weighted by
+    the wrong slot differs only in stages MINE alone holds, and every stage both hold re-runs within tolerance on
+    its own inputs; compare still fails, at the first stage past its band, naming the stages the error entered in."""
+    from refllama.check.compare import compare
+
+    hf = tmp_path / "hf"
+    shutil.copytree(DATA / "gguf-qwen3moe" / "hf", hf)
+    manifest = json.loads((hf / "manifest.json").read_text())
+    manifest["tensors"] = [t for t in manifest["tensors"] if not t["name"].startswith("ffn_moe")]
+    (hf / "manifest.json").write_text(json.dumps(manifest))
+    path, ids = DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf", ref("qwen3moe")["token_ids"].tolist()
+    m = refllama.load(path, n_ctx=N_CTX)
+    real = blocks.tap
+    monkeypatch.setattr(blocks, "tap", lambda name, i, x: real(name, i, np.roll(x, 1, axis=-1)
+                                                                 if name == "ffn_moe_weights" else x))
+    mine = m.dump(ids, tmp_path / "mine")
+    monkeypatch.undo()
+    rep = compare(mine, hf, refllama.load(path, n_ctx=N_CTX))
+    first = rep.first
+    assert first is not None and first["name"] == "l_out-0" and not first["adds"], first
+    assert first["entered"] == {"after": "ffn_norm-0", "only": {"MINE": [("ffn_moe_logits-0", "ffn_moe_out-0")]}}
+    assert all(r["verdict"] == "within tolerance" for r in rep.rows[:rep.rows.index(first)])
+    clean = compare(refllama.load(path, n_ctx=N_CTX).dump(ids, tmp_path / "clean"), hf, m)
+    assert clean.first is None  # the same REF passes a correct engine

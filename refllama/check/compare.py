@@ -3,6 +3,7 @@ error end to end beside the error of the stage before it, and, with the model at
 (refllama re-runs the stage on that side's own inputs), so that the first stage that adds error is named."""
 
 import os
+from itertools import groupby
 from typing import NamedTuple
 
 import numpy as np
@@ -130,6 +131,34 @@ def readable(mine, known):
             + ": the names are llama.cpp's graph names (checkpoints/FORMAT.md)")
 
 
+def rounded_stages(d):  # the stages a dump declares rounded: its map's, and with a 16-bit KV cache the attention's
+    kv = ("kq", "kq_scaled_2", "kq_soft_max", "kqv_out") if d.kv_cache not in (None, "float32") else ()
+    return {*d.rounded, *kv}
+
+
+# the residual stream's stages: each sublayer reads one of them and adds into the next, so error that surfaces at a
+# stage entered after the last of these compared before it
+STREAM_STAGES = ("inp_embd", "inp_scaled", "inpL", "attn_norm", "ffn_inp", "sa_out", "ffn_norm", "l_out",
+                 "result_norm")
+
+
+def entered(order, rows, name, mine, ref):
+    """Where error past the bands came from when every compared stage before `name` is within them and both sides'
+    re-runs of it are too: after the last compared stage of the residual stream (or the last compared one), in the
+    runs of stages only one side holds, or in none (a step neither dump holds). A dict the first-divergence line
+    reads."""
+    stream = [r["name"] for r in rows if r["stage"] in STREAM_STAGES] or [r["name"] for r in rows]
+    after = stream[-1] if stream else None
+    between = order[order.index(after) + 1 if after else 0:order.index(name)]
+    side = {n: "MINE" if n not in ref else "REF" if n not in mine else None for n in between}
+    runs = {}  # side: [(first, last), ...], each a run of consecutive stages only that side holds
+    for who, run in groupby(between, key=side.get):
+        if who:
+            run = list(run)
+            runs.setdefault(who, []).append((run[0], run[-1]))
+    return {"after": after, "only": runs}
+
+
 def _few(names, n=6):
     return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
 
@@ -179,8 +208,10 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
         notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")
     readable(mine, known_stages(ref.arch))
     arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
+    order = forward_order(list(dict.fromkeys([*ref.names, *mine.names])), archs.stage_order(arch))
     rows, first, previous, undeclared = [], None, None, {}  # undeclared: MINE's stages found rounded
-    for name in forward_order([n for n in ref.names if n in mine], archs.stage_order(arch)):
+    declared = False  # error past the bands has come in at a stage a side declares rounded: later stages carry it
+    for name in [n for n in order if n in mine and n in ref]:
         stage, layer = split_name(name)
         positions = sorted(p for p in set(mine.positions(name)) & set(ref.positions(name)) if p < same)
         if not positions:
@@ -209,6 +240,12 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
         row["carried"] = not e2e_ok and row["ok"]
         row["verdict"] = ("adds error" if adds else "past tolerance" if not row["ok"] else
                           "carries error" if row["carried"] else "within tolerance")
+        if row["carried"] and first is None and not declared:
+            if any(stage in rounded_stages(d) for d in (mine, ref)):  # the precision a side declares
+                declared = True
+            else:  # no stage before it failed, none was declared rounded: the error entered between the two
+                row["entered"] = entered(order, rows, name, mine, ref)
+                row["verdict"] = "entered before it"
         rows.append(row)
         previous = row
         if mine.numerics == "float32" and stage not in mine.rounded and a.size >= 16:
@@ -216,7 +253,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
                 fmt = next((f for f in ("bfloat16", "float16") if np.array_equal(ROUND[f](a), a)), None)
             if fmt:
                 undeclared.setdefault(stage, fmt)
-        if first is None and not row["ok"]:
+        if first is None and (not row["ok"] or "entered" in row):
             first = row
     required(rows, require)
     if undeclared:
