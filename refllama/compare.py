@@ -95,6 +95,7 @@ def divergence_line(f):
     wrong = f.get("wrong_positions") or f["positions"]  # those past tolerance on their own, else all compared
     where = spans(wrong) + (f" of {spans(f['positions'])}" if wrong != f["positions"] else "")
     return (f"first divergence: {f['name']} (max_rel {f['max_rel']:.3e}, nmse {f['nmse']:.3e}"
+            + (f"; {f['bits_differ']} values differ in their bits" if f.get("bits_differ") else "")
             + (f"; added by {' and '.join(f['adds'])}" if f["adds"] else "") + f"; positions {where})"
             + (f"; {entered_line(f)}" if "entered" in f else ""))
 
@@ -156,7 +157,8 @@ def print_report(rep, full):
 
 def as_json(rep):
     keep = ("name", "stage", "layer", "positions", "max_abs", "max_rel", "nmse", "cosine", "tol", "local_tol",
-            "input_nmse", "local_MINE", "local_REF", "adds", "ok", "carried", "verdict", "wrong_positions", "entered")
+            "input_nmse", "local_MINE", "local_REF", "adds", "ok", "carried", "verdict", "wrong_positions", "entered",
+            "bits_differ")
     return {"tolerance": rep.column._asdict(), "notes": rep.notes, "coverage": rep.coverage,
             "rows": [{k: r[k] for k in keep if k in r} for r in rep.rows],
             "first_divergence": rep.first["name"] if rep.first else None, "where": rep.where, "hints": rep.hints}

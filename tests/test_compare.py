@@ -657,3 +657,23 @@ def test_a_2000_token_gemma3_compare_stays_under_2_gb(tmp_path):
     code, peak = map(int, r.stdout.split()[-2:])
     assert code == 0 and "sliding window" not in r.stdout, r.stdout + r.stderr
     assert peak < 2 << 30, f"peak RSS {peak / 2**30:.2f} GiB"
+
+
+def test_a_bit_exact_claim_is_held_to_the_bit(ids, tmp_path):
+    """Two dumps that both declare llama.cpp's arithmetic on one CPU path claim the same bits: one value's last bit
+    flipped is the first divergence, counted; declared on different paths, the same dumps compare within float32
+    rounding."""
+    m = refllama.load(DATA / "llama-q8_0.gguf", n_ctx=256, numerics="ggml", cpu_path="avx512-vnni")
+    ref = m.dump(ids, tmp_path / "ref")
+    mine = tmp_path / "mine"
+    shutil.copytree(ref, mine)
+    a = np.load(mine / "ffn_out-0.npy")
+    a.reshape(-1).view(np.uint32)[7] ^= 1
+    np.save(mine / "ffn_out-0.npy", a)
+    rep = compare(mine, ref, m)
+    assert rep.column.bits and rep.first["name"] == "ffn_out-0" and rep.first["bits_differ"] == 1, rep.first
+    assert all(r["bits_differ"] == 0 for r in rep.rows[:rep.rows.index(rep.first)])
+    manifest = json.loads((mine / "manifest.json").read_text())
+    (mine / "manifest.json").write_text(json.dumps({**manifest, "cpu_path": "avx2"}))
+    rep = compare(mine, ref, m)
+    assert not rep.column.bits and rep.first is None

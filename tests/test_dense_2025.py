@@ -225,3 +225,15 @@ def test_every_stage_of_the_q8_0_file_in_ggml_numerics_is_llamacpps(family, back
     assert len(theirs.names) == len(m.arch.INPUTS) + 2 + sum(map(len, arch.layer_stages(m.arch, m.config)))
     for name in theirs.names:
         np.testing.assert_array_equal(np.asarray(t[name]), theirs[name], err_msg=name)
+
+
+@pytest.mark.parametrize("family", names(q8_0_stages=True))
+def test_compare_holds_numerics_ggml_to_llamacpps_bits(family, tmp_path):
+    """compare, given refllama's numerics "ggml" dump and llama.cpp's (both declaring one CPU path), claims every
+    bit: every stage compared, none differing."""
+    theirs = DATA / f"gguf-{family}" / "llamacpp-q8_0"
+    m = refllama.load(DATA / f"gguf-{family}" / f"{family}-q8_0.gguf", n_ctx=N_CTX, numerics="ggml",
+                      cpu_path=Dump(theirs).cpu_path)
+    rep = compare(m.dump(Dump(theirs).token_ids, tmp_path / "ours"), theirs, m)
+    assert rep.column.bits and rep.first is None and len(rep.rows) == len(Dump(theirs).names)
+    assert all(r["bits_differ"] == 0 for r in rep.rows)

@@ -32,9 +32,11 @@ COARSENESS = ("float32", "float16", "bfloat16", "ggml")  # a pair is judged by i
 
 
 class Column(NamedTuple):
-    """The tolerance column for a pair, and why it was chosen."""
+    """The tolerance column for a pair, and why it was chosen; `bits`: the pair claims the same arithmetic to the
+    bit, so any bit that differs is a divergence."""
     name: str
     why: str
+    bits: bool = False
 
     def local(self, stage):  # a stage re-run on one side's own inputs
         return band(self.name, stage)
@@ -48,8 +50,13 @@ def choose_column(mine, ref, override=None):
     if override:
         return Column(override, "set by --tolerance")
     sides = f"MINE {mine.numerics}, REF {ref.numerics}"
+    if mine.numerics == ref.numerics == "ggml" and mine.cpu_path and (mine.cpu_path, mine.repack) == (
+            ref.cpu_path, ref.repack):
+        return Column("ggml", f"{sides}: both compute llama.cpp's CPU arithmetic on the {ref.cpu_path} path"
+                      f"{'' if ref.repack else ' without the repack'}, so every bit must agree", bits=True)
     if mine.numerics == ref.numerics == "ggml":
-        return Column("ggml", f"{sides}: both compute llama.cpp's CPU arithmetic, equal to float32 rounding")
+        return Column("ggml", f"{sides}: both compute llama.cpp's CPU arithmetic, equal to float32 rounding (the "
+                      "dumps name no CPU path, or different ones)")
     coarse = max(mine.numerics, ref.numerics, key=COARSENESS.index)
     if coarse == "ggml":
         return Column("llama.cpp", f"{sides}: llama.cpp's 8-bit activations and f16 KV cache")
@@ -129,6 +136,11 @@ def readable(mine, known):
             + (f", and layer{'s' if len(missing) > 1 else ''} {spans(missing)} {'have' if len(missing) > 1 else 'has'}"
                " no stage it can read" if missing else "")
             + ": the names are llama.cpp's graph names (checkpoints/FORMAT.md)")
+
+
+def bits_of(a):  # -> the array's values as integers that are equal exactly where the values' bits are
+    a = np.asarray(a)
+    return a.astype(np.float32).view(np.uint32) if a.dtype.kind == "f" else a
 
 
 def rounded_stages(d):  # the stages a dump declares rounded: its map's, and with a 16-bit KV cache the attention's
@@ -236,10 +248,15 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
         row["adds"] = adds
         both_local = all(f"local_{s}" in row for s in ("MINE", "REF"))
         e2e_ok = within(row, row["tol"])
+        if col.bits:  # a bit-exact claim: every value's bits, ids' too
+            row["bits_differ"] = int(np.count_nonzero(bits_of(a) != bits_of(b)))
+            e2e_ok = e2e_ok and not row["bits_differ"]
+            both_local = False  # a re-run on each side's inputs cannot clear a bit that differs
         row["ok"] = not adds and (both_local or e2e_ok)
         row["carried"] = not e2e_ok and row["ok"]
-        row["verdict"] = ("adds error" if adds else "past tolerance" if not row["ok"] else
-                          "carries error" if row["carried"] else "within tolerance")
+        row["verdict"] = ("adds error" if adds else "bits differ" if row.get("bits_differ") else
+                          "past tolerance" if not row["ok"] else "carries error" if row["carried"] else
+                          "within tolerance")
         if row["carried"] and first is None and not declared:
             if any(stage in rounded_stages(d) for d in (mine, ref)):  # the precision a side declares
                 declared = True
