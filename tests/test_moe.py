@@ -184,6 +184,38 @@ def _least_probable(m, patch):  # top-k taken from the wrong end
     patch.setattr(np, "argsort", lambda a, axis=-1, kind=None: real(np.negative(a), axis=axis, kind=kind))
 
 
+def _tapped(patch, change):  # blocks.tap with change(name, layer, value, seen) -> the value the forward goes on with
+    real, seen = blocks.tap, {}
+
+    def tap(name, i, x):
+        seen[name] = x
+        return real(name, i, change(name, i, x, seen))
+    patch.setattr(blocks, "tap", tap)
+
+
+def _weights_in_other_slots(m, patch):  # each expert weighted by the next slot's weight
+    _tapped(patch, lambda name, i, x, seen: np.roll(x, 1, axis=-1) if name == "ffn_moe_weights" else x)
+
+
+def _weighted_by_other_slots(m, patch):  # the weights right, the weighted product taking the next slot's
+    def change(name, i, x, seen):
+        if name != "ffn_moe_weighted":
+            return x
+        w = seen.get("ffn_moe_weights_norm", seen["ffn_moe_weights"])[:, :, None]
+        return x / w * np.roll(w, 1, axis=1)
+    _tapped(patch, change)
+
+
+def _router_reads_the_residual(m, patch):  # ffn_gate_inp applied to ffn_inp, not ffn_norm
+    def change(name, i, x, seen):
+        return seen["ffn_inp"] @ m.weights["layers"][i]["ffn_gate_inp"].T if name == "ffn_moe_logits" else x
+    _tapped(patch, change)
+
+
+def _shared_gate_without_sigmoid(m, patch):
+    _tapped(patch, lambda name, i, x, seen: seen["ffn_shexp_gate_inp"] if name == "ffn_shexp_gate" else x)
+
+
 def _no_shared_expert(m, patch):
     patch.setattr(blocks, "shared_expert", lambda h, lw, ops, i: 0 * h)
 
@@ -201,11 +233,21 @@ def _ungated_shared_expert(m, patch):
     ("olmoe", _least_probable, "ffn_moe_topk-0", "other experts chosen at"),
     ("qwen2moe", _no_shared_expert, "ffn_out-0", "the shared expert (ffn_*_shexp) is not added"),
     ("qwen2moe", _ungated_shared_expert, "ffn_out-0", "its gate, sigmoid(ffn_gate_inp_shexp), is missing"),
+    ("qwen3moe", _weights_in_other_slots, "ffn_moe_weights-0", "an expert is weighted by another slot's weight"),
+    ("qwen3moe", _weighted_by_other_slots, "ffn_moe_weighted-0", "an expert is weighted by another slot's weight"),
+    ("qwen2moe", _weighted_by_other_slots, "ffn_moe_weighted-0", "an expert is weighted by another slot's weight"),
+    ("qwen3moe", _router_reads_the_residual, "ffn_moe_logits-0", "the router (ffn_gate_inp) applied to ffn_inp-0"),
+    ("qwen3moe", _least_probable, "ffn_moe_topk-0", "the K least probable experts are chosen"),
+    ("qwen2moe", _shared_gate_without_sigmoid, "ffn_shexp_gate-0", "gate is missing its sigmoid"),
+    ("qwen2moe", _renormalisation, "ffn_moe_weighted-0", "renormalised to sum to 1"),
 ])
 def test_each_routing_bug_is_named_at_its_stage_with_its_hint(family, bug, stage, hint, tmp_path, monkeypatch):
     report = _dump_with(family, bug, tmp_path, monkeypatch)
     assert report.first is not None and report.first["name"] == stage, report.first and report.first["name"]
     assert any(hint in h for h in report.hints), report.hints
+    norm = refllama.load(DATA / f"gguf-{family}" / f"{family}-f32.gguf", n_ctx=N_CTX).config.expert_norm
+    contradicts = "this model keeps them" if norm else "this model divides them by their sum"
+    assert not any(contradicts in h for h in report.hints), report.hints  # no hint against the model's config
 
 
 def test_experts_are_compared_by_id_not_by_slot(tmp_path, monkeypatch):

@@ -875,14 +875,16 @@ def routing_weights(e, found):
         return
     w, down = parts  # [T, K], [T, K, D], both in the order of the experts' ids (take)
     forms = {True: w / w.sum(axis=1, keepdims=True), False: w}  # renormalised or not
+    family = e.cfg.expert_norm if e.cfg is not None else None  # whether this model renormalises them
     for norm, weights in forms.items():
         value = weights if e.stage.startswith("ffn_moe_weights") else down * weights[..., None]
         value = value.sum(axis=1) if e.stage == "ffn_moe_out" else value
-        if e.close(value, e.bad) and not e.close(value, e.want):
-            yield ("hint: the K weights are renormalised to sum to 1 (or the softmax is taken over the K chosen "
-                   "experts only, after top-k); this family keeps them as the softmax gave them" if norm else
-                   "hint: the K weights are not renormalised; this family divides them by their sum "
-                   "(norm_topk_prob)")
+        if family is norm or not e.close(value, e.bad) or e.close(value, e.want):
+            continue  # a form the model itself takes is no bug, whatever the values say
+        yield ("hint: the K weights are renormalised to sum to 1 (or the softmax is taken over the K chosen experts "
+               "only, after top-k)" if norm else "hint: the K weights are not renormalised") + (
+            "" if family is None else "; this model keeps them as the softmax gave them" if norm else
+            "; this model divides them by their sum (norm_topk_prob)")
 
 
 def missing_shared_expert(e, found):
@@ -921,14 +923,81 @@ def shifted_experts(e, found):
             return
 
 
+def permuted_slot_weights(e, found):
+    """Each token's K weights right, each on another expert than the one it weighs (the weights and the expert ids
+    taken apart, or sorted separately): at ffn_moe_weights a permutation of REF's row; at ffn_moe_weighted each slot's
+    product its own expert's output times another slot's weight."""
+    if e.stage == "ffn_moe_weights" and e.bad.ndim == 2:
+        same_set = e.close(np.sort(e.bad, axis=1), np.sort(e.want, axis=1))
+    elif e.stage == "ffn_moe_weighted" and e.bad.ndim == 3:
+        parts = next((p for p in (_stages(e.good, [f"{w}-{e.layer}", f"ffn_moe_down-{e.layer}"], e.positions)
+                                  for w in ("ffn_moe_weights_norm", "ffn_moe_weights")) if p), None)
+        if not parts:
+            return
+        w, down = parts  # [T, K] (renormalised where the model does), [T, K, D]
+        scale = (e.bad * down).sum(axis=-1) / np.maximum((down * down).sum(axis=-1), 1e-30)  # each slot's weight
+        same_set = e.close(down * scale[..., None], e.bad) and e.close(np.sort(scale, axis=1), np.sort(w, axis=1))
+    else:
+        return
+    if same_set and not e.close(e.bad, e.want):
+        yield ("hint: each token's K weights are the expected ones on other experts (a permutation of the slots): "
+               "an expert is weighted by another slot's weight; keep ffn_moe_topk's ids and their weights together")
+
+
+def router_input(e, found):
+    """The router's logits of another stage than ffn_norm (the residual before its norm, the attention's norm)."""
+    if e.stage != "ffn_moe_logits" or e.model is None or e.layer is None:
+        return
+    router = e.model.weights["layers"][e.layer].get("ffn_gate_inp")
+    for other in ("ffn_inp", "attn_norm"):
+        x = _stages(e.bad_dump, [f"{other}-{e.layer}"], e.positions)
+        if router is not None and x and e.close(to_numpy(linear(x[0].astype(np.float32), router)), e.bad):
+            yield (f"hint: ffn_moe_logits-{e.layer} is the router (ffn_gate_inp) applied to {other}-{e.layer}: the "
+                   f"router reads ffn_norm-{e.layer}, the feed-forward's normed input")
+            return
+
+
+def least_probable_experts(e, found):
+    """The K least probable experts chosen: top-k taken from the wrong end of the probabilities."""
+    if e.stage != "ffn_moe_topk" or e.bad.ndim != 2:
+        return
+    probs = _stages(e.good, [f"ffn_moe_probs-{e.layer}"], e.positions)
+    least = np.argsort(probs[0], axis=1, kind="stable")[:, :e.bad.shape[1]] if probs else None
+    if least is not None and np.array_equal(np.sort(least, axis=1), np.sort(e.bad.astype(np.int64), axis=1)):
+        yield ("hint: the K least probable experts are chosen at every token: top-k is taken from the wrong end "
+               "(an ascending sort, or the largest of the negated probabilities)")
+
+
+def shared_gate_without_sigmoid(e, found):
+    """Qwen2-MoE's shared-expert gate left as its logit: ffn_shexp_gate = ffn_shexp_gate_inp, and the shared expert's
+    output scaled by it."""
+    if e.cfg is None or not e.cfg.n_ff_shexp or e.layer is None:
+        return
+    logit = _stages(e.bad_dump, [f"ffn_shexp_gate_inp-{e.layer}"], e.positions)
+    if not logit:
+        return
+    if e.stage == "ffn_shexp_gate" and e.close(logit[0], e.bad):
+        yield ("hint: ffn_shexp_gate equals its input ffn_shexp_gate_inp: the shared expert's gate is missing its "
+               "sigmoid")
+    elif e.stage in ("ffn_shexp_out", "ffn_out"):
+        parts = _stages(e.good, [f"ffn_shexp-{e.layer}", f"ffn_moe_out-{e.layer}"], e.positions)
+        if parts:
+            shexp, moe = parts
+            value = shexp * logit[0] + (moe if e.stage == "ffn_out" else 0)
+            if e.close(value, e.bad) and not e.close(value, e.want):
+                yield ("hint: the shared expert's output is scaled by ffn_shexp_gate_inp itself: its gate is missing "
+                       "its sigmoid")
+
+
 # the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
-DETECTORS = (nope_layers, attention_softcap, pre_norm_where_none, granite_multipliers, rope_frequencies,
-             scale_factor, sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice,
-             routing_weights, missing_shared_expert, shifted_experts, skipped_norm, missing_residual, another_stage,
+DETECTORS = (nope_layers, attention_softcap, pre_norm_where_none, granite_multipliers, rope_frequencies, scale_factor,
+             sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice, routing_weights,
+             permuted_slot_weights, router_input, least_probable_experts, shared_gate_without_sigmoid,
+             missing_shared_expert, shifted_experts, skipped_norm, missing_residual, another_stage,
              another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
              rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
-             missing_embedding_scale, swapped_rope_bases, sliding_window, learned_positions,
-             missing_softcap, mask_off_by_one, missing_mask, rounded, float16_cache, neighbour_layer, by_position)
+             missing_embedding_scale, swapped_rope_bases, sliding_window, learned_positions, missing_softcap,
+             mask_off_by_one, missing_mask, rounded, float16_cache, neighbour_layer, by_position)
 
 
 def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref=None):
