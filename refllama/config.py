@@ -58,6 +58,11 @@ class ModelConfig:
         """Whether layer i leaves q and k unrotated."""
         return bool(self.nope_layers and self.nope_layers[i])
 
+    def is_windowed(self, i):
+        """Whether layer i's attention sees only the last `sliding_window` keys (every layer where the model gives
+        no pattern: Mistral)."""
+        return bool(self.sliding_window) and (self.swa_layers is None or bool(self.swa_layers[i]))
+
     def is_moe(self, i):
         """Whether layer i's feed-forward is a mixture of experts."""
         return bool(self.moe_layers and self.moe_layers[i])

@@ -68,6 +68,7 @@ def test_batch_axis_heads_flattened_and_float16_are_read(tiny, ids, tmp_path):
     (lambda m: m["tensors"][0].update(positions=[0, 0]), "position 0 stored twice"),
     (lambda m: m["tensors"][0].update(positions=[0, 999]), "position 999 is past"),
     (lambda m: m.update(numerics="int4"), "'numerics' must be one of"),
+    (lambda m: m.update(arch="qwen3_moe"), "'arch' 'qwen3_moe' is no architecture refllama knows"),
     (lambda m: m.update(repack="yes"), "'repack' must be true or false"),
     (lambda m: m["tensors"][0].update(file="missing.npy"), "cannot read"),
 ])

@@ -52,6 +52,12 @@ def test_a_wrong_name_fails_where_it_is_added_and_nothing_is_written(tmp_path, n
     assert not (tmp_path / "mine").exists() and not list(tmp_path.iterdir())
 
 
+def test_an_unknown_architecture_is_refused_at_once_with_the_known_names(tmp_path):
+    with pytest.raises(RefllamaError, match=r"'arch' 'qwen3_moe' is no architecture refllama knows .*qwen3moe"):
+        DumpWriter(tmp_path / "mine", IDS, arch="qwen3_moe")
+    assert not list(tmp_path.iterdir())
+
+
 def test_torch_hooks_dump_a_pytorch_model_by_module_name(tmp_path):
     """transformers' Llama, hooked by module name with `{i}` for the layer: its stages compare clean against
     refllama's (within the float32 bands)."""

@@ -81,11 +81,9 @@ def positions(cache, start_pos, T, xp, window=None, local=False):  # -> At of T 
 def layer_positions(cfg, cache, start_pos, T, xp):  # -> one At per layer
     """Where each layer's T tokens are: a sliding-window layer's mask (and RoPE tables, where its base is its own)
     where the model has local layers, the model's window (if any) in every layer otherwise."""
-    if cfg.swa_layers is None:
-        return [positions(cache, start_pos, T, xp, cfg.sliding_window)] * cfg.n_layer
     full = positions(cache, start_pos, T, xp)
     local = positions(cache, start_pos, T, xp, cfg.sliding_window, local=bool(cfg.rope_base_swa))
-    return [local if swa else full for swa in cfg.swa_layers]
+    return [local if cfg.is_windowed(i) else full for i in range(cfg.n_layer)]
 
 
 def qkv(h, lw, cfg, i):  # [T, D] -> q [T, H, HD], k [T, KVH, HD], v [T, KVH, HD]: the projections, biases if any

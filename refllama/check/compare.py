@@ -111,7 +111,7 @@ def side_band(band, d, stage):  # a side's local band: its rounding's where it d
 def rounding_note(found, stages):
     """A note proposing MINE's precision map: the stages whose every value is a float16 (bfloat16) number, which
     a float32 engine rounds; the whole numerics where every stage is."""
-    if set(found) >= stages - {"ffn_moe_topk"} and len(set(found.values())) == 1:  # ids are whole numbers anyway
+    if set(found) >= stages - {"ffn_moe_topk"} and len(set(found.values())) == 1:  # ids: never found
         fmt = next(iter(found.values()))
         return f'MINE\'s every stage holds {fmt} numbers only: if it computes in {fmt}, declare "numerics": "{fmt}"'
     listed = ", ".join(f'"{k}": "{v}"' for k, v in found.items())
@@ -219,7 +219,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
     if same < min(len(mine.token_ids), len(ref.token_ids)):
         notes.append(f"the decode tokens differ from position {same}: positions >= {same} are not compared")
     readable(mine, known_stages(ref.arch))
-    arch = archs.ARCHITECTURES.get(ref.arch, archs.llama)
+    arch = archs.get(ref.arch)
     order = forward_order(list(dict.fromkeys([*ref.names, *mine.names])), archs.stage_order(arch))
     rows, first, previous, undeclared = [], None, None, {}  # undeclared: MINE's stages found rounded
     declared = False  # error past the bands has come in at a stage a side declares rounded: later stages carry it
@@ -265,7 +265,8 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
                 row["verdict"] = "entered before it"
         rows.append(row)
         previous = row
-        if mine.numerics == "float32" and stage not in mine.rounded and a.size >= 16:
+        if mine.numerics == "float32" and stage not in mine.rounded and a.size >= 16 and not np.all(a == np.round(a)):
+            # (whole numbers, expert ids among them, are float16 and bfloat16 numbers whatever the engine computes in)
             with np.errstate(over="ignore"):  # values past float16's range are no float16 numbers
                 fmt = next((f for f in ("bfloat16", "float16") if np.array_equal(ROUND[f](a), a)), None)
             if fmt:
@@ -309,7 +310,7 @@ def coverage(mine, ref):
         if alone:
             lines.append(f"{who}: {len(alone)} ({', '.join(alone[:6])}{', ...' if len(alone) > 6 else ''})")
     known = known_stages(ref.arch)
-    family = ref.arch or "llama"
+    family = ref.arch
     unknown = {}  # stage: the layers it is named in
     for n in dict.fromkeys([*mine.names, *ref.names]):
         stage, layer = split_name(n)

@@ -290,7 +290,7 @@ def rope_on_the_wrong_pairs(e, found):
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
     if inputs and e.model is not None:
         cfg, other = e.cfg, _other_layout(e.cfg)
-        cos, sin = _rope_tables(e, _is_local(e.cfg, e.layer))
+        cos, sin = _rope_tables(e, e.cfg.is_windowed(e.layer))
         x = inputs[0].astype(np.float32)
         held_other = archs.permute_qk(x, other, cfg.rope_dim)  # q/k in the other order
         swapped = archs.permute_qk(ROPE[cfg.rope_layout](held_other, cos, sin), cfg.rope_layout, cfg.rope_dim)
@@ -304,7 +304,7 @@ def swapped_rope_bases(e, found):
     swapped, or the pattern of local and global layers off."""
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
     if inputs and e.model is not None and e.cfg.rope_base_swa and not found:
-        local = _is_local(e.cfg, e.layer)
+        local = e.cfg.is_windowed(e.layer)
         cos, sin = _rope_tables(e, not local)
         if e.close(ROPE[e.cfg.rope_layout](inputs[0].astype(np.float32), cos, sin), e.bad):
             yours, theirs = ("local", "global") if local else ("global", "local")
@@ -323,7 +323,7 @@ def rope_frequencies(e, found):
     if e.close(x, e.bad):
         yield f"hint: equals its input ({'K' if e.stage[0] == 'K' else 'Q'}{_q_input(cfg)[1:]}): RoPE is not applied"
         return
-    local = _is_local(cfg, e.layer) and bool(cfg.rope_base_swa)
+    local = cfg.is_windowed(e.layer) and bool(cfg.rope_base_swa)
     base, scale = (cfg.rope_base_swa, 1.0) if local else (cfg.rope_base, cfg.rope_scale)
     w = e.model.weights
     ff = archs.freq_factors(w, cfg, e.model.n_ctx)
@@ -396,7 +396,7 @@ def sliding_window(e, found):
     if not inputs or found:
         return
     (kq,) = inputs
-    W, local = e.cfg.sliding_window, _is_local(e.cfg, e.layer)
+    W, local = e.cfg.sliding_window, e.cfg.is_windowed(e.layer)
     vis = visible(e.stage, e.positions, kq.shape)
     gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
 
@@ -441,10 +441,6 @@ def learned_positions(e, found):
 
 def _q_input(cfg):  # the stage RoPE rotates: q after its norm where the family has one
     return "Qcur_normed" if "Qcur_normed" in archs.get(cfg.arch).STAGES else "Qcur"
-
-
-def _is_local(cfg, layer):
-    return bool(cfg.swa_layers and cfg.swa_layers[layer])
 
 
 def _rope_tables(e, local):  # the cache's cos, sin at the compared positions, of the local or the global layers
@@ -668,8 +664,7 @@ def missing_embedding_scale(e, found):
 def _model_mask(e, kq, shift=0):  # -> [H, T, S] bool: the keys the model lets each compared query see
     """Keys up to the query's own (`shift` keys past it: a mask one key off) and inside the layer's window, if any."""
     cfg = e.cfg
-    window = cfg.sliding_window if cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[e.layer]) \
-        else None
+    window = cfg.sliding_window if cfg.is_windowed(e.layer) else None
     gap = np.asarray(e.positions)[:, None] - np.arange(kq.shape[-1])[None, :]  # query position - key position
     return np.isfinite(kq) & (gap >= -shift) & (True if window is None else gap < window)
 

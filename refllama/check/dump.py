@@ -44,15 +44,26 @@ def split_name(name):
     return (m.group(1), int(m.group(2))) if m else (name, None)
 
 
+def family(arch, where="the dump"):
+    """The architecture module a dump's "arch" names (llama's when it names none); an error listing the names
+    refllama knows for any other."""
+    if arch is None:
+        return archs.llama
+    if arch not in archs.ARCHITECTURES:
+        raise RefllamaError(f"{where}: 'arch' {arch!r} is no architecture refllama knows (GGUF's "
+                            f"general.architecture: {', '.join(archs.ARCHITECTURES)})")
+    return archs.ARCHITECTURES[arch]
+
+
 def block_order(arch):
     """Every stage a block of architecture `arch` (a manifest's "arch"; llama's when absent) may tap, dense or
     mixture of experts, in forward order."""
-    return archs.stage_order(archs.ARCHITECTURES.get(arch or "llama", archs.llama))
+    return archs.stage_order(family(arch))
 
 
 def input_stages(arch):
     """The stages before the first block of architecture `arch` (inp_embd; Gemma 3's inp_scaled too)."""
-    return archs.ARCHITECTURES.get(arch or "llama", archs.llama).INPUTS
+    return family(arch).INPUTS
 
 
 def forward_order(names, stages=archs.llama.STAGES):
@@ -345,7 +356,7 @@ class Dump:
         self.want_layout = layout or self.layout
         self.rope_dim = int(m["rope_dim"]) if m.get("rope_dim") is not None else None  # None: a head's every dim
         self.head_dim = int(m.get("head_dim") or head_dim or 0) or None
-        self.arch = m.get("arch") or "llama"
+        self.arch = family(m.get("arch"), self.dir).NAME
         self.numerics = numerics_of(m)
         self.rounded = _rounded(m.get("rounded"), self.dir, known_stages(self.arch))  # stage -> its format
         self.kv_cache = m.get("kv_cache")  # K/V as the engine's cache keeps them; None: as its numerics does

@@ -29,6 +29,7 @@ from .dump import (
     ROUNDED_TO,
     StageWriter,
     closest,
+    family,
     known_stages,
     model_sha256,
     split_name,
@@ -55,7 +56,8 @@ class DumpWriter:
             raise RefllamaError(f"kv_cache must be one of {', '.join(KV_CACHE_TYPES)}, got {kv_cache!r}")
         if any(f not in ROUNDED_TO for f in (rounded or {}).values()):
             raise RefllamaError(f"rounded must map stage names to one of {', '.join(ROUNDED_TO)}")
-        self.token_ids, self.decode_ids, self.arch = [int(i) for i in token_ids], [], arch
+        self.arch = family(arch, "DumpWriter").NAME  # an unknown name now, not at the first stage added
+        self.token_ids, self.decode_ids = [int(i) for i in token_ids], []
         self.known = known_stages(arch)
         self.provenance = {"producer": producer, "model": None if model is None else os.path.basename(model),
                            "model_path": None if model is None else os.path.abspath(model),

@@ -86,7 +86,7 @@ class GraphDecoder:
         self.k, self.xp, self.cfg, self.cache = kernels(xp), xp, cfg, cache
         self.heads = (cfg.n_head, cfg.n_head_kv, cfg.head_dim)
         gemma = model.arch is gemma3
-        self.layers = [Layer(bool(cfg.sliding_window and (cfg.swa_layers is None or cfg.swa_layers[i])),
+        self.layers = [Layer(cfg.is_windowed(i),
                              lw["attn_norm"], join_rows(lw, QKV), joined_bias(lw, QKV, xp), lw.get("attn_q_norm"),
                              lw.get("attn_k_norm"), lw["attn_output"], lw.get("attn_output_bias"), lw["ffn_norm"],
                              join_rows(lw, GATE_UP), joined_bias(lw, GATE_UP, xp), lw["ffn_down"],
