@@ -132,3 +132,9 @@ def test_every_file_and_refllama_name_the_docs_and_docstrings_give_exists():
             if obj is None:
                 missing.append(f"{text.relative_to(ROOT)}: {name}")
     assert not missing, missing
+
+
+def test_the_dump_format_lists_every_architecture():
+    lines = (ROOT / "checkpoints" / "FORMAT.md").read_text().splitlines()
+    row = next(line for line in lines if line.startswith("| `arch`"))
+    assert [n for n in arch.ARCHITECTURES if f"`{n}`" not in row] == []
