@@ -31,7 +31,7 @@ def load(name):
 def cases(name):
     """(text, ids) pairs, read as test-tokenizer-0.cpp reads them."""
     raw = (VOCAB / f"ggml-vocab-{name}.gguf.inp").read_bytes().decode("utf-8")
-    out = (VOCAB / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").split("\n")
+    out = (VOCAB / f"ggml-vocab-{name}.gguf.out").read_text(encoding="utf-8").splitlines()  # a line a text
     texts, sep, pos = [], "\n__ggml_vocab_test__\n", 0
     while pos < len(raw):
         nxt = raw.find(sep, pos)
