@@ -322,3 +322,18 @@ def test_error_in_stages_only_mine_holds_fails_where_it_entered(tmp_path, monkey
     assert all(r["verdict"] == "within tolerance" for r in rep.rows[:rep.rows.index(first)])
     clean = compare(refllama.load(path, n_ctx=N_CTX).dump(ids, tmp_path / "clean"), hf, m)
     assert clean.first is None  # the same REF passes a correct engine
+
+
+def test_a_routed_stage_is_broken_down_by_chosen_expert_and_expert_id(tmp_path, monkeypatch):
+    """Where a routed stage diverges, the breakdown speaks of the token's chosen experts and of expert ids (the
+    experts whose product is wrong), never of heads."""
+    def one_expert_wrong(m, patch):  # expert 2's up matrix scaled: only the slots that chose it go wrong
+        for lw in m.weights["layers"]:
+            lw["ffn_up_exps"] = [w * 1.5 if e == 2 else w for e, w in enumerate(lw["ffn_up_exps"])]
+
+    report = _dump_with("qwen3moe", one_expert_wrong, tmp_path, monkeypatch)
+    assert report.first["name"] == "ffn_moe_up-0", report.first["name"]
+    by_id = next(line for line in report.where if "by expert id" in line)
+    assert by_id.endswith("wrong at 2"), report.where
+    assert any("by chosen expert" in line for line in report.where)
+    assert not any("head" in line for line in report.where), report.where

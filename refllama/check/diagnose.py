@@ -8,7 +8,7 @@ import numpy as np
 from .. import arch as archs
 from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_dims, yarn_mscale
 from ..xp import to_numpy
-from .dump import Dump, split_name
+from .dump import ROUTED_STAGES, Dump, split_name
 from .metrics import ATTENTION, metrics, spans, take, visible
 from .rerun import ROUND, Forced
 from .tolerances import rounding_bands
@@ -28,7 +28,8 @@ def diagnose(report, mine, ref, forced, model):
     cfg = model.config if model else None
     against = f"refllama re-run on {side}'s inputs" if side else "REF"
     report.where.append(f"{side or 'MINE'} against {against}:")
-    lines, wrong = breakdown(stage, positions, bad, want, tol, cfg)
+    ids = _stages(good, [f"ffn_moe_topk-{layer}"], positions) if stage in ROUTED else None
+    lines, wrong = breakdown(stage, positions, bad, want, tol, cfg, None if ids is None else np.sort(ids[0], axis=1))
     report.where.extend(lines)
     r["wrong_positions"] = wrong  # the first-divergence line names the positions this breakdown finds wrong
     report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref))
@@ -40,8 +41,12 @@ def _error_by(diff, scale, axis):
     return np.nanmean(diff ** 2, axis=other) / scale
 
 
-def breakdown(stage, positions, bad, want, tol, cfg):
-    """Lines: which positions, heads and channels are wrong; and the wrong positions."""
+ROUTED = (*ROUTED_STAGES, "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm")  # [T, K, ...]: a token's experts
+
+
+def breakdown(stage, positions, bad, want, tol, cfg, ids=None):
+    """Lines: which positions, heads (a routed stage: chosen experts, and with `ids`, [T, K] the experts' ids in the
+    values' order, expert ids) and channels are wrong; and the wrong positions."""
     valid = visible(stage, positions, want.shape)
     diff = np.where(True if valid is None else valid, bad.astype(np.float64) - want, np.nan)
     scale = float(np.nanmean(np.where(True if valid is None else valid, want.astype(np.float64), np.nan) ** 2)) or 1.0
@@ -58,7 +63,14 @@ def breakdown(stage, positions, bad, want, tol, cfg):
         return ok, wrong
 
     _, wrong = split("position", _error_by(diff, scale, Dump.axis_of(stage)), positions)
-    heads = _heads(stage, diff, cfg)
+    if stage in ROUTED and diff.ndim >= 2:  # slot k: a token's k-th chosen expert in id order (as compare takes them)
+        split("chosen expert (in id order)", _error_by(diff, scale, 1), list(range(diff.shape[1])))
+        if ids is not None and ids.shape == diff.shape[:2]:
+            experts = sorted({int(i) for i in ids.reshape(-1)})
+            split("expert id", [float(np.nanmean(diff[ids == x] ** 2)) / scale for x in experts], experts)
+        if diff.ndim == 2:
+            return lines, wrong
+    heads = None if stage in ROUTED else _heads(stage, diff, cfg)
     if heads is not None:
         axis = 0 if stage in ATTENTION else 1
         n = heads.shape[axis]
@@ -68,7 +80,8 @@ def breakdown(stage, positions, bad, want, tol, cfg):
         total = float(per.sum()) or 1.0
         top = np.argsort(per)[::-1][:8]
         share = float(per[top].sum()) / total
-        label, many = ("channel", "channels") if diff.ndim == 2 else ("dim of a head", "dims of a head")
+        label, many = ("channel", "channels") if diff.ndim == 2 or stage in ROUTED else ("dim of a head",
+                                                                                         "dims of a head")
         if share > 0.5 and len(per) > 16:
             lines.append(f"  by {label}: {share:.0%} of the error in {many} {', '.join(map(str, sorted(top)))} "
                          f"of {len(per)}")
