@@ -448,7 +448,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
                 return tap(name, layer, held[last] if (name, layer) == (
                     "sa_out" if family == "gemma3" else "ffn_inp", 0) else x)
             mp.setattr(blocks, "tap", dropped)
-        elif bug in ("one_plus_w", "one_plus_w_unscaled"):  # the HF checkpoint's w as layer 0's first norm weight
+        elif bug in ("one_plus_w", "one_plus_w_unscaled", "one_plus_w_no_embeddings"):  # HF's w as attn_norm-0's
             mp.setitem(lw, "attn_norm", lw["attn_norm"] - np.float32(1))
         elif bug == "q_norm_one_plus_w":
             mp.setitem(lw, "attn_q_norm", lw["attn_q_norm"] - np.float32(1))
@@ -530,10 +530,11 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
             mp.setattr(m, "ops", ops._replace(**replace))
         mine = m.dump(ids, tmp_path / "mine")
     # an engine without the stage it lacks: no post-norm node, no scaled embeddings dumped, no position rows
-    drop = {"post_norm": "attn_post_norm-0", "embedding_scale": "inp_scaled", "one_plus_w_unscaled": "inp_scaled",
-            "positions_not_added": "pos_embd", "no_embedding_multiplier": "inp_scaled"}.get(bug)
+    drop = {"post_norm": ("attn_post_norm-0",), "embedding_scale": ("inp_scaled",),
+            "one_plus_w_unscaled": ("inp_scaled",), "one_plus_w_no_embeddings": ("inp_embd", "inp_scaled"),
+            "positions_not_added": ("pos_embd",), "no_embedding_multiplier": ("inp_scaled",)}.get(bug, ())
     manifest = json.loads((mine / "manifest.json").read_text())
-    manifest["tensors"] = [t for t in manifest["tensors"] if t["name"] != drop]
+    manifest["tensors"] = [t for t in manifest["tensors"] if t["name"] not in drop]
     (mine / "manifest.json").write_text(json.dumps(manifest))
     return compare(mine, ref, m)
 
@@ -542,6 +543,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
     ("gemma3", "post_norm", "sa_out-0", "sa_out = inp_scaled + attn_out with no attn_post_norm"),
     ("gemma3", "one_plus_w", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
     ("gemma3", "one_plus_w_unscaled", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
+    ("gemma3", "one_plus_w_no_embeddings", "attn_norm-0", "(weight - 1): the norm multiplies by (1 + w)"),
     ("gemma3", "mask_off_by_one", "kq_soft_max-0", "each query also sees the key after its own"),
     ("gemma3", "no_final_norm", "result_norm", "equals its input (l_out-5): the norm (output_norm) is skipped"),
     ("gemma3", "no_residual", "sa_out-0", "equals attn_post_norm-0 alone: the residual is not added"),

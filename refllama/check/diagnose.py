@@ -543,10 +543,13 @@ def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the comp
     source = _residual(arch) if source == "residual" else source
     name = (_block_input(arch, e.layer) if source is None else f"l_out-{e.cfg.n_layer - 1}" if source == ""
             else f"{source}-{e.layer}")
-    inputs = _stages(e.bad_dump, [name], e.positions)
-    if inputs is None and name == "inp_scaled":  # an engine that dumps no scaled embeddings: its inp_embd, scaled
-        inputs = _stages(e.bad_dump, ["inp_embd"], e.positions)
-        inputs = inputs and [inputs[0].astype(np.float32) * np.float32(e.cfg.embedding_scale)]
+    for d in (e.bad_dump, e.ref):  # REF's where MINE dumps no input of its norm: the stages before agree
+        inputs = _stages(d, [name], e.positions) if d is not None else None
+        if inputs is None and d is not None and name == "inp_scaled":  # no scaled embeddings: inp_embd, scaled
+            inputs = _stages(d, ["inp_embd"], e.positions)
+            inputs = inputs and [inputs[0].astype(np.float32) * np.float32(e.cfg.embedding_scale)]
+        if inputs:
+            break
     w = e.model.weights if e.stage == "result_norm" else e.model.weights["layers"][e.layer]
     if not inputs or key not in rows or key not in w:
         return None
