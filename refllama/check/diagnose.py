@@ -961,7 +961,8 @@ def router_input(e, found):
         return
     router = e.model.weights["layers"][e.layer].get("ffn_gate_inp")
     for other in ("ffn_inp", "attn_norm"):
-        x = _stages(e.bad_dump, [f"{other}-{e.layer}"], e.positions)
+        x = _stages(e.bad_dump, [f"{other}-{e.layer}"], e.positions) or _stages(e.ref, [f"{other}-{e.layer}"],
+                                                                                e.positions)  # agrees before it
         if router is not None and x and e.close(to_numpy(linear(x[0].astype(np.float32), router)), e.bad):
             yield (f"hint: ffn_moe_logits-{e.layer} is the router (ffn_gate_inp) applied to {other}-{e.layer}: the "
                    f"router reads ffn_norm-{e.layer}, the feed-forward's normed input")
@@ -984,7 +985,8 @@ def shared_gate_without_sigmoid(e, found):
     output scaled by it."""
     if e.cfg is None or not e.cfg.n_ff_shexp or e.layer is None:
         return
-    logit = _stages(e.bad_dump, [f"ffn_shexp_gate_inp-{e.layer}"], e.positions)
+    logit = _stages(e.bad_dump, [f"ffn_shexp_gate_inp-{e.layer}"], e.positions) or _stages(
+        e.ref, [f"ffn_shexp_gate_inp-{e.layer}"], e.positions)  # REF's where MINE dumps none (it is upstream)
     if not logit:
         return
     if e.stage == "ffn_shexp_gate" and e.close(logit[0], e.bad):
