@@ -161,7 +161,8 @@ def as_json(rep):
             "bits_differ")
     return {"tolerance": rep.column._asdict(), "notes": rep.notes, "coverage": rep.coverage,
             "rows": [{k: r[k] for k in keep if k in r} for r in rep.rows],
-            "first_divergence": rep.first["name"] if rep.first else None, "where": rep.where, "hints": rep.hints}
+            "first_divergence": rep.first["name"] if rep.first else None, "where": rep.where, "hints": rep.hints,
+            "hinted": rep.hinted}
 
 
 def main(argv=None):

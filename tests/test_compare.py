@@ -351,7 +351,7 @@ def test_a_negative_eps_is_never_offered(monkeypatch):
     for eps, offered in ((-0.1, False), (0.1, True)):
         bad = (x / np.sqrt(ms + eps)).astype(np.float32)
         found = diagnose.hints("attn_norm", 0, list(range(4)), bad, want, (1e-6, 1e-6), Dumped(), None, m)
-        assert any("RMS norm with eps" in h for h in found) == offered, (eps, found)
+        assert any("RMS norm with eps" in h for _, h in found) == offered, (eps, found)
 
 
 @pytest.mark.parametrize("named", ["1/HD", None])

@@ -230,7 +230,7 @@ def _ungated_shared_expert(m, patch):
     ("olmoe", _renormalisation, "ffn_moe_weighted-0", "renormalised to sum to 1 (or the softmax is taken over the K"),
     ("qwen3moe", _experts_shifted, "ffn_moe_gate-0", "made with expert e+1's matrices"),
     ("mixtral", _router_shifted, "ffn_moe_logits-0", "the router's rows (ffn_gate_inp) are read with an index off"),
-    ("olmoe", _least_probable, "ffn_moe_topk-0", "other experts chosen at"),
+    ("olmoe", _least_probable, "ffn_moe_topk-0", "the K least probable experts are chosen"),
     ("qwen2moe", _no_shared_expert, "ffn_out-0", "the shared expert (ffn_*_shexp) is not added"),
     ("qwen2moe", _ungated_shared_expert, "ffn_out-0", "its gate, sigmoid(ffn_gate_inp_shexp), is missing"),
     ("qwen3moe", _weights_in_other_slots, "ffn_moe_weights-0", "an expert is weighted by another slot's weight"),

@@ -279,7 +279,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
     if model is not None:
         notes.extend(untested(model, ref, same))
     notes.extend(references.notes(model, mine, ref, rows))
-    report = Report(rows, first, col, notes, coverage(mine, ref), [], [])
+    report = Report(rows, first, col, notes, coverage(mine, ref), [], [], [])
     if first is not None:
         diagnose(report, mine, ref, forced, model)
     return report
@@ -293,6 +293,7 @@ class Report(NamedTuple):
     coverage: list
     where: list  # lines: how the first divergence's error spreads over positions, heads, channels
     hints: list  # lines: what its error looks like
+    hinted: list  # the registered hints (diagnose.HINTS) that said them, by name
 
 
 def coverage(mine, ref):

@@ -1,6 +1,7 @@
 """Where the first diverging stage's error sits (by position, head, channel) and what it looks like: one detector a
 usual porting bug (a scale factor, the other RoPE pair layout, another activation, eps or softmax scale, ...)."""
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -8,7 +9,8 @@ import numpy as np
 from .. import arch as archs
 from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_dims, yarn_mscale
 from ..xp import to_numpy
-from .dump import ROUTED_STAGES, Dump, split_name
+from . import bugs
+from .dump import INPUT_STAGES, ROUTED_STAGES, Dump, split_name
 from .metrics import ATTENTION, metrics, spans, take, visible
 from .rerun import ROUND, Forced
 from .tolerances import rounding_bands
@@ -32,7 +34,9 @@ def diagnose(report, mine, ref, forced, model):
     lines, wrong = breakdown(stage, positions, bad, want, tol, cfg, None if ids is None else np.sort(ids[0], axis=1))
     report.where.extend(lines)
     r["wrong_positions"] = wrong  # the first-divergence line names the positions this breakdown finds wrong
-    report.hints.extend(hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref))
+    found = hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref)
+    report.hints.extend(line for _, line in found)
+    report.hinted.extend(name for name, _ in found)
 
 
 def _error_by(diff, scale, axis):
@@ -126,23 +130,23 @@ class Evidence(NamedTuple):
         return _inputs_of(self.stage, self.layer, self.bad_dump, self.positions, self.cfg)
 
 
-def scale_factor(e, found):
-    if e.w.any() and not found:
+def scale_factor(e):
+    if e.w.any():
         c = float(e.b @ e.w / (e.w @ e.w))
         if abs(c - 1) > 1e-3 and e.close(e.b, c * e.w):
             yield (f"hint: {c:.6g} x the expected values (1/{1 / c:.6g}): a scale factor"
                     + (" (a sign flip)" if abs(c + 1) < 1e-3 else ""))
 
 
-def sign_flip(e, found):
+def sign_flip(e):
     """Some of the values negated: checked by negating those in the expected values."""
     flips = ((np.sign(e.b) != np.sign(e.w)) & np.isclose(np.abs(e.b), np.abs(e.w), rtol=1e-3, atol=0)
              & (np.abs(e.w) > 1e-6 * np.abs(e.w).max())) if e.w.any() else np.zeros(0, bool)
-    if 0.05 < np.mean(flips) and not found and e.close(np.where(flips, -e.w, e.w), e.b):
+    if 0.05 < np.mean(flips) and e.close(np.where(flips, -e.w, e.w), e.b):
         yield f"hint: {np.mean(flips):.0%} of the values have the expected magnitude and the opposite sign"
 
 
-def other_pair_layout(e, found):
+def other_pair_layout(e):
     """q/k in the other pair layout than the manifest's qk_layout says (the layout of the values dumped). Which of
     the two is wrong shows in the side's attention scores: right (kq within tolerance of REF's) where only the
     manifest misnames the layout, wrong where the engine's q/k weights' rows are in the other layout than its RoPE
@@ -176,7 +180,7 @@ def other_pair_layout(e, found):
                "unpermuted for HF-style RoPE, or the reverse), so its RoPE rotates the wrong pairs")
 
 
-def permuted_heads(e, found):
+def permuted_heads(e):
     heads = _heads(e.stage, e.bad, e.cfg)
     if heads is not None and e.stage not in ATTENTION:
         wh = _heads(e.stage, e.want, e.cfg)
@@ -186,8 +190,8 @@ def permuted_heads(e, found):
             yield f"hint: equal up to a permutation of heads: head h holds the expected head {match}[h]"
 
 
-def another_stage(e, found):
-    if e.layer is None or e.good is None or found:
+def another_stage(e):
+    if e.layer is None or e.good is None:
         return
     for name in e.good.names:
         stage, layer = split_name(name)
@@ -197,7 +201,7 @@ def another_stage(e, found):
                 yield f"hint: equals the expected {name}: the two are swapped, or read from one another's weights"
 
 
-def another_kv_head_mapping(e, found):
+def another_kv_head_mapping(e):
     """Query head h read kv head h % KVH where grouped-query attention pairs it with kv head h // (H / KVH): re-run
     as MINE's q times its keys with that mapping."""
     if e.stage != "kq" or e.cfg is None or e.cfg.n_head == e.cfg.n_head_kv or e.layer is None:
@@ -221,10 +225,10 @@ def _scores(e, kv, cache=None):  # -> the side's q . k [H, T, S], query head h w
     return np.einsum("thd,shd->hts", queries[0], k[:, kv].astype(np.float64))
 
 
-def float16_cache(e, found):
+def float16_cache(e):
     """kq from keys, or kqv_out from values, rounded to float16: a float16 KV cache the manifest does not declare
     (whichever shows first past the bands)."""
-    if e.stage not in ("kq", "kqv_out") or e.cfg is None or e.layer is None or found \
+    if e.stage not in ("kq", "kqv_out") or e.cfg is None or e.layer is None \
             or e.bad_dump.kv_cache == "float16" or e.bad_dump.numerics == "ggml":  # ggml's cache is float16
         return
     kv = np.arange(e.cfg.n_head) // (e.cfg.n_head // e.cfg.n_head_kv)
@@ -242,7 +246,7 @@ def float16_cache(e, found):
                "the manifest (K and V are dumped before the cache rounds them)")
 
 
-def another_activation(e, found):
+def another_activation(e):
     """Another activation where the unit's belongs (GELU's erf form for its tanh form, SiLU for GELU, ...), or a
     gated unit's gate and up swapped."""
     inputs = e.inputs() if e.stage in GATED else None
@@ -259,7 +263,7 @@ def another_activation(e, found):
         yield f"hint: matches {best}; {why}"
 
 
-def another_softmax_scale(e, found):
+def another_softmax_scale(e):
     """The scale that fits the weights (each row's log-weights against its scores), checked by re-running the softmax
     with it, and named where it is a usual one."""
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
@@ -284,7 +288,7 @@ def another_softmax_scale(e, found):
     yield f"hint: matches softmax(kq * {s:.4g}{name}); the model's scale is {scale:.4g}"
 
 
-def another_norm_eps(e, found):
+def another_norm_eps(e):
     inputs = e.inputs() if e.stage in ("attn_norm", "ffn_norm", "result_norm") and e.cfg is not None else None
     if inputs:
         (x,) = inputs
@@ -297,7 +301,7 @@ def another_norm_eps(e, found):
             yield f"hint: matches an RMS norm with eps {fit:.3g}; the model's is {e.cfg.rms_eps:g}"
 
 
-def rope_on_the_wrong_pairs(e, found):
+def rope_on_the_wrong_pairs(e):
     """RoPE rotating the other layout's pairs: on q/k kept in the model's order ((2i, 2i+1) where the model pairs
     (i, i + R/2), Qwen2's usual porting bug, or the reverse), or on q/k converted to the other order and back."""
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
@@ -312,11 +316,11 @@ def rope_on_the_wrong_pairs(e, found):
                     "or the reverse; the engine's RoPE and its q/k layout disagree")
 
 
-def swapped_rope_bases(e, found):
+def swapped_rope_bases(e):
     """A local layer rotated with the global layers' RoPE base, or the reverse (Gemma 3's two bases): the bases
     swapped, or the pattern of local and global layers off."""
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
-    if inputs and e.model is not None and e.cfg.rope_base_swa and not found:
+    if inputs and e.model is not None and e.cfg.rope_base_swa:
         local = e.cfg.is_windowed(e.layer)
         cos, sin = _rope_tables(e, not local)
         if e.close(ROPE[e.cfg.rope_layout](inputs[0].astype(np.float32), cos, sin), e.bad):
@@ -326,11 +330,11 @@ def swapped_rope_bases(e, found):
                    "bases swapped, or the pattern of local and global layers off")
 
 
-def rope_frequencies(e, found):
+def rope_frequencies(e):
     """RoPE at other angles: not applied, positions off by one, the frequency factors left out or LongRoPE's other
     set, the linear scale left out, another base (fitted from the rotation of the first positive position)."""
     inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and e.cfg is not None else None
-    if not inputs or e.model is None or found:
+    if not inputs or e.model is None:
         return
     cfg, x = e.cfg, inputs[0].astype(np.float32)
     if e.close(x, e.bad):
@@ -402,11 +406,11 @@ def _fitted_base(cfg, x, bad, positions, scale, ff):
     return next((b for b in USUAL_BASES if abs(fit / b - 1) < 1e-3), fit)
 
 
-def sliding_window(e, found):
+def sliding_window(e):
     """A local layer that attends to every earlier key (its window not applied), a global layer given the window,
     or the window one key off."""
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None and e.cfg.sliding_window else None
-    if not inputs or found:
+    if not inputs:
         return
     (kq,) = inputs
     W, local = e.cfg.sliding_window, e.cfg.is_windowed(e.layer)
@@ -430,7 +434,7 @@ def sliding_window(e, found):
             return
 
 
-def learned_positions(e, found):
+def learned_positions(e):
     """GPT-2's learned positions: not added, or their rows taken one position off."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
     if arch is None or "pos_embd" not in arch.INPUTS or e.stage not in ("pos_embd", "inpL"):
@@ -466,9 +470,9 @@ BIASES = {"Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "attn_out": "att
           "ffn_up": "ffn_up", "ffn_out": "ffn_down"}  # the stages right after a projection that may have a bias
 
 
-def one_vector_added(e, found):
+def one_vector_added(e):
     """MINE = expected + one vector at every position: a bias dropped or added (in some heads only: their slice)."""
-    if e.stage not in BIASES or len(e.positions) < 2 or found:
+    if e.stage not in BIASES or len(e.positions) < 2:
         return
     d = e.bad.astype(np.float64) - e.want
     offset = d.mean(axis=0)  # [X] or [n, HD]
@@ -491,14 +495,14 @@ def _logits_with(e, head, softcap):  # MINE's result_norm through `head`, soft-c
     return to_numpy(e.model.ops.softcap(logits, e.cfg.logit_softcap) if softcap else logits)
 
 
-def missing_softcap(e, found):
+def missing_softcap(e):
     """Logits that skipped the model's soft-cap (Gemma's cap * tanh(logits / cap))."""
     logits = _logits_with(e, "output", False) if e.cfg is not None and e.cfg.logit_softcap else None
     if logits is not None and e.close(logits, e.bad):
         yield f"hint: matches the logits before the soft-cap: cap * tanh(logits / cap), cap {e.cfg.logit_softcap:g}"
 
 
-def tied_output_head(e, found):
+def tied_output_head(e):
     """MINE's logits are result_norm times token_embd: the embedding table used where the model has its own head."""
     w = e.model.weights if e.model is not None else {}
     untied = "output" in w and w["output"] is not w.get("token_embd")
@@ -512,7 +516,7 @@ def _block_input(arch, layer):  # the residual stream entering block `layer`
     return arch.INPUTS[-1] if layer == 0 else f"l_out-{layer - 1}"
 
 
-def skipped_post_norm(e, found):
+def skipped_post_norm(e):
     """A residual add that skipped the norm after attention or the feed-forward (Gemma's and OLMo 2's post-norms)."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None else None
     if arch is None or "attn_post_norm" not in arch.STAGES or e.stage not in ("sa_out", "ffn_inp", "l_out"):
@@ -560,10 +564,10 @@ def _residual(arch):  # the stage that adds the attention's output to the stream
     return "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"
 
 
-def skipped_norm(e, found):
+def skipped_norm(e):
     """A norm skipped (the stage equals its input), or its weight not applied (the input normed, times 1); any of a
     block's norms or the final one. Qwen3's and Gemma 3's q/k norms: qk_norm_variants."""
-    norm = _norm(e) if e.stage not in ("Qcur_normed", "Kcur_normed") and not found else None
+    norm = _norm(e) if e.stage not in ("Qcur_normed", "Kcur_normed") else None
     if norm is None:
         return
     row, w, x, source = norm
@@ -578,11 +582,11 @@ RESIDUAL_PARTS = {  # a residual sum: the output it adds to the stream, the firs
     "l_out": ("ffn_post_norm", "ffn_out", "ffn_moe_out")}
 
 
-def missing_residual(e, found):
+def missing_residual(e):
     """A residual sum that lost one addend: equal to the block's output alone (the stream not added: a dropped
     residual), or to the stream alone (the output not added). Both read from the side's own dump."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None else None
-    if arch is None or e.stage not in RESIDUAL_PARTS or e.layer is None or found:
+    if arch is None or e.stage not in RESIDUAL_PARTS or e.layer is None:
         return
     stream = _block_input(arch, e.layer) if e.stage != "l_out" else f"{_residual(arch)}-{e.layer}"
     part = next((f"{p}-{e.layer}" for p in RESIDUAL_PARTS[e.stage] if f"{p}-{e.layer}" in e.bad_dump), None)
@@ -596,11 +600,11 @@ def missing_residual(e, found):
         yield f"hint: equals {stream}: {part.rsplit('-', 1)[0]} is not added to the residual"
 
 
-def mask_off_by_one(e, found):
+def mask_off_by_one(e):
     """The causal mask one key off: each query also sees the key after its own (keys 0..p+1), or not its own
     (0..p-1); re-run as the model's softmax of the side's kq over those keys (and the window, where the layer has
     one)."""
-    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None and not found else None
+    inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
     if not inputs:
         return
     (kq,) = inputs
@@ -616,11 +620,11 @@ def mask_off_by_one(e, found):
             return
 
 
-def neighbour_layer(e, found):
+def neighbour_layer(e):
     """A block computed with its neighbour's weights (an index off by one where a layer's tensors are read): the
     stage re-run on the side's own inputs with block L - 1's weights, then L + 1's."""
     name = f"{e.stage}-{e.layer}"
-    if found or e.model is None or e.layer is None or name not in e.bad_dump or e.stage not in (*BIASES, *NORMS):
+    if e.model is None or e.layer is None or name not in e.bad_dump or e.stage not in (*BIASES, *NORMS):
         return  # only a stage its layer's weights compute: the two re-runs are whole forwards
     layers = e.model.weights["layers"]
     for other in (e.layer - 1, e.layer + 1):
@@ -639,7 +643,7 @@ def neighbour_layer(e, found):
             return
 
 
-def norm_weight_without_one(e, found):
+def norm_weight_without_one(e):
     """A (1 + w) norm computed with w: the HF checkpoint's w used as the weight (Gemma's norms)."""
     norm = _norm(e)
     if norm is not None and norm[0].hf_add:
@@ -649,7 +653,7 @@ def norm_weight_without_one(e, found):
                    f"and the HF checkpoint stores w; the 1 was not added to {row.key}")
 
 
-def qk_norm_variants(e, found):
+def qk_norm_variants(e):
     """Qwen3's and Gemma 3's per-head q/k norm skipped, or taken over the whole row of heads."""
     norm = _norm(e) if e.stage in ("Qcur_normed", "Kcur_normed") else None
     if norm is None:
@@ -663,7 +667,7 @@ def qk_norm_variants(e, found):
                "over its own HD dims")
 
 
-def missing_embedding_scale(e, found):
+def missing_embedding_scale(e):
     """The first norm of an embedding-scaled model (Gemma: sqrt(D), Granite: its multiplier) computed on the unscaled
     embeddings; RMSNorm hides most of the scale, so the error is small."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
@@ -685,11 +689,11 @@ def _model_mask(e, kq, shift=0):  # -> [H, T, S] bool: the keys the model lets e
     return np.isfinite(kq) & (gap >= -shift) & (True if window is None else gap < window)
 
 
-def attention_softcap(e, found):
+def attention_softcap(e):
     """Gemma 2's scores soft-capped wrongly: not at all, before the softmax scale, or with the logits' cap; re-run
     as the model's softmax (or, at kq_scaled_2, the capped scores) of the side's kq."""
     cfg = e.cfg
-    if cfg is None or not cfg.attn_softcap or e.stage not in ("kq_scaled_2", "kq_soft_max") or found:
+    if cfg is None or not cfg.attn_softcap or e.stage not in ("kq_scaled_2", "kq_soft_max"):
         return
     inputs = _stages(e.bad_dump, [f"kq-{e.layer}"], e.positions)
     if not inputs:
@@ -710,11 +714,11 @@ def attention_softcap(e, found):
             return
 
 
-def nope_layers(e, found):
+def nope_layers(e):
     """SmolLM3's NoPE layers: RoPE skipped on a layer that rotates (its Qcur_rope equals Qcur), or applied on one that
     does not (its kq matches the side's q and k rotated)."""
     cfg = e.cfg
-    if cfg is None or cfg.nope_layers is None or e.layer is None or found:
+    if cfg is None or cfg.nope_layers is None or e.layer is None:
         return
     nope = [i for i in range(cfg.n_layer) if cfg.is_nope(i)]
     if e.stage in ("Qcur_rope", "Kcur_rope") and not cfg.is_nope(e.layer):
@@ -739,11 +743,11 @@ def nope_layers(e, found):
                    f"(the NoPE layers are {spans(nope)}: their q and k stay unrotated)")
 
 
-def pre_norm_where_none(e, found):
+def pre_norm_where_none(e):
     """OLMo 2's blocks read the residual itself: q/k/v (or the feed-forward's gate and up) computed from the
     RMS-normed residual, with no weight or the post-norm's, as a Llama-shaped port would."""
     cfg = e.cfg
-    if cfg is None or e.model is None or cfg.arch != "olmo2" or e.layer is None or found:
+    if cfg is None or e.model is None or cfg.arch != "olmo2" or e.layer is None:
         return
     arch, lw = archs.get(cfg.arch), e.model.weights["layers"][e.layer]
     matrix, source, norm = {"Qcur": ("attn_q", _block_input(arch, e.layer), "attn_post_norm"),
@@ -764,11 +768,11 @@ def pre_norm_where_none(e, found):
             return
 
 
-def granite_multipliers(e, found):
+def granite_multipliers(e):
     """A Granite multiplier dropped: the residual's (each block's outputs times residual_multiplier before the add),
     the embeddings' (the stream starts from inp_embd), the logits' (not divided by logits_scaling)."""
     cfg = e.cfg
-    if cfg is None or cfg.arch != "granite" or found:
+    if cfg is None or cfg.arch != "granite":
         return
     arch = archs.get(cfg.arch)
     if e.stage == "result_output" and cfg.logit_scale != 1.0:
@@ -795,7 +799,7 @@ def granite_multipliers(e, found):
                    f"embeddings; the embedding multiplier ({cfg.embedding_scale:g}) is missing")
 
 
-def missing_mask(e, found):
+def missing_mask(e):
     """Weights on keys after each query's position: re-run as the model's softmax of MINE's kq over every key it
     computed (a prompt row: the whole prompt's; a decode step's: the keys cached)."""
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
@@ -805,7 +809,7 @@ def missing_mask(e, found):
             yield "hint: matches the softmax over every key, later ones too: the causal mask is missing"
 
 
-def rounded(e, found):
+def rounded(e):
     for fmt, rounding in ROUND.items():
         if e.b.size and np.array_equal(rounding(e.b), e.b) and not np.array_equal(rounding(e.w), e.w) \
                 and e.bad_dump.numerics != fmt and e.close(rounding(e.w), e.b):
@@ -815,22 +819,40 @@ def rounded(e, found):
             return
 
 
-def by_position(e, found):
-    wrong = _error_by(np.where(e.valid, e.bad.astype(np.float64) - e.want, np.nan), float(np.mean(e.w ** 2)) or 1.0,
-                      Dump.axis_of(e.stage)) > e.exact
+READS_OTHER_POSITIONS = ("Qcur_rope", "Kcur_rope", "kq", "kq_scaled_2", "kq_soft_max", "kqv_out")  # RoPE, attention
+
+
+def _wrong_rows(e):  # -> [P] bool: the compared positions where the stage is wrong
+    return _error_by(np.where(e.valid, e.bad.astype(np.float64) - e.want, np.nan), float(np.mean(e.w ** 2)) or 1.0,
+                     Dump.axis_of(e.stage)) > e.exact
+
+
+def _decode_steps(e, rows):  # -> the decode steps' positions if `rows` ([P] bool) marks just them, else None
     n_prompt = len(e.bad_dump.prompt_ids)
     decode = [p >= n_prompt for p in e.positions]
-    if any(decode) and list(wrong) == decode:
-        steps = spans([p for p in e.positions if p >= n_prompt])
-        yield (f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode path "
-                "(its position, its KV cache slot, its mask)")
-    elif not found and len(e.positions) > 1 and not wrong[0] and wrong[1:].all() \
+    return spans([p for p in e.positions if p >= n_prompt]) if any(decode) and list(rows) == decode else None
+
+
+def decode_path(e):
+    """Right in the prompt's prefill, wrong in the decode steps: where the decode path parts from the prefill's."""
+    steps = _decode_steps(e, _wrong_rows(e))
+    if steps is None:
+        return
+    where = ("its position, its KV cache slot, its mask" if e.stage in READS_OTHER_POSITIONS else
+             f"a step of {e.stage} that the one-token path takes otherwise than the prefill, not the KV cache: "
+             f"{e.stage} reads no other position")
+    yield f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode path ({where})"
+
+
+def later_positions(e):
+    wrong = _wrong_rows(e)
+    if len(e.positions) > 1 and not wrong[0] and wrong[1:].all() \
             and not (e.stage == "kq_soft_max" and e.positions[0] == 0):  # a causal softmax's first row is always 1
         yield ("hint: the first position is right and the later ones are not: something that depends on the "
                 "position (RoPE's theta or positions, the mask, the KV cache)")
 
 
-def routing_choice(e, found):
+def routing_choice(e):
     """Other experts chosen (ffn_moe_topk, both sides' ids in ascending order): per token the overlap, and whether
     REF's K-th and (K+1)-th probabilities are a near-tie within the tolerance (either choice then right on its own
     probabilities, which refllama's re-run of each side excuses); or every id shifted by one."""
@@ -862,7 +884,7 @@ def routing_choice(e, found):
     yield line
 
 
-def routing_weights(e, found):
+def routing_weights(e):
     """The experts' weights: a sigmoid or no softmax where the router's is a softmax (ffn_moe_probs); the K weights
     renormalised where the family keeps them, or not where it renormalises (recomputed from the side's own
     ffn_moe_weights and ffn_moe_down, at ffn_moe_weighted or ffn_moe_out)."""
@@ -881,24 +903,31 @@ def routing_weights(e, found):
         return
     if e.stage not in ("ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weighted", "ffn_moe_out"):
         return
-    parts = _stages(e.bad_dump, [f"ffn_moe_weights-{e.layer}", f"ffn_moe_down-{e.layer}"], e.positions)
+    source = e.good if e.stage == "ffn_moe_weights" else e.bad_dump  # the weights as top-k gathers them
+    parts = _stages(source, [f"ffn_moe_weights-{e.layer}", f"ffn_moe_down-{e.layer}"], e.positions)
     if not parts:
         return
     w, down = parts  # [T, K], [T, K, D], both in the order of the experts' ids (take)
     forms = {True: w / w.sum(axis=1, keepdims=True), False: w}  # renormalised or not
     family = e.cfg.expert_norm if e.cfg is not None else None  # whether this model renormalises them
+    wrong = _wrong_rows(e)
     for norm, weights in forms.items():
         value = weights if e.stage.startswith("ffn_moe_weights") else down * weights[..., None]
         value = value.sum(axis=1) if e.stage == "ffn_moe_out" else value
-        if family is norm or not e.close(value, e.bad) or e.close(value, e.want):
+        if family is norm or not wrong.any() or not e.close(value[wrong], e.bad[wrong]) \
+                or e.close(value[wrong], e.want[wrong]):
             continue  # a form the model itself takes is no bug, whatever the values say
+        steps = _decode_steps(e, wrong)
+        where = "" if wrong.all() else f" in the decode steps ({steps}) only" if steps else \
+            f" at positions {spans([p for p, x in zip(e.positions, wrong, strict=True) if x])} only"
         yield ("hint: the K weights are renormalised to sum to 1 (or the softmax is taken over the K chosen experts "
-               "only, after top-k)" if norm else "hint: the K weights are not renormalised") + (
+               f"only, after top-k){where}" if norm else f"hint: the K weights are not renormalised{where}") + (
             "" if family is None else "; this model keeps them as the softmax gave them" if norm else
-            "; this model divides them by their sum (norm_topk_prob)")
+            "; this model divides them by their sum (norm_topk_prob)") + (
+            "; the prefill's are right: the decode path routes otherwise" if steps else "")
 
 
-def missing_shared_expert(e, found):
+def missing_shared_expert(e):
     """Qwen2-MoE's shared expert left out (ffn_out = ffn_moe_out), or added without its gate."""
     if e.stage not in ("ffn_out", "l_out") or e.cfg is None or not e.cfg.n_ff_shexp or e.layer is None:
         return
@@ -915,7 +944,7 @@ def missing_shared_expert(e, found):
         yield "hint: equals ffn_moe_out + the shared expert ungated: its gate, sigmoid(ffn_gate_inp_shexp), is missing"
 
 
-def shifted_experts(e, found):
+def shifted_experts(e):
     """Each chosen expert's product made with a neighbour's matrices (an index off by one into the experts)."""
     name = {"ffn_moe_gate": "ffn_gate_exps", "ffn_moe_up": "ffn_up_exps"}.get(e.stage)
     if name is None or e.model is None or e.layer is None:
@@ -934,7 +963,7 @@ def shifted_experts(e, found):
             return
 
 
-def permuted_slot_weights(e, found):
+def permuted_slot_weights(e):
     """Each token's K weights right, each on another expert than the one it weighs (the weights and the expert ids
     taken apart, or sorted separately): at ffn_moe_weights a permutation of REF's row; at ffn_moe_weighted each slot's
     product its own expert's output times another slot's weight."""
@@ -955,7 +984,7 @@ def permuted_slot_weights(e, found):
                "an expert is weighted by another slot's weight; keep ffn_moe_topk's ids and their weights together")
 
 
-def router_input(e, found):
+def router_input(e):
     """The router's logits of another stage than ffn_norm (the residual before its norm, the attention's norm)."""
     if e.stage != "ffn_moe_logits" or e.model is None or e.layer is None:
         return
@@ -969,7 +998,7 @@ def router_input(e, found):
             return
 
 
-def least_probable_experts(e, found):
+def least_probable_experts(e):
     """The K least probable experts chosen: top-k taken from the wrong end of the probabilities."""
     if e.stage != "ffn_moe_topk" or e.bad.ndim != 2:
         return
@@ -980,7 +1009,7 @@ def least_probable_experts(e, found):
                "(an ascending sort, or the largest of the negated probabilities)")
 
 
-def shared_gate_without_sigmoid(e, found):
+def shared_gate_without_sigmoid(e):
     """Qwen2-MoE's shared-expert gate left as its logit: ffn_shexp_gate = ffn_shexp_gate_inp, and the shared expert's
     output scaled by it."""
     if e.cfg is None or not e.cfg.n_ff_shexp or e.layer is None:
@@ -1000,30 +1029,6 @@ def shared_gate_without_sigmoid(e, found):
             if e.close(value, e.bad) and not e.close(value, e.want):
                 yield ("hint: the shared expert's output is scaled by ffn_shexp_gate_inp itself: its gate is missing "
                        "its sigmoid")
-
-
-# the detectors, in the order their hints are listed; each sees the hints found before it (some speak only alone)
-DETECTORS = (nope_layers, attention_softcap, pre_norm_where_none, granite_multipliers, rope_frequencies, scale_factor,
-             sign_flip, other_pair_layout, permuted_heads, qk_norm_variants, routing_choice, routing_weights,
-             permuted_slot_weights, router_input, least_probable_experts, shared_gate_without_sigmoid,
-             missing_shared_expert, shifted_experts, skipped_norm, missing_residual, another_stage,
-             another_kv_head_mapping, another_activation, another_softmax_scale, another_norm_eps,
-             rope_on_the_wrong_pairs, one_vector_added, tied_output_head, skipped_post_norm, norm_weight_without_one,
-             missing_embedding_scale, swapped_rope_bases, sliding_window, learned_positions, missing_softcap,
-             mask_off_by_one, missing_mask, rounded, float16_cache, neighbour_layer, by_position)
-
-
-def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref=None):
-    """Lines naming the usual signatures of a bug at the first diverging stage, one detector each (DETECTORS)."""
-    valid = visible(stage, positions, want.shape)
-    valid = np.ones(want.shape, bool) if valid is None else valid
-    e = Evidence(stage, layer, positions, bad, want, valid, bad[valid].astype(np.float64),
-                 want[valid].astype(np.float64), tol[1] if tol else 1e-8, model.config if model else None, model,
-                 bad_dump, good, ref)
-    found = []
-    for detect in DETECTORS:
-        found.extend(detect(e, found))
-    return found
 
 
 def _other_layout(cfg):
@@ -1078,3 +1083,118 @@ ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "identity": lambda x: x,
 }
+
+
+class Hint(NamedTuple):
+    """A registered hint: the detector, where it applies, and the bug it names (as a function that injects it)."""
+
+    detect: Callable  # Evidence -> its lines, none where the evidence does not fit
+    stages: tuple | None  # the stages it looks at (None: any)
+    bug: Callable  # refllama.check.bugs: the bug injected into a correct dump; tests/test_hints.py fires each
+    when: Callable = None  # ModelConfig -> whether the family has what it checks (None: any family)
+    reads: tuple = ()  # other stages of the layer it needs, in MINE's dump or REF's
+    model: bool = False  # it re-runs part of the model: only with the model's weights
+    unless: tuple = ()  # the hints it gives way to
+    fallback: bool = False  # speaks only where no other hint does
+
+    @property
+    def name(self):
+        return self.detect.__name__
+
+
+def _moe(cfg):
+    return bool(cfg.n_expert)
+
+
+ROPED, NORMED = ("Qcur_rope", "Kcur_rope"), ("attn_norm", "ffn_norm", "result_norm", "attn_post_norm", "ffn_post_norm")
+HINTS = (  # in the order their lines are listed
+    Hint(nope_layers, ("Qcur_rope", "Kcur_rope", "kq"), bugs.rope_not_skipped_on_nope_layers, model=True,
+         when=lambda c: c.nope_layers is not None),
+    Hint(attention_softcap, ("kq_scaled_2", "kq_soft_max"), bugs.attention_not_soft_capped, reads=("kq",),
+         when=lambda c: bool(c.attn_softcap)),
+    Hint(pre_norm_where_none, ("Qcur", "Kcur", "Vcur", "ffn_gate", "ffn_up"), bugs.pre_norm_where_none, model=True,
+         when=lambda c: c.arch == "olmo2"),
+    Hint(granite_multipliers, ("ffn_inp", "l_out", "result_output"), bugs.residual_multiplier_dropped, model=True,
+         when=lambda c: c.arch == "granite"),
+    Hint(rope_frequencies, ROPED, bugs.rope_positions_from_1, model=True, unless=("nope_layers",)),
+    Hint(other_pair_layout, archs.QK_STAGES, bugs.manifest_names_the_other_layout),
+    Hint(permuted_heads, archs.QK_STAGES + ("Vcur", "kqv_out"), bugs.heads_permuted),
+    Hint(qk_norm_variants, ("Qcur_normed", "Kcur_normed"), bugs.q_norm_skipped, model=True),
+    Hint(routing_choice, ("ffn_moe_topk",), bugs.expert_ids_plus_1, when=_moe, unless=("least_probable_experts",)),
+    Hint(routing_weights, ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_weights", "ffn_moe_weights_norm",
+                           "ffn_moe_weighted", "ffn_moe_out"), bugs.sigmoid_router, when=_moe),
+    Hint(permuted_slot_weights, ("ffn_moe_weights", "ffn_moe_weighted"), bugs.weights_on_other_slots, when=_moe),
+    Hint(router_input, ("ffn_moe_logits",), bugs.router_reads_the_residual, model=True, when=_moe),
+    Hint(least_probable_experts, ("ffn_moe_topk",), bugs.least_probable_experts, reads=("ffn_moe_probs",),
+         when=_moe),
+    Hint(shared_gate_without_sigmoid, ("ffn_shexp_gate", "ffn_shexp_out", "ffn_out"), bugs.shared_gate_without_sigmoid,
+         reads=("ffn_shexp_gate_inp",), when=lambda c: bool(c.n_ff_shexp)),
+    Hint(missing_shared_expert, ("ffn_out", "l_out"), bugs.shared_expert_left_out, when=lambda c: bool(c.n_ff_shexp)),
+    Hint(shifted_experts, ("ffn_moe_gate", "ffn_moe_up"), bugs.neighbour_experts, reads=("ffn_norm", "ffn_moe_topk"),
+         model=True, when=_moe),
+    Hint(skipped_norm, NORMED, bugs.ffn_norm_skipped, model=True),
+    Hint(missing_residual, tuple(RESIDUAL_PARTS), bugs.residual_dropped, unless=("granite_multipliers",
+                                                                                 "missing_shared_expert")),
+    Hint(another_kv_head_mapping, ("kq",), bugs.kv_heads_modulo, reads=("Qcur_rope", "Kcur_rope"),
+         when=lambda c: c.n_head != c.n_head_kv),
+    Hint(another_activation, tuple(GATED), bugs.relu_for_silu),
+    Hint(another_softmax_scale, ("kq_soft_max",), bugs.softmax_scale_1_over_hd, reads=("kq",)),
+    Hint(another_norm_eps, ("attn_norm", "ffn_norm", "result_norm"), bugs.norm_eps_wrong,
+         unless=("missing_embedding_scale",)),  # RMSNorm of x / s is RMSNorm of x with eps s^2 eps
+    Hint(rope_on_the_wrong_pairs, ROPED, bugs.rope_on_the_wrong_pairs, model=True),
+    Hint(tied_output_head, ("result_output",), bugs.output_head_tied, reads=("result_norm",), model=True),
+    Hint(skipped_post_norm, ("sa_out", "ffn_inp", "l_out"), bugs.post_norm_skipped,
+         when=lambda c: "attn_post_norm" in archs.get(c.arch).STAGES),
+    Hint(norm_weight_without_one, NORMED + ("Qcur_normed", "Kcur_normed"), bugs.norm_weight_without_one, model=True),
+    Hint(missing_embedding_scale, ("attn_norm",), bugs.embeddings_unscaled, reads=("inp_embd",), model=True),
+    Hint(swapped_rope_bases, ROPED, bugs.rope_local_base_for_global, model=True, unless=("rope_frequencies",),
+         when=lambda c: bool(c.rope_base_swa)),
+    Hint(sliding_window, ("kq_soft_max",), bugs.window_not_applied, reads=("kq",),
+         unless=("attention_softcap", "another_softmax_scale"), when=lambda c: bool(c.sliding_window)),
+    Hint(learned_positions, ("pos_embd", "inpL"), bugs.position_embeddings_not_added, model=True,
+         when=lambda c: "pos_embd" in archs.get(c.arch).INPUTS),
+    Hint(missing_softcap, ("result_output",), bugs.logits_not_soft_capped, reads=("result_norm",), model=True,
+         when=lambda c: bool(c.logit_softcap)),
+    Hint(mask_off_by_one, ("kq_soft_max",), bugs.mask_one_key_late, reads=("kq",),
+         unless=("attention_softcap", "another_softmax_scale", "sliding_window")),
+    Hint(missing_mask, ("kq_soft_max",), bugs.no_causal_mask, reads=("kq",)),
+    Hint(rounded, None, bugs.rounded_to_bfloat16),
+    Hint(scale_factor, None, bugs.scaled, fallback=True),
+    Hint(sign_flip, None, bugs.signs_flipped, fallback=True),
+    Hint(another_stage, None, bugs.gate_read_for_up, fallback=True),
+    Hint(one_vector_added, tuple(BIASES), bugs.bias_dropped, fallback=True),
+    Hint(float16_cache, ("kq", "kqv_out"), bugs.kv_cache_in_float16, fallback=True),
+    Hint(neighbour_layer, (*BIASES, *NORMS), bugs.attn_norm_with_neighbours_weight, model=True, fallback=True),
+    Hint(decode_path, None, bugs.decode_step_position_plus_1, fallback=True),
+    Hint(later_positions, None, bugs.later_positions_off, fallback=True),
+)
+
+
+def applies(hint, stage, layer, cfg, model, dumps):
+    """Whether `hint` looks at this stage of this family, with what it needs at hand."""
+    if hint.stages is not None and stage not in hint.stages or hint.model and model is None:
+        return False
+    if hint.when is not None and (cfg is None or not hint.when(cfg)):
+        return False
+    names = [r if layer is None or r in INPUT_STAGES else f"{r}-{layer}" for r in hint.reads]
+    return all(any(d is not None and n in d for d in dumps) for n in names)
+
+
+def hints(stage, layer, positions, bad, want, tol, bad_dump, good, model, ref=None):
+    """[(hint name, line)]: the usual signatures of a bug at the first diverging stage, one registered hint each."""
+    valid = visible(stage, positions, want.shape)
+    valid = np.ones(want.shape, bool) if valid is None else valid
+    cfg = model.config if model else None
+    e = Evidence(stage, layer, positions, bad, want, valid, bad[valid].astype(np.float64),
+                 want[valid].astype(np.float64), tol[1] if tol else 1e-8, cfg, model, bad_dump, good, ref)
+    live = {h.name: h for h in HINTS if applies(h, stage, layer, cfg, model, (bad_dump, good, ref))}
+    said = {}
+
+    def lines(name):  # the hint's lines, once; none where a hint it gives way to speaks
+        if name not in said:
+            h = live.get(name)
+            said[name] = [] if h is None or any(lines(u) for u in h.unless) else list(h.detect(e))
+        return said[name]
+
+    found = [(n, line) for n, h in live.items() if not h.fallback for line in lines(n)]
+    return found or [(n, line) for n, h in live.items() if h.fallback for line in lines(n)]

@@ -1,0 +1,359 @@
+"""The porting bugs the harness's hints name, each as a function that injects it into a correct dump: given
+refllama's own dump of a tiny model, it returns the records an engine with that one bug would have written differently
+(just the first wrong stage: the hint reads that stage and its inputs). The registry (diagnose.HINTS) names a bug
+for every hint, and tests/test_hints.py holds each hint to firing, alone, on its bug. A bug returns None where the
+model cannot hold it (a tied output head has no untied one to confuse).
+"""
+
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import arch as archs
+from ..layers import ROPE, linear, rms_norm, softcap, softmax
+from ..xp import to_numpy
+from .dump import Dump
+from .rerun import ROUND
+
+
+class Correct(NamedTuple):
+    """A correct dump to break (a directory refllama.api.Model.dump wrote) and the model that wrote it."""
+
+    directory: Path
+    model: object  # refllama.api.Model
+
+    def __getitem__(self, record):  # "Qcur-0" (the prefill) or "Qcur-0@9" (a decode step) -> its array
+        return np.load(self.directory / f"{record}.npy")
+
+    def __contains__(self, record):
+        return (self.directory / f"{record}.npy").exists()
+
+    @property
+    def cfg(self):
+        return self.model.config
+
+    @property
+    def n(self):  # the prefill's tokens
+        return len(Dump(self.directory).prompt_ids)
+
+    @property
+    def decodes(self):  # whether the dump holds a decode step (at position n)
+        return bool(Dump(self.directory).decode_ids)
+
+    def weights(self, layer=None):  # the model's weights as NumPy arrays (a layer's, or the model's)
+        w = self.model.weights if layer is None else self.model.weights["layers"][layer]
+        return {k: (v if isinstance(v, list) else to_numpy(v)) for k, v in w.items() if k != "layers"}
+
+    def rope_input(self, layer):  # the stage RoPE rotates: q after its norm where the family has one
+        return "Qcur_normed" if f"Qcur_normed-{layer}" in self else "Qcur"
+
+    def tables(self, local=False, shift=0):  # the cache's cos, sin at the prefill's positions (+ shift)
+        cache = self.model.cache
+        cos, sin = (cache.cos_swa, cache.sin_swa) if local and self.cfg.rope_base_swa else (cache.cos, cache.sin)
+        at = np.arange(self.n) + shift
+        return to_numpy(cos)[at], to_numpy(sin)[at]
+
+    def block_input(self, layer):  # the residual stream entering block `layer`
+        return archs.get(self.cfg.arch).INPUTS[-1] if layer == 0 else f"l_out-{layer - 1}"
+
+    def attend(self, kq, layer, shift=0, window="model", cap="model"):  # -> [H, T, S] the model's softmax of kq
+        """Over keys up to the query's own (`shift` past it), inside `window` (default: the layer's), soft-capped
+        with `cap` (default: the model's attention cap)."""
+        cfg = self.cfg
+        window = (cfg.sliding_window if cfg.is_windowed(layer) else None) if window == "model" else window
+        cap = cfg.attn_softcap if cap == "model" else cap
+        gap = np.arange(kq.shape[1])[:, None] - np.arange(kq.shape[2])[None, :]
+        seen = (gap >= -shift) & (True if window is None else gap < window)
+        s = kq.astype(np.float64) * cfg.kq_scale
+        s = cap * np.tanh(s / cap) if cap else s
+        return softmax(np.where(seen, s, -np.inf)).astype(np.float32)
+
+    def kv(self):  # query head h's kv head
+        return np.arange(self.cfg.n_head) // (self.cfg.n_head // self.cfg.n_head_kv)
+
+
+def inject(bug, directory, out, model):
+    """A copy of the correct dump `directory` at `out` with `bug`'s records written; None where the model cannot
+    hold the bug. -> the names of the records it changed."""
+    records = bug(Correct(Path(directory), model))
+    if records is None:
+        return None
+    shutil.copytree(directory, out)
+    for record, a in records.items():
+        old = np.load(Path(directory) / f"{record}.npy")
+        assert a.shape == old.shape, (record, a.shape, old.shape)
+        np.save(Path(out) / f"{record}.npy", a.astype(old.dtype))
+    return list(records)
+
+
+def _q_k(d, layer, q="Qcur_rope", k="Kcur_rope", kv=None):  # -> [H, T, S] unscaled q . k of two stages
+    keys = d[f"{k}-{layer}"]
+    return np.einsum("thd,shd->hts", d[f"{q}-{layer}"], keys[:, d.kv() if kv is None else kv])
+
+
+# attention
+
+
+def rope_not_skipped_on_nope_layers(d):  # SmolLM3's NoPE layer rotated
+    layer = next((i for i in range(d.cfg.n_layer) if d.cfg.is_nope(i)), None)
+    if layer is None:
+        return None
+    cos, sin = d.tables()
+    rope = ROPE[d.cfg.rope_layout]
+    q, k = rope(d[f"Qcur-{layer}"], cos, sin), rope(d[f"Kcur-{layer}"], cos, sin)
+    return {f"kq-{layer}": np.einsum("thd,shd->hts", q, k[:, d.kv()])}
+
+
+def attention_not_soft_capped(d):  # Gemma 2's scores without their cap
+    return {"kq_scaled_2-0": d["kq-0"] * np.float32(d.cfg.kq_scale)} if d.cfg.attn_softcap else None
+
+
+def rope_positions_from_1(d):
+    layer = next(i for i in range(d.cfg.n_layer) if not d.cfg.is_nope(i))
+    cos, sin = d.tables(d.cfg.is_windowed(layer), shift=1)
+    return {f"Qcur_rope-{layer}": ROPE[d.cfg.rope_layout](d[f"{d.rope_input(layer)}-{layer}"], cos, sin)}
+
+
+def rope_local_base_for_global(d):  # Gemma 3's local layer rotated with the global base
+    if not d.cfg.rope_base_swa or not d.cfg.is_windowed(0):
+        return None
+    cos, sin = d.tables(local=False)
+    return {"Qcur_rope-0": ROPE[d.cfg.rope_layout](d[f"{d.rope_input(0)}-0"], cos, sin)}
+
+
+def rope_on_the_wrong_pairs(d):  # (2i, 2i+1) where the layout pairs (i, i + R/2), or the reverse
+    cos, sin = d.tables()
+    other = next(x for x in archs.LAYOUTS if x != d.cfg.rope_layout)
+    return {"Qcur_rope-0": ROPE[other](d[f"{d.rope_input(0)}-0"], cos, sin)}
+
+
+def decode_step_position_plus_1(d):  # a decode step rotated at its position + 1
+    if not d.decodes:
+        return None
+    p = d.n
+    q = d[f"{d.rope_input(0)}-0@{p}"]
+    cache = d.model.cache
+    cos, sin = to_numpy(cache.cos)[[p + 1]], to_numpy(cache.sin)[[p + 1]]
+    return {f"Qcur_rope-0@{p}": ROPE[d.cfg.rope_layout](q, cos, sin)}
+
+
+def later_positions_off(d):  # every position but the first a little off (a position-dependent step)
+    q = d["Qcur_rope-0"].copy()
+    q[1:] *= np.float32(1.01)
+    return {"Qcur_rope-0": q}
+
+
+def manifest_names_the_other_layout(d):  # q/k dumped in the other pair layout than the manifest's qk_layout
+    other = next(x for x in archs.LAYOUTS if x != d.cfg.rope_layout)
+    names = [p.stem for p in d.directory.glob("*.npy") if p.stem.split("@")[0].rsplit("-", 1)[0] in archs.QK_STAGES]
+    return {n: archs.permute_qk(d[n], other, d.cfg.rope_dim) for n in names}
+
+
+def heads_permuted(d):
+    return {"Qcur-0": d["Qcur-0"][:, ::-1]}
+
+
+def q_norm_skipped(d):
+    return {"Qcur_normed-0": d["Qcur-0"]} if "Qcur_normed-0" in d else None
+
+
+def kv_heads_modulo(d):  # query head h reads kv head h % KVH
+    H, KVH = d.cfg.n_head, d.cfg.n_head_kv
+    return {"kq-0": _q_k(d, 0, kv=np.arange(H) % KVH)} if H != KVH else None
+
+
+def kv_cache_in_float16(d):  # keys rounded to float16 in a cache the manifest does not declare
+    keys = ROUND["float16"](d["Kcur_rope-0"])
+    return {"kq-0": np.einsum("thd,shd->hts", d["Qcur_rope-0"], keys[:, d.kv()])}
+
+
+def softmax_scale_1_over_hd(d):
+    cfg = d.cfg
+    scaled = d["kq-0"] * (1 / cfg.head_dim) / cfg.kq_scale  # attend() scales by the model's scale
+    return None if cfg.attn_softcap else {"kq_soft_max-0": d.attend(scaled, 0)}
+
+
+def window_not_applied(d):
+    layer = next((i for i in range(d.cfg.n_layer) if d.cfg.is_windowed(i)), None)
+    if layer is None or d.n <= d.cfg.sliding_window:
+        return None
+    return {f"kq_soft_max-{layer}": d.attend(d[f"kq-{layer}"], layer, window=None)}
+
+
+def mask_one_key_late(d):  # each query also sees the key after its own
+    return {"kq_soft_max-0": d.attend(d["kq-0"], 0, shift=1)}
+
+
+def no_causal_mask(d):
+    return {"kq_soft_max-0": d.attend(d["kq-0"], 0, shift=d.n, window=None)}
+
+
+# norms, residuals, projections
+
+
+def norm_eps_wrong(d):
+    x, w = d[d.block_input(0)], d.weights(0)["attn_norm"]
+    return None if d.cfg.arch == "gpt2" else {"attn_norm-0": rms_norm(x, w, 1e-2)}
+
+
+def ffn_norm_skipped(d):
+    residual = "sa_out-0" if "sa_out-0" in d else "ffn_inp-0"
+    return {"ffn_norm-0": d[residual]}
+
+
+def attn_norm_with_neighbours_weight(d):
+    if d.cfg.n_layer < 2 or d.cfg.arch == "gpt2":
+        return None
+    return {"attn_norm-0": rms_norm(d[d.block_input(0)], d.weights(1)["attn_norm"], d.cfg.rms_eps)}
+
+
+def norm_weight_without_one(d):  # Gemma's (1 + w) norm computed with HF's w
+    if not any(w.key == "attn_norm" and w.hf_add for w in archs.get(d.cfg.arch).LAYER_WEIGHTS):
+        return None
+    return {"attn_norm-0": rms_norm(d[d.block_input(0)], d.weights(0)["attn_norm"] - 1, d.cfg.rms_eps)}
+
+
+def embeddings_unscaled(d):  # the first norm on inp_embd where the model scales the embeddings
+    if "inp_scaled" not in archs.get(d.cfg.arch).INPUTS:
+        return None
+    return {"attn_norm-0": rms_norm(d["inp_embd"], d.weights(0)["attn_norm"], d.cfg.rms_eps)}
+
+
+def post_norm_skipped(d):  # Gemma's attention output added without attn_post_norm
+    if "attn_post_norm-0" not in d:
+        return None
+    residual = "sa_out-0" if "sa_out-0" in d else "ffn_inp-0"
+    return {residual: d[d.block_input(0)] + d["attn_out-0"]}
+
+
+def pre_norm_where_none(d):  # OLMo 2's q read from the RMS-normed residual, as a Llama-shaped port would
+    if d.cfg.arch != "olmo2":
+        return None
+    x = rms_norm(d[d.block_input(0)], np.ones(d.cfg.n_embd, np.float32), d.cfg.rms_eps)
+    return {"Qcur-0": linear(x, d.weights(0)["attn_q"]).reshape(d["Qcur-0"].shape)}
+
+
+def residual_dropped(d):
+    return None if "sa_out-0" in d else {"ffn_inp-0": d["attn_out-0"]}
+
+
+def residual_multiplier_dropped(d):  # Granite's
+    if d.cfg.residual_scale == 1.0:
+        return None
+    return {"ffn_inp-0": d[d.block_input(0)] + d["attn_out-0"]}
+
+
+def position_embeddings_not_added(d):  # GPT-2's
+    return {"inpL": d["inp_embd"]} if "pos_embd" in d else None
+
+
+def bias_dropped(d):  # one vector off at every position: a bias dropped or added
+    v = np.random.default_rng(0).standard_normal(d["ffn_up-0"].shape[-1]).astype(np.float32)
+    return {"ffn_up-0": d["ffn_up-0"] + 0.1 * v} if "ffn_up-0" in d else None
+
+
+def scaled(d):
+    return {"attn_out-0": d["attn_out-0"] * np.float32(0.5)}
+
+
+def signs_flipped(d):
+    x = d["attn_out-0"].copy()
+    x[:, ::3] *= -1
+    return {"attn_out-0": x}
+
+
+def gate_read_for_up(d):  # the two projections swapped: ffn_gate computed with ffn_up's weights
+    return {"ffn_gate-0": d["ffn_up-0"]} if "ffn_gate-0" in d and "ffn_up-0" in d else None
+
+
+def relu_for_silu(d):
+    if "ffn_swiglu-0" not in d:
+        return None
+    return {"ffn_swiglu-0": np.maximum(d["ffn_gate-0"], 0) * d["ffn_up-0"]}
+
+
+def rounded_to_bfloat16(d):
+    return {"ffn_inp-0": ROUND["bfloat16"](d["ffn_inp-0"])} if "ffn_inp-0" in d else None
+
+
+# output
+
+
+def _head(d, name):  # result_norm times weight `name`, soft-capped where the model caps its logits
+    logits = linear(d["result_norm"], to_numpy(d.model.weights[name]))
+    return softcap(logits, d.cfg.logit_softcap) if d.cfg.logit_softcap else logits
+
+
+def output_head_tied(d):  # the embedding table as the output head of an untied model
+    w = d.model.weights
+    if "result_norm" not in d or w.get("output") is None or w["output"] is w.get("token_embd"):
+        return None
+    return {"result_output": _head(d, "token_embd")}
+
+
+def logits_not_soft_capped(d):
+    if not d.cfg.logit_softcap or "result_norm" not in d:
+        return None
+    return {"result_output": linear(d["result_norm"], to_numpy(d.model.weights["output"]))}
+
+
+# mixtures of experts
+
+
+def expert_ids_plus_1(d):
+    return {"ffn_moe_topk-0": (d["ffn_moe_topk-0"] + 1) % d.cfg.n_expert} if d.cfg.n_expert else None
+
+
+def sigmoid_router(d):
+    return {"ffn_moe_probs-0": 1 / (1 + np.exp(-d["ffn_moe_logits-0"]))} if d.cfg.n_expert else None
+
+
+def weights_on_other_slots(d):  # each expert weighted by another slot's weight
+    return {"ffn_moe_weights-0": np.roll(d["ffn_moe_weights-0"], 1, axis=1)} if d.cfg.n_expert else None
+
+
+def router_reads_the_residual(d):  # the router fed ffn_inp, not ffn_norm
+    if not d.cfg.n_expert:
+        return None
+    return {"ffn_moe_logits-0": linear(d["ffn_inp-0"], d.weights(0)["ffn_gate_inp"])}
+
+
+def least_probable_experts(d):  # top-k from the wrong end
+    if not d.cfg.n_expert:
+        return None
+    ids = np.argsort(d["ffn_moe_probs-0"], axis=1, kind="stable")[:, :d.cfg.n_expert_used]
+    return {"ffn_moe_topk-0": ids}
+
+
+def renormalised_where_kept(d):  # the K weights divided by their sum in a family that keeps them
+    if not d.cfg.n_expert or d.cfg.expert_norm:
+        return None
+    w = d["ffn_moe_weights-0"]
+    return {"ffn_moe_weighted-0": d["ffn_moe_down-0"] * (w / w.sum(axis=1, keepdims=True))[..., None]}
+
+
+def decode_step_not_renormalised(d):  # the K weights renormalised in the prefill, not in a decode step
+    if not d.cfg.n_expert or not d.cfg.expert_norm or not d.decodes:
+        return None
+    p = d.n
+    return {f"ffn_moe_weights_norm-0@{p}": d[f"ffn_moe_weights-0@{p}"]}
+
+
+def neighbour_experts(d):  # each chosen expert's gate made with expert id + 1's matrix
+    if not d.cfg.n_expert:
+        return None
+    x, ids, mats = d["ffn_norm-0"], d["ffn_moe_topk-0"].astype(np.int64), d.weights(0)["ffn_gate_exps"]
+    E = len(mats)
+    return {"ffn_moe_gate-0": np.stack([np.stack([linear(x[t:t + 1], to_numpy(mats[(k + 1) % E]))[0] for k in row])
+                                        for t, row in enumerate(ids)])}
+
+
+def shared_gate_without_sigmoid(d):
+    return {"ffn_shexp_gate-0": d["ffn_shexp_gate_inp-0"]} if "ffn_shexp_gate-0" in d else None
+
+
+def shared_expert_left_out(d):
+    return {"ffn_out-0": d["ffn_moe_out-0"]} if "ffn_shexp_out-0" in d else None
+

@@ -1,0 +1,46 @@
+"""Every registered hint (refllama.check.diagnose.HINTS) fires on the bug it names, alone: the bug injected
+(refllama.check.bugs) into refllama's own dump of the first tiny family of the catalogue that can hold it, compare
+names the stage the bug changed and says that hint and no other."""
+
+import pytest
+from families import GGUF
+
+import refllama
+from refllama.check.bugs import inject
+from refllama.check.compare import compare
+from refllama.check.diagnose import HINTS
+
+IDS, DECODE = list(range(3, 12)), [5]  # 9 tokens: past Gemma's window of 4; a decode step for the decode path
+
+
+@pytest.fixture(scope="module")
+def correct(tmp_path_factory):
+    """(family, whether with a decode step) -> (model, its correct dump), made once: a prefill alone for the bugs of
+    every position (a bug injected into the prefill only would leave the decode step right), with a decode step for
+    the decode path's."""
+    made = {}
+
+    def get(family, decode):
+        if (family, decode) not in made:
+            m = refllama.load(GGUF[family].gguf(), n_ctx=64)
+            out = tmp_path_factory.mktemp(family) / "ref"
+            made[family, decode] = m, m.dump(IDS, out, decode_ids=DECODE if decode else None)
+        return made[family, decode]
+    return get
+
+
+@pytest.mark.parametrize("hint", HINTS, ids=[h.name for h in HINTS])
+def test_each_hint_fires_alone_on_its_bug(correct, tmp_path, hint):
+    for family, decode in ((f, d) for f in GGUF for d in (False, True)):
+        m, ref = correct(family, decode)
+        if hint.when is not None and not hint.when(m.config):
+            continue
+        changed = inject(hint.bug, ref, tmp_path / f"{family}-{decode}", m)
+        if changed is not None:
+            break
+    else:
+        pytest.fail(f"no family of the catalogue holds {hint.bug.__name__}")
+    rep = compare(tmp_path / f"{family}-{decode}", ref, m)
+    assert rep.first is not None and rep.first["name"] in {c.split("@")[0] for c in changed}, (family, rep.first)
+    assert hint.stages is None or rep.first["stage"] in hint.stages
+    assert set(rep.hinted) == {hint.name}, (family, rep.hints)
