@@ -1090,7 +1090,8 @@ class Hint(NamedTuple):
 
     detect: Callable  # Evidence -> its lines, none where the evidence does not fit
     stages: tuple | None  # the stages it looks at (None: any)
-    bug: Callable  # refllama.check.bugs: the bug injected into a correct dump; tests/test_hints.py fires each
+    bugs: Callable | tuple  # refllama.check.bugs: the bugs it names, each injected into a correct dump by
+    # tests/test_hints.py, which requires this hint alone to fire on each
     when: Callable = None  # ModelConfig -> whether the family has what it checks (None: any family)
     reads: tuple = ()  # other stages of the layer it needs, in MINE's dump or REF's
     model: bool = False  # it re-runs part of the model: only with the model's weights
@@ -1122,7 +1123,8 @@ HINTS = (  # in the order their lines are listed
     Hint(qk_norm_variants, ("Qcur_normed", "Kcur_normed"), bugs.q_norm_skipped, model=True),
     Hint(routing_choice, ("ffn_moe_topk",), bugs.expert_ids_plus_1, when=_moe, unless=("least_probable_experts",)),
     Hint(routing_weights, ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_weights", "ffn_moe_weights_norm",
-                           "ffn_moe_weighted", "ffn_moe_out"), bugs.sigmoid_router, when=_moe),
+                           "ffn_moe_weighted", "ffn_moe_out"),
+         (bugs.sigmoid_router, bugs.renormalised_where_kept, bugs.decode_step_not_renormalised), when=_moe),
     Hint(permuted_slot_weights, ("ffn_moe_weights", "ffn_moe_weighted"), bugs.weights_on_other_slots, when=_moe),
     Hint(router_input, ("ffn_moe_logits",), bugs.router_reads_the_residual, model=True, when=_moe),
     Hint(least_probable_experts, ("ffn_moe_topk",), bugs.least_probable_experts, reads=("ffn_moe_probs",),
