@@ -108,11 +108,15 @@ def load(path: str | os.PathLike | None = None, backend: str = "numpy", n_ctx: i
     if tokenizer is not None and tokenizer.vocab_size < cfg.vocab_size:
         raise RefllamaError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary is "
                             f"{cfg.vocab_size}")
-    m = Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, chosen)
-    if m.n_ctx > cfg.n_ctx_train:  # as llama.cpp: allowed, but positions past training are unlike any it has seen
-        print(f"refllama: context size {m.n_ctx} exceeds the {cfg.n_ctx_train} tokens the model was trained on; "
-              "text past that may degrade", file=sys.stderr)
-    return m
+    return Model(path, cfg, loaded.weights, tokenizer, loaded.chat_template, backend, xp, n_ctx, chosen)
+
+
+def past_training(m):  # -> a notice for a context longer than training's, or None (what generates text says it)
+    """As llama.cpp: allowed, but positions past training are unlike any the model has seen."""
+    if m.n_ctx > m.config.n_ctx_train:
+        return (f"context size {m.n_ctx} exceeds the {m.config.n_ctx_train} tokens the model was trained on; text "
+                "past that may degrade")
+    return None
 
 
 def matrix_types(path):  # the names of a GGUF file's matrix types (its 2-D and 3-D tensors')

@@ -108,8 +108,8 @@ def entered_line(f):
         return (f"the error entered {span}, where neither dump holds a stage: each side's re-run of {f['name']} is "
                 "within tolerance, so a step before it that both skip dumping differs")
     return f"the error entered {span}, in stages " + "; ".join(
-        f"only {side} holds: " + ", ".join(a if a == b else f"{a} .. {b}" for a, b in runs)
-        for side, runs in e["only"].items())
+        ("both hold but neither aligns (no ffn_moe_topk): " if side == "unaligned" else f"only {side} holds: ")
+        + ", ".join(a if a == b else f"{a} .. {b}" for a, b in runs) for side, runs in e["only"].items())
 
 
 SHOWN = 5  # the later stages that add error of their own a short report lists after the first divergence

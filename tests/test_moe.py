@@ -337,3 +337,62 @@ def test_a_routed_stage_is_broken_down_by_chosen_expert_and_expert_id(tmp_path, 
     assert by_id.endswith("wrong at 2"), report.where
     assert any("by chosen expert" in line for line in report.where)
     assert not any("head" in line for line in report.where), report.where
+
+
+def _without_topk(dump):  # an engine's dump without ffn_moe_topk (FORMAT.md allows it), its slots in id order
+    from refllama.check.metrics import SLOT_STAGES
+
+    manifest = json.loads((dump / "manifest.json").read_text())
+    manifest["tensors"] = [t for t in manifest["tensors"] if t["stage"] != "ffn_moe_topk"]
+    (dump / "manifest.json").write_text(json.dumps(manifest))
+    for t in manifest["tensors"]:
+        if t["stage"] in SLOT_STAGES:
+            topk = np.load(dump / t["file"].replace(t["stage"], "ffn_moe_topk"))
+            order = np.argsort(topk, axis=1, kind="stable")
+            a = np.load(dump / t["file"])
+            np.save(dump / t["file"], np.take_along_axis(a, order.reshape(*order.shape, *[1] * (a.ndim - 2)), 1))
+
+
+def test_without_ffn_moe_topk_the_slots_are_not_compared_and_said_so(tmp_path, monkeypatch):
+    """No ffn_moe_topk in MINE: which expert a slot holds is unknown, so the per-slot stages are not compared (a
+    note says why), the rest are: a correct engine with its slots in id order passes, and one that weights each
+    expert by another slot's weight fails where the slots' sum is compared, the error entered in those stages."""
+    from refllama.check.compare import compare
+
+    path, ids = DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf", ref("qwen3moe")["token_ids"].tolist()
+    m = refllama.load(path, n_ctx=N_CTX)
+    clean = Path(m.dump(ids, tmp_path / "clean"))
+    _without_topk(clean)
+    rep = compare(clean, DATA / "gguf-qwen3moe" / "llamacpp-f32", m)
+    assert rep.first is None, (rep.first, rep.hints)
+    assert any("MINE dumps no ffn_moe_topk, so which expert each of a token's K slots holds is unknown" in n
+               for n in rep.notes), rep.notes
+    with monkeypatch.context() as patch:
+        _weights_in_other_slots(m, patch)
+        broken = Path(m.dump(ids, tmp_path / "broken"))
+    _without_topk(broken)
+    rep = compare(broken, DATA / "gguf-qwen3moe" / "llamacpp-f32", refllama.load(path, n_ctx=N_CTX))
+    assert rep.first is not None and rep.first["name"] == "ffn_moe_out-0", rep.first
+    only = rep.first["entered"]["only"]
+    assert only["REF"] == [("ffn_moe_topk-0", "ffn_moe_topk-0")], only
+    assert only["unaligned"] == [("ffn_moe_weights-0", "ffn_moe_weights-0"),
+                                 ("ffn_moe_weights_norm-0", "ffn_moe_weighted-0")], only
+    assert not any("renormalised" in h for h in rep.hints), rep.hints
+
+
+def test_llamacpps_argsort_is_known_and_read_past(tmp_path):
+    from refllama.check import DumpWriter
+    from refllama.check.compare import compare
+
+    path = DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf"
+    m, ids = refllama.load(path, n_ctx=N_CTX), ref("qwen3moe")["token_ids"].tolist()
+    with refllama.trace(m) as t:
+        m.logits(ids)
+    with DumpWriter(tmp_path / "mine", ids, arch="qwen3moe", qk_layout="half", model=str(path)) as w:
+        for name, x in t.items():
+            w.add(name, x)
+            if name.startswith("ffn_moe_probs"):
+                w.add(name.replace("probs", "argsort"), np.argsort(-np.asarray(x), axis=1).astype(np.float32))
+    rep = compare(tmp_path / "mine", m.dump(ids, tmp_path / "ref"), m)
+    assert rep.first is None and not any("unknown stage" in line for line in rep.coverage), rep.coverage
+    assert any(n.startswith("not compared: ffn_moe_argsort") for n in rep.notes), rep.notes

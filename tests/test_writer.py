@@ -78,3 +78,27 @@ def test_torch_hooks_dump_a_pytorch_model_by_module_name(tmp_path):
     rep = compare(tmp_path / "mine", m.dump(IDS, tmp_path / "ref"), m)
     n = m.config.n_layer
     assert rep.first is None and len(rep.rows) == 3 + 3 * n, (rep.first, len(rep.rows))
+
+
+def test_overwrite_replaces_a_dump_once_the_new_one_is_complete_and_nothing_else(tmp_path):
+    def write(value, **kw):
+        with DumpWriter(tmp_path / "mine", IDS, **kw) as w:
+            w.add("inp_embd", np.full((5, 8), value, np.float32))
+
+    write(1.0)
+    with pytest.raises(RefllamaError, match="overwrite=True replaces a dump there"):
+        write(2.0)
+    with pytest.raises(RefllamaError, match="boom"):  # a failed run leaves the old dump as it was
+        with DumpWriter(tmp_path / "mine", IDS, overwrite=True) as w:
+            w.add("inp_embd", np.full((5, 8), 3.0, np.float32))
+            raise RefllamaError("boom")
+    assert np.load(tmp_path / "mine" / "inp_embd.npy")[0, 0] == 1.0
+    write(2.0, overwrite=True)
+    assert np.load(tmp_path / "mine" / "inp_embd.npy")[0, 0] == 2.0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # no temporary left beside it
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    with pytest.raises(RefllamaError, match="is no dump: overwrite replaces only a dump"):
+        with DumpWriter(tmp_path / "other", IDS, overwrite=True) as w:
+            w.add("inp_embd", np.zeros((5, 8), np.float32))
+    assert (tmp_path / "other" / "notes.txt").exists()

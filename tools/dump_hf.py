@@ -33,14 +33,23 @@ Needs torch==2.13.0, transformers and accelerate (README: "Regenerating the refe
 
 import argparse
 import os
+import sys
 
 import numpy as np
-import torch
-import transformers
-from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
-import refllama
+try:
+    import torch
+    import transformers
+    from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+except ImportError as e:
+    sys.exit(f"tools/dump_hf.py: {e.name} is not installed here; pip install torch==2.13.0 transformers accelerate")
+try:
+    import refllama
+except ImportError:  # a torch environment of its own: refllama's tokenizer and dump writer are needed beside it
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(f"tools/dump_hf.py: refllama is not installed in this environment ({sys.executable}); install it "
+             f"(torch untouched) with: {sys.executable} -m pip install -e {root}")
 from refllama.api import default_model_path
 from refllama.arch import layer_stages
 from refllama.check.dump import add_tool_args, model_sha256, plan_from_args, write_dump
@@ -274,9 +283,13 @@ def main(argv=None):
     provenance = {**PRODUCER, "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
                   "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids, "arch": m.config.arch,
                   "greedy": greedy(hf, ids, args.greedy)}
-    write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes,
-               [{n: step[n] for n in names} for step in decode])
-    print(f"wrote {len(names)} stages for {len(ids)} tokens to {args.out}")
+    kept = [n for n in names if n in stages]  # a mixture of experts' per-slot products stay inside transformers
+    write_dump(args.out, {n: stages[n] for n in kept}, provenance, rows, dtypes,
+               [{n: step[n] for n in kept if n in step} for step in decode])
+    print(f"wrote {len(kept)} stages for {len(ids)} tokens to {args.out}")
+    hidden = sorted({n.rsplit("-", 1)[0] for n in names if n not in stages})
+    if hidden:
+        print(f"not dumped (transformers computes them inside one module, checkpoints/FORMAT.md): {', '.join(hidden)}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from . import references
 from .diagnose import diagnose
 from .dump import (
     INPUT_STAGES,
+    NOT_COMPARED,
     OUTPUT_STAGES,
     SAME_VALUE,
     Dump,
@@ -23,7 +24,7 @@ from .dump import (
     model_sha256,
     split_name,
 )
-from .metrics import metrics, spans, take, visible, within
+from .metrics import SLOT_STAGES, metrics, spans, take, visible, within
 from .rerun import ROUND, Forced
 from .tolerances import REFERENCE_KINDS, UNIT_ROUNDOFF, band, rounding_bands
 
@@ -154,15 +155,23 @@ STREAM_STAGES = ("inp_embd", "inp_scaled", "inpL", "attn_norm", "ffn_inp", "sa_o
                  "result_norm")
 
 
-def entered(order, rows, name, mine, ref):
+def unknown_slots(name, mine, ref):  # -> the side without ffn_moe_topk where `name` is a stage per expert slot
+    stage, layer = split_name(name)
+    if stage not in SLOT_STAGES or stage == "ffn_moe_topk":
+        return None
+    return next((side for side, d in (("MINE", mine), ("REF", ref)) if f"ffn_moe_topk-{layer}" not in d), None)
+
+
+def entered(order, rows, name, mine, ref, unaligned=()):
     """Where error past the bands came from when every compared stage before `name` is within them and both sides'
     re-runs of it are too: after the last compared stage of the residual stream (or the last compared one), in the
-    runs of stages only one side holds, or in none (a step neither dump holds). A dict the first-divergence line
-    reads."""
+    runs of stages only one side holds or both hold but cannot be aligned (`unaligned`), or in none (a step neither
+    dump holds). A dict the first-divergence line reads."""
     stream = [r["name"] for r in rows if r["stage"] in STREAM_STAGES] or [r["name"] for r in rows]
     after = stream[-1] if stream else None
     between = order[order.index(after) + 1 if after else 0:order.index(name)]
-    side = {n: "MINE" if n not in ref else "REF" if n not in mine else None for n in between}
+    side = {n: "MINE" if n not in ref else "REF" if n not in mine else "unaligned" if n in unaligned else None
+            for n in between}
     runs = {}  # side: [(first, last), ...], each a run of consecutive stages only that side holds
     for who, run in groupby(between, key=side.get):
         if who:
@@ -223,7 +232,15 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
     order = forward_order(list(dict.fromkeys([*ref.names, *mine.names])), archs.stage_order(arch))
     rows, first, previous, undeclared = [], None, None, {}  # undeclared: MINE's stages found rounded
     declared = False  # error past the bands has come in at a stage a side declares rounded: later stages carry it
-    for name in [n for n in order if n in mine and n in ref]:
+    passed = sorted({split_name(n)[0] for n in order} & set(NOT_COMPARED))
+    notes.extend(f"not compared: {stage}, {NOT_COMPARED[stage]}" for stage in passed)
+    unaligned = [n for n in order if n in mine and n in ref and unknown_slots(n, mine, ref)]
+    if unaligned:
+        notes.append(f"not compared: {_few(unaligned)}: {unknown_slots(unaligned[0], mine, ref)} dumps no "
+                     "ffn_moe_topk, so which expert each of a token's K slots holds is unknown (dump ffn_moe_topk); "
+                     "the slots' sum, ffn_moe_out, is compared")
+    for name in [n for n in order if n in mine and n in ref and split_name(n)[0] not in NOT_COMPARED
+                 and n not in unaligned]:
         stage, layer = split_name(name)
         positions = sorted(p for p in set(mine.positions(name)) & set(ref.positions(name)) if p < same)
         if not positions:
@@ -261,7 +278,7 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
             if any(stage in rounded_stages(d) for d in (mine, ref)):  # the precision a side declares
                 declared = True
             else:  # no stage before it failed, none was declared rounded: the error entered between the two
-                row["entered"] = entered(order, rows, name, mine, ref)
+                row["entered"] = entered(order, rows, name, mine, ref, unaligned)
                 row["verdict"] = "entered before it"
         rows.append(row)
         previous = row

@@ -107,6 +107,13 @@ def model_sha256(path):
     return hashlib.sha256("".join(f"{p.name}:{file_sha256(p)}\n" for p in files).encode()).hexdigest()
 
 
+def is_dump(directory):  # whether a directory holds a dump (a manifest.json of this format)
+    try:
+        return json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8")).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 class StageWriter:
     """A dump written a stage at a time, into a temporary directory beside `directory` that `finish` renames, so that
     a long run holds no stage longer than it takes to save it and a failed one leaves nothing half-written (`abort`
@@ -114,12 +121,15 @@ class StageWriter:
     positions or a narrower float type; `names`, if given, are the stages kept. A recorder (refllama.trace.recording):
     `at(position)` says which pass the next stages are of (None: the prefill; T + k: the k-th decode step, each stage
     its own record NAME@POSITION.npy). A prefill's logits are computed only for the positions it keeps, as
-    llama.cpp computes only its output rows: result_norm goes on to the output head with those rows alone."""
+    llama.cpp computes only its output rows: result_norm goes on to the output head with those rows alone.
+    `overwrite`: a dump already at `directory` is replaced (once the new one is complete)."""
 
-    def __init__(self, directory, rows=None, dtypes=None, names=None):
+    def __init__(self, directory, rows=None, dtypes=None, names=None, overwrite=False):
         self.directory = Path(directory)
-        if self.directory.exists() and any(self.directory.iterdir()):
-            raise RefllamaError(f"{self.directory}: dump directory exists and is not empty")
+        if self.directory.exists() and any(self.directory.iterdir()) and not (overwrite and is_dump(self.directory)):
+            raise RefllamaError(f"{self.directory}: dump directory exists and is not empty" + (
+                " (and is no dump: overwrite replaces only a dump)" if overwrite else " (overwrite=True replaces a "
+                                                                                     "dump there)"))
         self.rows, self.dtypes, self.names = rows or {}, dtypes or {}, None if names is None else set(names)
         self.directory.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=".dump-", dir=self.directory.parent))
@@ -174,9 +184,13 @@ class StageWriter:
         manifest = {"format": FORMAT, **provenance, "tensors": tensors}
         (self.tmp / "manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1) + "\n",
                                                 encoding="utf-8")
-        if self.directory.exists():
-            self.directory.rmdir()
-        os.replace(self.tmp, self.directory)
+        if self.directory.exists():  # empty, or a dump to replace: set aside until the new one is in place
+            old = Path(tempfile.mkdtemp(prefix=".replaced-", dir=self.directory.parent))
+            os.replace(self.directory, old / "dump")
+            os.replace(self.tmp, self.directory)
+            shutil.rmtree(old)
+        else:
+            os.replace(self.tmp, self.directory)
         return self.directory
 
     def abort(self):
@@ -205,9 +219,17 @@ def closest(stage, known):
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+NOT_COMPARED = {  # stages an engine may dump under llama.cpp's name that compare reads past, and why
+    "ffn_moe_argsort": "every expert in order of probability (llama.cpp's argsort): its first K are ffn_moe_topk, "
+                       "compared there; past the K-th, near-equal probabilities may order either way",
+}
+
+
 def known_stages(arch):
     """Every stage name a dump of architecture `arch` can hold, without the layer suffix."""
-    return (*input_stages(arch), *block_order(arch), "result_norm", "result_output")
+    moe = "ffn_moe_logits" in block_order(arch)
+    return (*input_stages(arch), *block_order(arch), "result_norm", "result_output",
+            *(NOT_COMPARED if moe else ()))
 
 
 # what a dump's producer computes in (any engine's; refllama's own are xp.NUMERICS); "ggml": llama.cpp's quantized

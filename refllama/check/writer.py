@@ -46,10 +46,11 @@ class DumpWriter:
     block ends without an error (nothing half-written otherwise). `token_ids`: the prompt's ids; `model`: the
     model file, whose SHA-256 lets compare re-run the stages; `qk_layout`: the pair layout of the q/k values added
     (FORMAT.md); `numerics`, `rounded`, `kv_cache`: the engine's precision (kv_cache None: its numerics' own);
-    `producer`: its name and version."""
+    `producer`: its name and version; `overwrite`: a dump already at `directory` is replaced when this one is
+    complete (never anything else)."""
 
     def __init__(self, directory, token_ids, *, arch="llama", qk_layout=None, model=None, producer="an engine",
-                 numerics="float32", rounded=None, kv_cache=None, head_dim=None, prompt=None):
+                 numerics="float32", rounded=None, kv_cache=None, head_dim=None, prompt=None, overwrite=False):
         if numerics not in PRODUCER_NUMERICS:
             raise RefllamaError(f"numerics must be one of {', '.join(PRODUCER_NUMERICS)}, got {numerics!r}")
         if kv_cache is not None and kv_cache not in KV_CACHE_TYPES:
@@ -67,7 +68,7 @@ class DumpWriter:
                            **({"kv_cache": kv_cache} if kv_cache else {}),
                            **({"head_dim": head_dim} if head_dim else {})}
         self.needs_layout = qk_layout is None  # q/k stages then need one: refused when added
-        self.writer = StageWriter(directory)
+        self.writer = StageWriter(directory, overwrite=overwrite)
         self.position = None  # None: the prefill; T + k: the k-th decode step
 
     def decode_step(self, token_id):
