@@ -237,6 +237,7 @@ def moe_hooks(f, i, keep, out_hook):
         keep_rows(f"ffn_moe_probs-{i}", probs)
         keep_rows(f"ffn_moe_topk-{i}", ids.float())
         keep_rows(f"ffn_moe_weights-{i}", probs.gather(1, ids))
+        keep_rows(f"ffn_moe_weights_sum-{i}", probs.gather(1, ids).sum(dim=1, keepdim=True))  # renormalising's divisor
         keep_rows(f"ffn_moe_weights_norm-{i}", weights)  # equal to ffn_moe_weights where not renormalised
 
     def shexp_gate(mod, inp, out):
