@@ -3,8 +3,8 @@
 import pytest
 
 
-def param(*values, fast, id=None):  # one parameter, marked slow unless `fast`
-    return pytest.param(*values, id=id, marks=() if fast else pytest.mark.slow)
+def param(*values, fast, id=None, marks=()):  # one parameter, marked slow unless `fast` (and with `marks`)
+    return pytest.param(*values, id=id, marks=(*marks, *(() if fast else (pytest.mark.slow,))))
 
 
 def first_fast(values):  # the first value in the fast tier, the rest in the slow one

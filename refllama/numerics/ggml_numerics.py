@@ -35,6 +35,7 @@ from .ggml_float import (
     attention_mix,
     attention_scores,
     attention_weights,
+    f16_dots,
     f32_dots,
     fma,
     geglu,
@@ -135,14 +136,25 @@ class GgmlMatrix(WeightMatrix):
 
 
 class F16Matrix(WeightMatrix):
-    """A float16 matrix: llama.cpp rounds the float32 operand to float16 and sums the products in float32."""
+    """A float16 matrix: llama.cpp rounds the float32 operand to float16 and sums the (exact) products in its CPU
+    path's order (f16_dots: tinyBLAS for a batch whose K fills whole vectors, ggml_vec_dot_f16 otherwise); on cupy
+    in float32 by cuBLAS."""
 
-    def __init__(self, w, xp=np):
-        self.w = xp.asarray(w, dtype=np.float16)
+    def __init__(self, w, xp=np, path=AVX512):
+        self.w, self.xp, self.path = xp.asarray(w, dtype=np.float16), xp, path
         self.shape = self.w.shape
 
     def matmul(self, x):
-        return round_f16(x) @ self.w.T.astype(np.float32)
+        x = round_f16(x)
+        if self.xp is not np:
+            return x @ self.w.T.astype(np.float32)
+        x = np.asarray(x, np.float32).reshape(-1, self.shape[1])
+        out = np.empty((len(x), self.shape[0]), np.float32)
+        step = max(1, (1 << 22) // (len(x) * self.shape[1]))  # rows a pass: T x step x K products at a time
+        for a in range(0, self.shape[0], step):
+            w = self.w[a:a + step].astype(np.float32)
+            out[:, a:a + step] = f16_dots(x[:, None, :], w[None], len(x), False, self.path)
+        return out
 
     def __getitem__(self, rows):
         return self.w[rows].astype(np.float32)
@@ -191,7 +203,7 @@ class GgmlPlacement(Placement):
             if a.qtype == QT.F16:
                 from gguf.quants import dequantize as deq
 
-                return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp)
+                return F16Matrix(deq(a.raw, a.qtype).reshape(a.shape), self.xp, self.path)
             return GgmlMatrix(a.raw, a.qtype, a.shape, self.xp, self.repack, self.path)
         if getattr(a, "ndim", 0) == 2 and self.xp is np:
             return F32Matrix(a, self.path)
