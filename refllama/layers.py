@@ -222,6 +222,7 @@ class Ops(NamedTuple):
     softmax: Callable = softmax  # [T, n] -> [T, n]: a softmax without mask or scale (a router's, over its experts)
     silu: Callable = silu  # [...] -> [...] (Qwen2-MoE's shared-expert gate)
     mul_mat_id: Callable = mul_mat_id  # (x [T, K, in] or [T, in], E matrices, ids [T, K]) -> [T, K, out]
+    layer_norm: Callable = layer_norm  # (x [T, D], w [D], b [D], eps) -> [T, D] (GPT-2's norm)
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,

@@ -111,17 +111,11 @@ SHAPE_REFS = {json.loads(p.read_text())["cpu_path"]: json.loads(p.read_text()) f
 SHAPE_CASES = [(path, name) for path, r in SHAPE_REFS.items() for name in r["files"]]
 
 
-GPT2_NORM = pytest.mark.xfail(strict=True, reason="open: GPT-2's LayerNorm (ggml_norm) differs from llama.cpp's in the "
-                               "last bit of some values; the 8-bit activations after it agree, so every product does")
-
-
-@pytest.mark.parametrize("path, name", [
-    param(*c, fast=c[0] == "avx2" and "ff72" in c[1], marks=[GPT2_NORM] if c[1].startswith("gpt2") else [])
-    for c in SHAPE_CASES])
+@pytest.mark.parametrize("path, name", [param(*c, fast=c[0] == "avx2" and "ff72" in c[1]) for c in SHAPE_CASES])
 def test_other_widths_are_llamacpps_to_the_bit(path, name):
     """Q8_0 with K = 96 (whole blocks, not a multiple of 64) and F16 with K = 72 (not a multiple of 32): every
     stage llama.cpp's bits (tools/make_shapes.py: HASHED, in every layer, and the logits), its F16 products summed
-    as it sums them on this path (tinyBLAS or ggml_vec_dot_f16)."""
+    as it sums them on this path (tinyBLAS or ggml_vec_dot_f16), GPT-2's LayerNorm as ggml_norm sums."""
     r = SHAPE_REFS[path]
     m = refllama.load(SHAPES / name, n_ctx=r["n_ctx"], numerics="ggml", cpu_path=path)
     with refllama.trace(m) as t:

@@ -13,7 +13,7 @@ HF stores its projections as Conv1D weights, [in, out]: they are transposed at l
 from ..config import ModelConfig
 from ..errors import RefllamaError, shown
 from ..formats.ggml_types import GGUFValueType
-from ..layers import embedding, layer_norm, linear
+from ..layers import embedding, linear
 from ..trace import tap
 from ..xp import array_module
 from . import blocks
@@ -108,20 +108,20 @@ def forward(w, cfg, ops, tokens, start_pos, cache, last_only=False):  # [T] -> [
         x = block(x, lw, cfg, ops, i, at, last_only and i == cfg.n_layer - 1)  # [T, D] (last: [1, D])
     cache.n_past = start_pos + T
 
-    x = tap("result_norm", None, layer_norm(x, w["output_norm"], w["output_norm_bias"], cfg.rms_eps))  # [T, D]
+    x = tap("result_norm", None, ops.layer_norm(x, w["output_norm"], w["output_norm_bias"], cfg.rms_eps))  # [T, D]
     return tap("result_output", None, linear(x, w["output"]))  # [T, V]
 
 
 def block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i: attention,
     # then a GELU MLP, each after a LayerNorm
-    h = tap("attn_norm", i, layer_norm(x, lw["attn_norm"], lw["attn_norm_bias"], cfg.rms_eps))  # [T, D]
+    h = tap("attn_norm", i, ops.layer_norm(x, lw["attn_norm"], lw["attn_norm_bias"], cfg.rms_eps))  # [T, D]
     q, k, v = blocks.qkv(h, lw, cfg, i)  # [T, H, HD] each (KVH = H), positions already in x
     h = blocks.attend(q, k, v, lw, cfg, ops, i, at)  # [T, D]
     if last_only:  # only the last row goes on (blocks.pre_norm_forward's)
         x, h = x[-1:], h[-1:]  # [1, D]
     x = tap("ffn_inp", i, x + h)  # [T, D]
     del h, q, k, v  # before the MLP's larger arrays
-    h = tap("ffn_norm", i, layer_norm(x, lw["ffn_norm"], lw["ffn_norm_bias"], cfg.rms_eps))  # [T, D]
+    h = tap("ffn_norm", i, ops.layer_norm(x, lw["ffn_norm"], lw["ffn_norm_bias"], cfg.rms_eps))  # [T, D]
     h = tap("ffn_up", i, linear(h, lw["ffn_up"], lw["ffn_up_bias"]))  # [T, F]
     h = tap("ffn_gelu", i, ops.gelu(h))  # [T, F]
     return tap("l_out", i, x + tap("ffn_out", i, linear(h, lw["ffn_down"], lw["ffn_down_bias"])))  # [T, D]

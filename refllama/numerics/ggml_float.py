@@ -194,6 +194,22 @@ def softmax(x, path=AVX512):  # [..., n] f32 -> [..., n]: ggml's soft_max (no ma
     return e * (1.0 / total)[..., None].astype(np.float32)
 
 
+def layer_norm(x, w, b, eps, path=AVX512):  # [T, D], [D], [D] -> [T, D]: ggml_norm, then ggml_mul by w, ggml_add b
+    """ggml_compute_forward_norm_f32: the mean a float64 sum one value at a time, divided in float32; y = x - mean;
+    the variance each vector's squares summed in float32 (the path's lanes, ggml_vec_cvar_f32), the vectors and
+    then the leftovers accumulated in float64, divided by n in float64 and rounded; y times 1 / sqrtf(var + eps)."""
+    lanes = LANES[path]
+    n = x.shape[-1]
+    mean = np.cumsum(x.astype(np.float64), axis=-1)[..., -1:].astype(np.float32) / np.float32(n)  # [T, 1]
+    y = x - mean
+    body = n - n % lanes.width
+    sq = y * y
+    total = lanes.hsum(sq[..., :body].reshape(*sq.shape[:-1], -1, lanes.width)).astype(np.float64)
+    total = np.cumsum(np.concatenate([total, sq[..., body:].astype(np.float64)], axis=-1), axis=-1)[..., -1:]
+    variance = (total / n).astype(np.float32)
+    return y * (np.float32(1) / np.sqrt(variance + np.float32(eps))) * w + b
+
+
 def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H, T, S]: ggml's soft_max of kq * scale
     """+ mask. x = kq * float32(scale) + mask; e = expf(x - max); the sum of e a vector at a time (each vector's
     sum in float32) accumulated in float64; e times float32(1 / sum). Rows are padded with zeros to whole vectors,

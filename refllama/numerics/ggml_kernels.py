@@ -17,7 +17,7 @@ from ..layers import Ops
 from . import ggml_float
 from .cpu_paths import EMULATED
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
-from .ggml_float import AVX512, cos_sin, geglu, gelu, rope_cos_sin, silu, softcap
+from .ggml_float import AVX512, cos_sin, geglu, gelu, layer_norm, rope_cos_sin, silu, softcap
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import F32Matrix, GgmlPlacement, id_product, repacked
 from .ir import I64, counted_loop, load, specialize, splat
@@ -345,7 +345,7 @@ def attention_mix(p, v, path=AVX512):  # [H, T, S] f32, [KVH, S, HD] f32 (float1
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True,
-          softmax=router_softmax, silu=silu,  # a gate's few values: the NumPy emulation
+          softmax=router_softmax, silu=silu, layer_norm=layer_norm,  # a gate's few values, GPT-2's norms: NumPy's
           mul_mat_id=partial(mul_mat_id, product=id_product))
 
 
@@ -355,7 +355,7 @@ def path_ops(path):
         return OPS
     steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax)
     return OPS._replace(**{f.__name__.replace("router_", ""): partial(f, path=path) for f in steps},
-                        silu=partial(silu, path=path))
+                        silu=partial(silu, path=path), layer_norm=partial(layer_norm, path=path))
 
 
 class GgmlNumbaPlacement(GgmlPlacement):

@@ -40,6 +40,7 @@ from .ggml_float import (
     fma,
     geglu,
     gelu,
+    layer_norm,
     rope_cos_sin,
     silu,
     softcap,
@@ -214,12 +215,12 @@ class GgmlPlacement(Placement):
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
-          silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product))
+          silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product), layer_norm=layer_norm)
 
 
 def path_ops(path):
     """OPS on a CPU path (LANES): its float steps' lanes and expf."""
-    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu)
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu, layer_norm)
     if path == AVX512:
         return OPS
     return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps},
