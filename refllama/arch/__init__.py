@@ -38,6 +38,7 @@ The module interface (tests/test_structure.py holds every module to it):
             LLAMACPP_Q_SCALED      llama.cpp scales q before kq, so its kq is refllama's times kq_scale
             llamacpp_differs(cfg)  why llama.cpp computes another model than this config (compare's reference
                                    note), or None
+            WIRING                 which stage feeds which, if not blocks.WIRING (Qwen2-MoE's shared expert)
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
             LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
@@ -45,21 +46,38 @@ The module interface (tests/test_structure.py holds every module to it):
 
 from ..errors import RefllamaError, shown
 from ..pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
-from . import gemma2, gemma3, gpt2, granite, llama, olmo2, olmoe, phi3, qwen2, qwen2moe, qwen3, qwen3moe, smollm3
-from .blocks import block_stages, moe_stage_order
+from . import (
+    blocks,
+    gemma2,
+    gemma3,
+    gpt2,
+    granite,
+    llama,
+    olmo2,
+    olmoe,
+    phi3,
+    qwen2,
+    qwen2moe,
+    qwen3,
+    qwen3moe,
+    smollm3,
+)
+from .blocks import IN, block_input, block_stages, moe_stage_order
 from .hparams import freq_factors
 from .tables import Weight
 
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
-OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs")
+OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
+            "WIRING")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
                                      smollm3, olmo2, granite)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",
-           "for_hf", "freq_factors", "get", "layer_stages", "pair_order", "permute_qk", "stage_order"]
+           "for_hf", "freq_factors", "get", "layer_stages", "pair_order", "permute_qk", "stage_order", "wiring",
+           "feeds"]
 
 
 def layer_stages(arch, cfg):  # -> one tuple of stage names per block
@@ -71,6 +89,17 @@ def layer_stages(arch, cfg):  # -> one tuple of stage names per block
 def stage_order(arch):
     """Every stage a block of the family may tap, dense or mixture of experts, in forward order."""
     return moe_stage_order(arch.STAGES) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
+
+
+def wiring(arch):  # -> {stage: blocks.Feed}: which of the family's stages feeds which, each read the one it taps
+    return blocks.wiring(getattr(arch, "WIRING", blocks.WIRING), stage_order(arch), arch.INPUTS)
+
+
+def feeds(arch, stage, layer):  # -> the names of the records `stage` of block `layer` reads (None: not a block's)
+    feed = wiring(arch).get(stage)
+    if feed is None or layer is None:
+        return None
+    return [block_input(arch.INPUTS, layer) if r == IN else f"{r}-{layer}" for r in feed.reads]
 
 
 def get(name):

@@ -38,6 +38,81 @@ SHARED_EXPERT_STAGES = ("ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_gate", "ffn
 MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the routing weights' sum to float16's smallest normal number
 
 
+class Feed(NamedTuple):
+    """How a block's stage is made: the stages it reads, each a tuple of alternatives (the first one the family taps
+    is the one; IN: the residual stream entering the block), and what it is: a "norm" or a "product" of its layer
+    `weight`, a residual "sum" (the stream, then what it adds), or another "step"."""
+
+    reads: tuple
+    kind: str = "step"
+    weight: str | None = None
+
+
+IN = "<in>"  # the residual stream entering a block: the last input stage, or the block before's l_out
+RESIDUAL = ("sa_out", "ffn_inp")  # the stream after attention's residual sum (Gemma's sa_out)
+UNIT = ("ffn_swiglu", "ffn_geglu", "ffn_gelu")  # the feed-forward's gated unit (or GPT-2's plain GELU)
+# Every block's wiring, declared once: which stage feeds which (the harness derives its tables from it: compare's
+# stream stages, the hints' norms, residual sums, projections and inputs)
+WIRING = {
+    "attn_norm": Feed(((IN,),), "norm", "attn_norm"),
+    "Qcur": Feed((("attn_norm", IN),), "product", "attn_q"),  # OLMo 2: no norm before attention
+    "Kcur": Feed((("attn_norm", IN),), "product", "attn_k"),
+    "Vcur": Feed((("attn_norm", IN),), "product", "attn_v"),
+    "Qcur_normed": Feed((("Qcur",),), "norm", "attn_q_norm"),
+    "Kcur_normed": Feed((("Kcur",),), "norm", "attn_k_norm"),
+    "Qcur_rope": Feed((("Qcur_normed", "Qcur"),)),
+    "Kcur_rope": Feed((("Kcur_normed", "Kcur"),)),
+    "kq": Feed((("Qcur_rope", "Qcur_normed", "Qcur"), ("Kcur_rope", "Kcur_normed", "Kcur"))),  # NoPE: unrotated
+    "kq_scaled_2": Feed((("kq",),)),  # Gemma 2's soft-capped scores
+    "kq_soft_max": Feed((("kq_scaled_2", "kq"),)),
+    "kqv_out": Feed((("kq_soft_max",), ("Vcur",))),
+    "attn_out": Feed((("kqv_out",),), "product", "attn_output"),
+    "attn_post_norm": Feed((("attn_out",),), "norm", "attn_post_norm"),
+    "sa_out": Feed(((IN,), ("attn_post_norm", "attn_out")), "sum"),
+    "ffn_inp": Feed(((IN,), ("attn_post_norm", "attn_out")), "sum"),
+    "ffn_norm": Feed((RESIDUAL,), "norm", "ffn_norm"),
+    "ffn_gate": Feed((("ffn_norm", *RESIDUAL),), "product", "ffn_gate"),  # OLMo 2: no norm before it
+    "ffn_up": Feed((("ffn_norm", *RESIDUAL),), "product", "ffn_up"),
+    "ffn_swiglu": Feed((("ffn_gate",), ("ffn_up",))),
+    "ffn_geglu": Feed((("ffn_gate",), ("ffn_up",))),
+    "ffn_gelu": Feed((("ffn_up",),)),
+    "ffn_out": Feed((UNIT,), "product", "ffn_down"),
+    "ffn_post_norm": Feed((("ffn_out",),), "norm", "ffn_post_norm"),
+    "l_out": Feed((RESIDUAL, ("ffn_post_norm", "ffn_out", "ffn_moe_out")), "sum"),
+    "ffn_moe_logits": Feed((("ffn_norm",),), "product", "ffn_gate_inp"),
+    "ffn_moe_probs": Feed((("ffn_moe_logits",),)),
+    "ffn_moe_topk": Feed((("ffn_moe_probs",),)),
+    "ffn_moe_weights": Feed((("ffn_moe_probs",), ("ffn_moe_topk",))),
+    "ffn_moe_weights_sum": Feed((("ffn_moe_weights",),)),
+    "ffn_moe_weights_norm": Feed((("ffn_moe_weights",), ("ffn_moe_weights_sum",))),
+    "ffn_moe_gate": Feed((("ffn_norm",), ("ffn_moe_topk",)), "product", "ffn_gate_exps"),
+    "ffn_moe_up": Feed((("ffn_norm",), ("ffn_moe_topk",)), "product", "ffn_up_exps"),
+    "ffn_moe_swiglu": Feed((("ffn_moe_gate",), ("ffn_moe_up",))),
+    "ffn_moe_down": Feed((("ffn_moe_swiglu",), ("ffn_moe_topk",)), "product", "ffn_down_exps"),
+    "ffn_moe_weighted": Feed((("ffn_moe_down",), ("ffn_moe_weights_norm", "ffn_moe_weights"))),
+    "ffn_moe_out": Feed((("ffn_moe_weighted",),)),
+    "ffn_shexp_gate_inp": Feed((("ffn_norm",),), "product", "ffn_gate_inp_shexp"),
+    "ffn_shexp_gate": Feed((("ffn_shexp_gate_inp",),)),
+    "ffn_shexp": Feed((("ffn_swiglu",),), "product", "ffn_down_shexp"),
+    "ffn_shexp_out": Feed((("ffn_shexp",), ("ffn_shexp_gate",))),
+}
+# Qwen2-MoE's shared expert taps the dense names for its own products, and ffn_out is the two outputs' sum
+SHARED_EXPERT_WIRING = {**WIRING, "ffn_gate": WIRING["ffn_gate"]._replace(weight="ffn_gate_shexp"),
+                        "ffn_up": WIRING["ffn_up"]._replace(weight="ffn_up_shexp"),
+                        "ffn_out": Feed((("ffn_moe_out",), ("ffn_shexp_out",)), "sum")}
+
+
+def wiring(table, stages, inputs):  # -> {stage: Feed with each read the one stage the family taps (or IN)}
+    """`table` (WIRING) resolved for a family whose blocks tap `stages` (every one, dense or not) after `inputs`."""
+    have = {*stages, IN}
+    return {s: f._replace(reads=tuple(next((r for r in alts if r in have), alts[-1]) for alts in f.reads))
+            for s, f in table.items() if s in stages}
+
+
+def block_input(inputs, layer):  # the residual stream entering block `layer` (`inputs`: the family's INPUTS)
+    return inputs[-1] if layer == 0 else f"l_out-{layer - 1}"
+
+
 def replaced(stages, part, new):  # -> stages with the run of stages `part` replaced by `new`
     at = stages.index(part[0])
     assert stages[at:at + len(part)] == part, f"{part} is not a run of {stages}"

@@ -17,6 +17,7 @@ LAYER_WEIGHTS = (  # a dense layer's (HF's mlp_only_layers); tables.layer_rows s
 )
 MOE_WEIGHTS = (*tables.MOE, *tables.SHARED_EXPERT)
 INPUTS, STAGES = blocks.PRE_NORM_INPUTS, blocks.pre_norm_stages()
+WIRING = blocks.SHARED_EXPERT_WIRING  # its shared expert's products under the dense names, ffn_out their sum
 
 
 def config_from_gguf(g):

@@ -47,7 +47,7 @@ class Correct(NamedTuple):
         return {k: (v if isinstance(v, list) else to_numpy(v)) for k, v in w.items() if k != "layers"}
 
     def rope_input(self, layer):  # the stage RoPE rotates: q after its norm where the family has one
-        return "Qcur_normed" if f"Qcur_normed-{layer}" in self else "Qcur"
+        return archs.wiring(archs.get(self.cfg.arch))["Qcur_rope"].reads[0]
 
     def tables(self, local=False, shift=0):  # the cache's cos, sin at the prefill's positions (+ shift)
         cache = self.model.cache
@@ -56,7 +56,7 @@ class Correct(NamedTuple):
         return to_numpy(cos)[at], to_numpy(sin)[at]
 
     def block_input(self, layer):  # the residual stream entering block `layer`
-        return archs.get(self.cfg.arch).INPUTS[-1] if layer == 0 else f"l_out-{layer - 1}"
+        return archs.block_input(archs.get(self.cfg.arch).INPUTS, layer)
 
     def attend(self, kq, layer, shift=0, window="model", cap="model"):  # -> [H, T, S] the model's softmax of kq
         """Over keys up to the query's own (`shift` past it), inside `window` (default: the layer's), soft-capped

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
+from ..arch.blocks import IN, RESIDUAL, WIRING, block_input
 from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_dims, yarn_mscale
 from ..xp import to_numpy
 from . import bugs
@@ -457,7 +458,7 @@ def learned_positions(e):
 
 
 def _q_input(cfg):  # the stage RoPE rotates: q after its norm where the family has one
-    return "Qcur_normed" if "Qcur_normed" in archs.get(cfg.arch).STAGES else "Qcur"
+    return archs.wiring(archs.get(cfg.arch))["Qcur_rope"].reads[0]
 
 
 def _rope_tables(e, local):  # the cache's cos, sin at the compared positions, of the local or the global layers
@@ -466,8 +467,8 @@ def _rope_tables(e, local):  # the cache's cos, sin at the compared positions, o
     return (to_numpy(t)[e.positions] for t in tables)
 
 
-BIASES = {"Qcur": "attn_q", "Kcur": "attn_k", "Vcur": "attn_v", "attn_out": "attn_output", "ffn_gate": "ffn_gate",
-          "ffn_up": "ffn_up", "ffn_out": "ffn_down"}  # the stages right after a projection that may have a bias
+BIASES = {s: f.weight for s, f in WIRING.items() if f.kind == "product" and s not in ROUTED}  # the stages right
+# after a projection (a token's row each) that may have a bias
 
 
 def one_vector_added(e):
@@ -512,17 +513,13 @@ def tied_output_head(e):
                "this model has its own (output.weight, untied)")
 
 
-def _block_input(arch, layer):  # the residual stream entering block `layer`
-    return arch.INPUTS[-1] if layer == 0 else f"l_out-{layer - 1}"
-
-
 def skipped_post_norm(e):
     """A residual add that skipped the norm after attention or the feed-forward (Gemma's and OLMo 2's post-norms)."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None else None
     if arch is None or "attn_post_norm" not in arch.STAGES or e.stage not in ("sa_out", "ffn_inp", "l_out"):
         return
-    parts = ([_block_input(arch, e.layer), f"attn_out-{e.layer}"] if e.stage != "l_out"
-             else [f"{_residual(arch)}-{e.layer}", f"ffn_out-{e.layer}"])
+    stream = archs.feeds(arch, e.stage, e.layer)[0]
+    parts = [stream, f"{'ffn_out' if e.stage == 'l_out' else 'attn_out'}-{e.layer}"]  # the output, its norm skipped
     inputs = _stages(e.bad_dump, parts, e.positions)
     if inputs and e.close(inputs[0] + inputs[1], e.bad):
         norm = "ffn_post_norm" if e.stage == "l_out" else "attn_post_norm"
@@ -530,23 +527,16 @@ def skipped_post_norm(e):
                "norm of the block's output before the residual add is skipped")
 
 
-NORMS = {  # a norm's stage: its weight and the stage it norms (None: the block's input; "": the last block's output;
-    # "residual": the attention's residual sum, ffn_inp or Gemma 3's sa_out)
-    "attn_norm": ("attn_norm", None), "ffn_norm": ("ffn_norm", "residual"),
-    "attn_post_norm": ("attn_post_norm", "attn_out"), "ffn_post_norm": ("ffn_post_norm", "ffn_out"),
-    "Qcur_normed": ("attn_q_norm", "Qcur"), "Kcur_normed": ("attn_k_norm", "Kcur"), "result_norm": ("output_norm", ""),
-}
+NORMS = {s: f.weight for s, f in WIRING.items() if f.kind == "norm"} | {"result_norm": "output_norm"}  # their weights
 
 
 def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the compared positions, its name) or None
     arch = archs.get(e.cfg.arch) if e.cfg is not None and e.model is not None else None
     if arch is None or e.stage not in NORMS or e.stage not in ("result_norm", *arch.STAGES):
         return None
-    key, source = NORMS[e.stage]
+    key = NORMS[e.stage]
     rows = {w.key: w for w in (arch.WEIGHTS if e.stage == "result_norm" else arch.LAYER_WEIGHTS)}
-    source = _residual(arch) if source == "residual" else source
-    name = (_block_input(arch, e.layer) if source is None else f"l_out-{e.cfg.n_layer - 1}" if source == ""
-            else f"{source}-{e.layer}")
+    name = f"l_out-{e.cfg.n_layer - 1}" if e.stage == "result_norm" else archs.feeds(arch, e.stage, e.layer)[0]
     for d in (e.bad_dump, e.ref):  # REF's where MINE dumps no input of its norm: the stages before agree
         inputs = _stages(d, [name], e.positions) if d is not None else None
         if inputs is None and d is not None and name == "inp_scaled":  # no scaled embeddings: inp_embd, scaled
@@ -558,10 +548,6 @@ def _norm(e):  # -> (the norm's Weight row, its weight, MINE's input at the comp
     if not inputs or key not in rows or key not in w:
         return None
     return rows[key], to_numpy(w[key]).astype(np.float32), inputs[0].astype(np.float32), name
-
-
-def _residual(arch):  # the stage that adds the attention's output to the stream (Gemma 3: sa_out)
-    return "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"
 
 
 def skipped_norm(e):
@@ -577,19 +563,19 @@ def skipped_norm(e):
         yield f"hint: matches the input RMS-normed without its weight: {row.key} is not multiplied in"
 
 
-RESIDUAL_PARTS = {  # a residual sum: the output it adds to the stream, the first of these the dump holds
-    "ffn_inp": ("attn_post_norm", "attn_out"), "sa_out": ("attn_post_norm",),
-    "l_out": ("ffn_post_norm", "ffn_out", "ffn_moe_out")}
+RESIDUAL_SUMS = [s for s, f in WIRING.items() if f.kind == "sum" and f.reads[0] in ((IN,), RESIDUAL)]  # the stream
+# plus a sublayer's output
 
 
 def missing_residual(e):
     """A residual sum that lost one addend: equal to the block's output alone (the stream not added: a dropped
     residual), or to the stream alone (the output not added). Both read from the side's own dump."""
     arch = archs.get(e.cfg.arch) if e.cfg is not None else None
-    if arch is None or e.stage not in RESIDUAL_PARTS or e.layer is None:
+    if arch is None or e.stage not in RESIDUAL_SUMS or e.layer is None:
         return
-    stream = _block_input(arch, e.layer) if e.stage != "l_out" else f"{_residual(arch)}-{e.layer}"
-    part = next((f"{p}-{e.layer}" for p in RESIDUAL_PARTS[e.stage] if f"{p}-{e.layer}" in e.bad_dump), None)
+    stream = archs.feeds(arch, e.stage, e.layer)[0]
+    part = next((f"{p}-{e.layer}" for p in WIRING[e.stage].reads[1] if f"{p}-{e.layer}" in e.bad_dump), None)  # the
+    # output it adds: the first of the alternatives the dump holds (a mixture's layer: ffn_moe_out)
     inputs = _stages(e.bad_dump, [stream, part], e.positions) if part else None
     if inputs is None:
         return
@@ -661,9 +647,9 @@ def qk_norm_variants(e):
     _, w, x, _ = norm  # x: [T, n, HD]
     whole = rms_norm(x.reshape(len(x), -1), np.tile(w, x.shape[1]), e.cfg.rms_eps).reshape(x.shape)
     if e.close(x, e.bad):
-        yield f"hint: equals {e.stage[:4]}: the per-head norm ({NORMS[e.stage][0]}) is skipped"
+        yield f"hint: equals {e.stage[:4]}: the per-head norm ({NORMS[e.stage]}) is skipped"
     elif e.close(whole, e.bad):
-        yield (f"hint: matches {e.stage[:4]} normed over all its heads at once; {NORMS[e.stage][0]} norms each head "
+        yield (f"hint: matches {e.stage[:4]} normed over all its heads at once; {NORMS[e.stage]} norms each head "
                "over its own HD dims")
 
 
@@ -750,9 +736,9 @@ def pre_norm_where_none(e):
     if cfg is None or e.model is None or cfg.arch != "olmo2" or e.layer is None:
         return
     arch, lw = archs.get(cfg.arch), e.model.weights["layers"][e.layer]
-    matrix, source, norm = {"Qcur": ("attn_q", _block_input(arch, e.layer), "attn_post_norm"),
-                            "Kcur": ("attn_k", _block_input(arch, e.layer), "attn_post_norm"),
-                            "Vcur": ("attn_v", _block_input(arch, e.layer), "attn_post_norm"),
+    matrix, source, norm = {"Qcur": ("attn_q", block_input(arch.INPUTS, e.layer), "attn_post_norm"),
+                            "Kcur": ("attn_k", block_input(arch.INPUTS, e.layer), "attn_post_norm"),
+                            "Vcur": ("attn_v", block_input(arch.INPUTS, e.layer), "attn_post_norm"),
                             "ffn_gate": ("ffn_gate", f"ffn_inp-{e.layer}", "ffn_post_norm"),
                             "ffn_up": ("ffn_up", f"ffn_inp-{e.layer}", "ffn_post_norm")}.get(e.stage, (None,) * 3)
     inputs = _stages(e.bad_dump, [source], e.positions) if matrix else None
@@ -782,7 +768,7 @@ def granite_multipliers(e):
         return
     if e.stage not in ("ffn_inp", "l_out") or e.layer is None:
         return
-    stream, part = ((_block_input(arch, e.layer), f"attn_out-{e.layer}") if e.stage == "ffn_inp"
+    stream, part = ((block_input(arch.INPUTS, e.layer), f"attn_out-{e.layer}") if e.stage == "ffn_inp"
                     else (f"ffn_inp-{e.layer}", f"ffn_out-{e.layer}"))
     inputs = _stages(e.bad_dump, [stream, part], e.positions)
     if not inputs:
@@ -1036,18 +1022,21 @@ def _other_layout(cfg):
 
 
 def _inputs_of(stage, layer, dump, positions, cfg=None):
-    """The dump's own inputs of a stage whose hints need them, at `positions`, or None."""
-    arch = archs.get(cfg.arch) if cfg is not None else archs.llama
-    q = _q_input(cfg) if cfg is not None else "Qcur"
-    residual = "sa_out" if "sa_out" in arch.STAGES else "ffn_inp"  # the feed-forward's input (Gemma 3: sa_out)
-    gate_up = [f"ffn_gate-{layer}", f"ffn_up-{layer}"]
-    names = {"ffn_swiglu": gate_up, "ffn_geglu": gate_up, "ffn_gelu": [f"ffn_up-{layer}"],
-             "kq_soft_max": [f"kq-{layer}"],
-             "attn_norm": [_block_input(arch, layer or 0)],
-             "ffn_norm": [f"{residual}-{layer}"],
-             "Qcur_rope": [f"{q}-{layer}"], "Kcur_rope": [f"K{q[1:]}-{layer}"],
-             "result_output": ["result_norm"]}.get(stage)
+    """The dump's own inputs of a stage whose hints need them, at `positions`, or None: as the block's wiring feeds
+    it, but a softmax's raw scores kq (its hints scale and cap them themselves)."""
+    if stage == "result_output":
+        names = ["result_norm"]
+    elif stage == "kq_soft_max":
+        names = [f"kq-{layer}"]
+    elif stage in INPUTS_READ and cfg is not None:
+        names = archs.feeds(archs.get(cfg.arch), stage, layer or 0)
+    else:
+        return None
     return _stages(dump, names, positions) if names else None
+
+
+INPUTS_READ = ("ffn_swiglu", "ffn_geglu", "ffn_gelu", "attn_norm", "ffn_norm", "Qcur_rope", "Kcur_rope")  # the
+# stages whose hints re-run them from their inputs (_inputs_of)
 
 
 def _stages(dump, names, positions):
@@ -1135,7 +1124,7 @@ HINTS = (  # in the order their lines are listed
     Hint(shifted_experts, ("ffn_moe_gate", "ffn_moe_up"), bugs.neighbour_experts, reads=("ffn_norm", "ffn_moe_topk"),
          model=True, when=_moe),
     Hint(skipped_norm, NORMED, bugs.ffn_norm_skipped, model=True),
-    Hint(missing_residual, tuple(RESIDUAL_PARTS), bugs.residual_dropped, unless=("granite_multipliers",
+    Hint(missing_residual, tuple(RESIDUAL_SUMS), bugs.residual_dropped, unless=("granite_multipliers",
                                                                                  "missing_shared_expert")),
     Hint(another_kv_head_mapping, ("kq",), bugs.kv_heads_modulo, reads=("Qcur_rope", "Kcur_rope"),
          when=lambda c: c.n_head != c.n_head_kv),
