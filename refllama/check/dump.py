@@ -66,7 +66,7 @@ def input_stages(arch):
     return family(arch).INPUTS
 
 
-def forward_order(names, stages=archs.llama.STAGES):
+def forward_order(names, stages):
     """Stage names sorted as a forward pass of blocks with these `stages` runs them (unknown stages last)."""
     def key(name):
         stage, layer = split_name(name)
@@ -485,8 +485,7 @@ class Dump:
         return a
 
 
-def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, stages=archs.llama.STAGES,
-                 inputs=archs.llama.INPUTS):
+def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, *, stages, inputs):
     """What a stored dump of blocks with these `stages` keeps, as (names, rows, dtypes) for write_dump; `stages`:
     one tuple for every block, or a list of one per block (refllama.arch.layer_stages: a mixture of experts').
 
@@ -535,7 +534,7 @@ def add_tool_args(parser, producer):
     parser.add_argument("--float16", action="store_true", help="store stages as float16")
 
 
-def plan_from_args(args, n_layer, n_tokens, stages=archs.llama.STAGES, inputs=archs.llama.INPUTS):
+def plan_from_args(args, n_layer, n_tokens, stages, inputs):
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     return storage_plan(n_layer, n_tokens, layers, args.max_rows, args.logit_rows,
-                        np.float16 if args.float16 else None, stages, inputs)
+                        np.float16 if args.float16 else None, stages=stages, inputs=inputs)
