@@ -106,14 +106,15 @@ def test_logits_on_arm_paths_are_llamacpps(name, prompt, cpu, path):
     assert got == case[cpu][path]["logits_sha256"]
 
 
-SHAPES = DATA / "shapes"  # tools/make_shapes.py: the dense families cut to other feed-forward widths
+SHAPES = DATA / "shapes"  # tools/make_shapes.py: every tiny family cut to other feed-forward (experts') widths
 SHAPE_REFS = {json.loads(p.read_text())["cpu_path"]: json.loads(p.read_text()) for p in SHAPES.glob("llamacpp_*.json")}
 SHAPE_CASES = [(path, name) for path, r in SHAPE_REFS.items() for name in r["files"]]
 
 
 @pytest.mark.parametrize("path, name", [param(*c, fast=c[0] == "avx2" and "ff72" in c[1]) for c in SHAPE_CASES])
 def test_other_widths_are_llamacpps_to_the_bit(path, name):
-    """Q8_0 with K = 96 (whole blocks, not a multiple of 64) and F16 with K = 72 (not a multiple of 32): every
+    """Q8_0 with K = 96 or 32 (whole blocks, not a multiple of 64) and F16 with K = 72 or 40 (not a multiple of 32; a
+    mixture's experts F16, multiplied a row at a time by mul_mat_id): every
     stage llama.cpp's bits (tools/make_shapes.py: HASHED, in every layer, and the logits), its F16 products summed
     as it sums them on this path (tinyBLAS or ggml_vec_dot_f16), GPT-2's LayerNorm as ggml_norm sums."""
     r = SHAPE_REFS[path]
@@ -125,10 +126,9 @@ def test_other_widths_are_llamacpps_to_the_bit(path, name):
     assert not wrong, f"{len(wrong)} of {len(r['files'][name])} stages differ in their bits, the first {wrong[0]}"
 
 
-def test_every_dense_family_has_its_other_widths_on_both_x86_paths():
+def test_every_family_has_its_other_widths_on_both_x86_paths():
     from families import GGUF
 
     assert set(SHAPE_REFS) == {"avx512-vnni", "avx2"}
-    dense = {f.name for f in GGUF.values() if not f.experts}
     for r in SHAPE_REFS.values():
-        assert {n.split("-ff")[0] for n in r["files"]} == dense
+        assert {n.split("-ff")[0] for n in r["files"]} == set(GGUF)

@@ -1,7 +1,8 @@
-"""Write tests/data/shapes/: each dense tiny family's F32 file (tests/data/gguf-NAME/) with its feed-forward cut to
+"""Write tests/data/shapes/: each tiny family's F32 file (tests/data/gguf-NAME/) with its feed-forward cut to
 other widths, in Q8_0 where a row is whole blocks and F16 where it is not (llama.cpp's quantizer falls back so: at a
 width of 72 `ffn_down` is F16 with K = 72, not a multiple of 32; at 96 every matrix is Q8_0, K = 96 a multiple of 32
-and not of 64), and the SHA-256 of llama.cpp's stages on them (HASHED, every layer, and the logits) on the installed
+and not of 64; a mixture's experts, 64 wide, cut to 40 (F16 experts, mul_mat_id's ggml_vec_dot_f16) and 32 (Q8_0,
+one block)), and the SHA-256 of llama.cpp's stages on them (HASHED, every layer, and the logits) on the installed
 build's CPU path, into llamacpp_PATH.json. Stages, not just logits: a product's last bits seldom survive the next
 product's 8-bit activations, so logits alone pass an engine whose F16 sums are in another order.
 tests/test_llamacpp_exact.py holds numerics ggml to them bit for bit on every path stored.
@@ -32,37 +33,47 @@ from families import GGUF  # noqa: E402  (the catalogue of tiny families)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "shapes"
 WIDTHS = (72, 96)
+EXPERT_WIDTHS = (40, 32)
 IDS = [1, 5, 9, 14, 22, 31, 40, 47, 3, 11, 28, 19]  # 12 positions: tinyBLAS's batches and ggml_vec_dot's leftovers
 HASHED = ("attn_norm", "attn_out", "ffn_inp", "sa_out", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_geglu",
           "ffn_gelu", "ffn_out", "l_out", "result_norm", "result_output")  # [T, X]: one layout in every engine
 N_CTX = 64
-FAMILIES = [f for f in GGUF.values() if not f.experts]  # a mixture's experts are cut otherwise: not here
+FAMILIES = list(GGUF.values())
 
 
 def cut(src, out, width):
-    """A copy of the F32 GGUF `src` at `out` whose feed-forward is `width` wide (its first rows and columns)."""
+    """A copy of the F32 GGUF `src` at `out` whose feed-forward is `width` wide (its first rows and columns): a
+    mixture's experts, where it has them (a shared expert and the dense layers keep theirs)."""
     r = GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
-    ff = r.fields[f"{arch}.feed_forward_length"].contents()
+    experts = any("_exps." in t.name for t in r.tensors)
+    key = f"{arch}.expert_feed_forward_length" if f"{arch}.expert_feed_forward_length" in r.fields \
+        else f"{arch}.feed_forward_length"
+    ff = r.fields[key].contents()
     w = GGUFWriter(out, arch)
     for name, f in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue
-        value = width if name == f"{arch}.feed_forward_length" else f.contents()
+        value = width if name == key else f.contents()
         kind = f.types[0]
         w.add_key_value(name, value, kind, sub_type=f.types[-1] if kind == GGUFValueType.ARRAY else None)
     for t in r.tensors:
         a = np.array(t.data, dtype=np.float32)
-        if ".ffn_up." in t.name and a.shape[0] == 2 * ff:  # Phi-3's gate and up in one matrix, gate first
+        if experts:  # [E, FE, D] gate and up, [E, D, FE] down
+            if ".ffn_gate_exps." in t.name or ".ffn_up_exps." in t.name:
+                a = np.ascontiguousarray(a[:, :width])
+            elif ".ffn_down_exps." in t.name:
+                a = np.ascontiguousarray(a[:, :, :width])
+        elif ".ffn_up." in t.name and a.shape[0] == 2 * ff:  # Phi-3's gate and up in one matrix, gate first
             a = np.concatenate([a[:width], a[ff:ff + width]])
         elif ".ffn_gate." in t.name or ".ffn_up." in t.name:
             a = a[:width]  # rows (or a bias)
         elif ".ffn_down.weight" in t.name:
             a = np.ascontiguousarray(a[:, :width])
-        if a.ndim == 2 and a.shape[1] % 32 == 0:
+        if a.ndim >= 2 and a.shape[-1] % 32 == 0 and ".ffn_gate_inp." not in t.name:  # routers stay F32
             w.add_tensor(t.name, gguf.quants.quantize(a, QT.Q8_0),
                          raw_shape=gguf.quants.quant_shape_to_byte_shape(a.shape, QT.Q8_0), raw_dtype=QT.Q8_0)
-        elif a.ndim == 2:
+        elif a.ndim >= 2 and ".ffn_gate_inp." not in t.name:
             w.add_tensor(t.name, a.astype(np.float16), raw_dtype=QT.F16)
         else:
             w.add_tensor(t.name, a)
@@ -87,7 +98,7 @@ def main():
     table = {"ids": IDS, "n_ctx": N_CTX, "producer": f"llama-cpp-python {llama_cpp.__version__} ({info})",
              "cpu_path": path, "files": {}}
     for family in FAMILIES:
-        for width in WIDTHS:
+        for width in EXPERT_WIDTHS if family.experts else WIDTHS:
             name = f"{family.name}-ff{width}.gguf"
             if not args.logits:
                 cut(family.gguf("f32"), OUT / name, width)

@@ -379,14 +379,15 @@ def _cos_sin(angle):
     return c, s
 
 
-def f32_dots(x, w, path=AVX512):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama.cpp sums an F32
-    """matrix's products. With w the path's lanes (16; AVX2's 8): a batch (2+ tokens, K a multiple of w, N of 4):
-    llamafile's tinyBLAS, lane l a fused multiply-add over elements w c + l, then the vector's sum (halves). One
-    token (or a shape tinyBLAS declines): ggml_vec_dot_f32, 4 x w lanes of FMAs per 4 w elements, lanes
-    (0+2)+(1+3), GGML_F32_VEC_REDUCE's end, then the K % 4w leftovers' products added one by one in float32."""
+def f32_dots(x, w, path=AVX512, batch=True):  # [T, K] f32, [N, K] f32 -> [T, N]: x @ w.T summed as llama.cpp sums
+    """an F32 matrix's products. With w the path's lanes (16; AVX2's 8): a batch (2+ tokens, K a multiple of w, N of
+    4): llamafile's tinyBLAS, lane l a fused multiply-add over elements w c + l, then the vector's sum (halves). One
+    token (or a shape tinyBLAS declines, or not a `batch`: mul_mat_id's rows): ggml_vec_dot_f32, 4 x w lanes of FMAs
+    per 4 w elements, lanes (0+2)+(1+3), GGML_F32_VEC_REDUCE's end, then the K % 4w leftovers' products added one by
+    one in float32."""
     lanes = LANES[path]
     T, K = x.shape
-    many = lanes.llamafile and T >= lanes.tiny_f32 and K % lanes.width == 0 and len(w) % 4 == 0
+    many = batch and lanes.llamafile and T >= lanes.tiny_f32 and K % lanes.width == 0 and len(w) % 4 == 0
     width = lanes.width if many else 4 * lanes.width
     body = K if many else K - K % width
     out = np.empty((T, len(w)), np.float32)

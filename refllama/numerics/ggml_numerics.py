@@ -145,7 +145,7 @@ class F16Matrix(WeightMatrix):
         self.w, self.xp, self.path = xp.asarray(w, dtype=np.float16), xp, path
         self.shape = self.w.shape
 
-    def matmul(self, x):
+    def matmul(self, x, batch=True):
         x = round_f16(x)
         if self.xp is not np:
             return x @ self.w.T.astype(np.float32)
@@ -154,8 +154,11 @@ class F16Matrix(WeightMatrix):
         step = max(1, (1 << 22) // (len(x) * self.shape[1]))  # rows a pass: T x step x K products at a time
         for a in range(0, self.shape[0], step):
             w = self.w[a:a + step].astype(np.float32)
-            out[:, a:a + step] = f16_dots(x[:, None, :], w[None], len(x), False, self.path)
+            out[:, a:a + step] = f16_dots(x[:, None, :], w[None], len(x) if batch else 1, False, self.path)
         return out
+
+    def matmul_id(self, x):  # [T, K] -> [T, N]: mul_mat_id's products, ggml_vec_dot_f16 a row at a time
+        return self.matmul(x, batch=False)
 
     def __getitem__(self, rows):
         return self.w[rows].astype(np.float32)
@@ -173,8 +176,11 @@ class F32Matrix(WeightMatrix):
         self.w, self.path = np.asarray(w, dtype=np.float32), path
         self.shape = self.w.shape
 
-    def matmul(self, x):
-        return f32_dots(np.asarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w, self.path)
+    def matmul(self, x, batch=True):
+        return f32_dots(np.asarray(x, dtype=np.float32).reshape(-1, self.shape[1]), self.w, self.path, batch)
+
+    def matmul_id(self, x):  # [T, K] -> [T, N]: mul_mat_id's products, ggml_vec_dot_f32 a row at a time
+        return self.matmul(x, batch=False)
 
     def __getitem__(self, rows):
         return self.w[rows]
