@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, linear, rms_norm, softcap, softmax
+from ..layers import ROPE, linear, rms_norm, rope_cos_sin, softcap, softmax
 from ..xp import to_numpy
 from .dump import Dump
 from .rerun import ROUND
@@ -357,3 +357,93 @@ def shared_gate_without_sigmoid(d):
 def shared_expert_left_out(d):
     return {"ffn_out-0": d["ffn_moe_out-0"]} if "ffn_shexp_out-0" in d else None
 
+
+
+# more forms of the bugs a hint names
+
+
+def rope_base_wrong(d):  # another base than the model's (no scaling or factors in play)
+    cfg = d.cfg
+    if cfg.rope_yarn or cfg.rope_scale != 1 or cfg.rope_base_swa or not cfg.rope_dim or "rope_freqs" in d.model.weights:
+        return None
+    base = 5e5 if cfg.rope_base != 5e5 else 1e6
+    cos, sin = rope_cos_sin(d.n, cfg.rope_dim, base)
+    return {"Qcur_rope-0": ROPE[cfg.rope_layout](d[f"{d.rope_input(0)}-0"], cos, sin)}
+
+
+def window_one_key_wide(d):
+    layer = next((i for i in range(d.cfg.n_layer) if d.cfg.is_windowed(i)), None)
+    if layer is None or d.n <= d.cfg.sliding_window + 1:
+        return None
+    return {f"kq_soft_max-{layer}": d.attend(d[f"kq-{layer}"], layer, window=d.cfg.sliding_window + 1)}
+
+
+def q_k_rows_in_the_other_layout(d):  # q/k weights' rows in the other layout than the engine's RoPE pairs
+    cfg = d.cfg
+    if "Qcur_normed-0" in d or not cfg.rope_dim or cfg.is_nope(0):
+        return None
+    other = next(x for x in archs.LAYOUTS if x != cfg.rope_layout)
+    cos, sin = d.tables(cfg.is_windowed(0))
+    q, k = (archs.permute_qk(d[f"{n}-0"], other, cfg.rope_dim) for n in ("Qcur", "Kcur"))
+    q_rope, k_rope = (ROPE[cfg.rope_layout](x, cos, sin) for x in (q, k))
+    return {"Qcur-0": q, "Kcur-0": k, "Qcur_rope-0": q_rope, "Kcur_rope-0": k_rope,
+            "kq-0": np.einsum("thd,shd->hts", q_rope, k_rope[:, d.kv()])}
+
+
+def embedding_multiplier_dropped(d):  # Granite's stream starting from the unscaled embeddings
+    cfg = d.cfg
+    if cfg.arch != "granite" or cfg.embedding_scale in (None, 1.0):
+        return None
+    return {"ffn_inp-0": d["inp_embd"] + d["attn_out-0"] * np.float32(cfg.residual_scale)}
+
+
+def logits_not_scaled(d):  # Granite's logits not divided by logits_scaling
+    if d.cfg.arch != "granite" or d.cfg.logit_scale == 1.0:
+        return None
+    return {"result_output": linear(d["result_norm"], to_numpy(d.model.weights["output"]))}
+
+
+def position_rows_plus_1(d):  # GPT-2's position rows taken at p + 1
+    if "pos_embd" not in d:
+        return None
+    rows = to_numpy(d.model.weights["position_embd"])
+    return {"pos_embd": rows[np.arange(d.n) + 1]}
+
+
+def soft_cap_before_scale(d):  # Gemma 2's cap applied to the unscaled scores
+    cap = d.cfg.attn_softcap
+    if not cap:
+        return None
+    return {"kq_scaled_2-0": cap * np.tanh(d["kq-0"] / np.float32(cap)) * np.float32(d.cfg.kq_scale)}
+
+
+def shared_expert_ungated(d):
+    if "ffn_shexp_out-0" not in d:
+        return None
+    return {"ffn_out-0": d["ffn_moe_out-0"] + d["ffn_shexp-0"]}
+
+
+def k_norm_over_the_whole_row(d):  # a per-head norm taken over all heads at once
+    if "Kcur_normed-0" not in d or archs.get(d.cfg.arch).NAME == "olmoe":  # OLMoE's norm is over the whole row
+        return None
+    k, w = d["Kcur-0"], d.weights(0)["attn_k_norm"]
+    return {"Kcur_normed-0": rms_norm(k.reshape(len(k), -1), np.tile(w, k.shape[1]), d.cfg.rms_eps).reshape(k.shape)}
+
+
+def norm_weight_not_applied(d):
+    if d.cfg.arch == "gpt2":
+        return None
+    residual = "sa_out-0" if "sa_out-0" in d else "ffn_inp-0"
+    return {"ffn_norm-0": rms_norm(d[residual], np.ones(d.cfg.n_embd, np.float32), d.cfg.rms_eps)}
+
+
+def attention_output_not_added(d):  # the stream alone: the attention's output left out
+    return None if "sa_out-0" in d else {"ffn_inp-0": d[d.block_input(0)]}
+
+
+def one_token_routed_elsewhere(d):  # one token's least weighted expert swapped for one not chosen
+    if not d.cfg.n_expert:
+        return None
+    ids = d["ffn_moe_topk-0"].copy()
+    ids[0, -1] = next(e for e in range(d.cfg.n_expert) if e not in ids[0])
+    return {"ffn_moe_topk-0": ids}
