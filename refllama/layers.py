@@ -188,6 +188,42 @@ def geglu(gate, up):  # [T, F], [T, F] -> [T, F]: Gemma's gated unit, GELU where
     return gelu_tanh(gate) * up
 
 
+def l2_norm(x, eps):  # [..., d] -> [..., d]: each vector over its own length (Gated DeltaNet's q and k)
+    xp = array_module(x)
+    return x * (1.0 / xp.sqrt(xp.square(x).sum(axis=-1, keepdims=True) + xp.float32(eps)))
+
+
+def causal_conv(x, state, w):  # [T, C], [K-1, C], [C, K] -> y [T, C], state [K-1, C]
+    """Each channel's kernel over its last K inputs, the K - 1 before the first carried in `state` (zeros at the
+    start of a sequence) and handed on: y_t = sum_j w[:, j] x_{t - (K-1) + j} (Gated DeltaNet's short conv)."""
+    xp = array_module(x)
+    K, T = w.shape[1], len(x)
+    xs = xp.concatenate([state, x], axis=0)  # [K-1+T, C]
+    y = xs[0:T] * w[:, 0]
+    for j in range(1, K):
+        y = y + xs[j:j + T] * w[:, j]
+    return y, xs[T:]
+
+
+def gated_delta_rule(q, k, v, g, beta, state):  # [T, H, dk], [T, H, dk], [T, H, dv], [T, H], [T, H], [H, dk, dv]
+    """-> out [T, H, dv], state [H, dk, dv]: the gated delta rule a token at a time (q, k normed, their heads already
+    one per v head): the state decays by exp(g), delta = beta (v - S^T k), S += k delta^T, out = S^T q / sqrt(dk)."""
+    xp = array_module(q)
+    q = q * xp.float32(q.shape[-1] ** -0.5)
+    out = xp.empty_like(v)
+    for t in range(len(q)):
+        state = state * xp.exp(g[t])[:, None, None]
+        kv = xp.einsum("hkv,hk->hv", state, k[t])  # [H, dv]: what the state recalls for k
+        delta = (v[t] - kv) * beta[t][:, None]
+        state = state + k[t][:, :, None] * delta[:, None, :]
+        out[t] = xp.einsum("hkv,hk->hv", state, q[t])
+    return out, state
+
+
+def gated_rms_norm(x, w, z, eps):  # [..., d], [d], [..., d] -> [..., d]: the RMS norm, then times silu(z)
+    return rms_norm(x, w, eps) * silu(z)
+
+
 def layer_norm(x, w, b, eps):  # [T, D], [D], [D] -> [T, D]: GPT-2's norm, mean removed, then scaled and shifted
     xp = array_module(x)
     mean = x.sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]

@@ -118,3 +118,35 @@ def test_permute_qk_maps_one_pair_layout_onto_the_other_with_partial_rotary(rope
                                atol=1e-6)
     np.testing.assert_array_equal(permute_qk(half, "interleaved", rope_dim), x)
     np.testing.assert_array_equal(half[..., rope_dim:], x[..., rope_dim:])
+
+
+def test_gated_delta_net_steps_are_transformers():
+    """Qwen3.5's linear attention, step by step, against transformers' own functions on random inputs
+    (tools/make_gated_delta_refs.py): q/k L2-normed, the short causal conv (a prefill, then one decode step from
+    the state it hands on), the gated delta rule (its chunked prefill form and its recurrence; one more token from
+    the state equals the recurrence's step), the gated RMS norm. Each k head serves 2 v heads (HF's grouped order)."""
+    from pathlib import Path
+
+    from refllama.layers import causal_conv, gated_delta_rule, gated_rms_norm, l2_norm
+
+    r = np.load(Path(__file__).parent / "data" / "gated_delta_net.npz")
+    T, HV = r["chunk_out"].shape[:2]
+    tol = dict(rtol=2e-5, atol=2e-6)
+    q, k = l2_norm(r["q"], 1e-6), l2_norm(r["k"], 1e-6)
+    np.testing.assert_allclose(q, r["l2_q"], **tol)
+    grouped = HV // q.shape[1]
+    q, k = (np.repeat(x, grouped, axis=1) for x in (q, k))  # [T+1, HV, dk]
+    state = np.zeros((HV, q.shape[-1], r["v"].shape[-1]), np.float32)
+    out, state = gated_delta_rule(q[:T], k[:T], r["v"][:T], r["g"][:T], r["beta"][:T], state)
+    for form in ("chunk", "rec"):
+        np.testing.assert_allclose(out, r[f"{form}_out"], **tol)
+        np.testing.assert_allclose(state, r[f"{form}_state"], **tol)
+    out, state = gated_delta_rule(q[T:], k[T:], r["v"][T:], r["g"][T:], r["beta"][T:], state)
+    np.testing.assert_allclose(out, r["step_out"], **tol)
+    np.testing.assert_allclose(state, r["step_state"], **tol)
+    w = r["w"]
+    y, conv_state = causal_conv(r["x"][:T], np.zeros((w.shape[1] - 1, w.shape[0]), np.float32), w)
+    np.testing.assert_allclose(y, r["conv"], **tol)
+    y, _ = causal_conv(r["x"][T:], conv_state, w)
+    np.testing.assert_allclose(y, r["conv_step"], **tol)
+    np.testing.assert_allclose(gated_rms_norm(r["v"][:T], r["norm_w"], r["z"][:T], 1e-6), r["gated_norm"], **tol)
