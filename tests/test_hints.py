@@ -1,6 +1,7 @@
 """Every registered hint (refllama.check.diagnose.HINTS) fires on the bug it names, alone: the bug injected
 (refllama.check.bugs) into refllama's own dump of the first tiny family of the catalogue that can hold it, compare
-names the stage the bug changed and says that hint and no other."""
+names the stage the bug changed and says that hint and no other (where a hint names several bugs, the line of
+this one)."""
 
 import pytest
 from families import GGUF
@@ -30,6 +31,21 @@ def correct(tmp_path_factory):
 
 
 CASES = [(h, bug) for h in HINTS for bug in (h.bugs if isinstance(h.bugs, tuple) else (h.bugs,))]
+WORDS = {  # where a hint names several bugs: the words of the line each must get
+    "rope_positions_from_1": "positions p + 1", "rope_base_wrong": "matches RoPE with base",
+    "manifest_names_the_other_layout": "should say", "q_k_rows_in_the_other_layout": "is wrong: the engine's",
+    "sigmoid_router": "a sigmoid", "renormalised_where_kept": "renormalised to sum to 1",
+    "decode_step_not_renormalised": "in the decode steps", "residual_multiplier_dropped": "residual multiplier",
+    "embedding_multiplier_dropped": "embedding multiplier", "logits_not_scaled": "logits_scaling",
+    "q_norm_skipped": "is skipped", "k_norm_over_the_whole_row": "over all its heads",
+    "expert_ids_plus_1": "+1 (mod", "one_token_routed_elsewhere": "other experts chosen at 1 of",
+    "shared_expert_left_out": "is not added", "shared_expert_ungated": "ungated",
+    "ffn_norm_skipped": "is skipped", "norm_weight_not_applied": "without its weight",
+    "residual_dropped": "the residual is not added", "attention_output_not_added": "is not added to the residual",
+    "window_not_applied": "is not applied", "window_one_key_wide": "a window of",
+    "position_embeddings_not_added": "are not added", "position_rows_plus_1": "p + 1",
+    "attention_not_soft_capped": "without their soft-cap", "soft_cap_before_scale": "before the softmax scale",
+}
 
 
 @pytest.mark.parametrize("hint, bug", CASES, ids=[f"{h.name}-{bug.__name__}" for h, bug in CASES])
@@ -47,3 +63,4 @@ def test_each_hint_fires_alone_on_its_bug(correct, tmp_path, hint, bug):
     assert rep.first is not None and rep.first["name"] in {c.split("@")[0] for c in changed}, (family, rep.first)
     assert hint.stages is None or rep.first["stage"] in hint.stages
     assert set(rep.hinted) == {hint.name}, (family, rep.hints)
+    assert WORDS.get(bug.__name__, "") in " ".join(rep.hints), (family, rep.hints)
