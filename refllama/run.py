@@ -117,8 +117,8 @@ def run(args, prompt):
     m = api.load(args.model, backend=args.backend, n_ctx=args.ctx_size, numerics=args.numerics,
                  repack=not args.no_repack, cpu_path=args.cpu_path)
     t_load = time.perf_counter() - t0
-    if api.past_training(m):
-        print(f"refllama: {api.past_training(m)}", file=sys.stderr)
+    if notice := api.past_training(m):
+        print(f"refllama: {notice}", file=sys.stderr)
     if args.chat:
         system = [{"role": "system", "content": args.system}] if args.system else []
         messages = system + [{"role": "user", "content": prompt}]

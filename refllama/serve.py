@@ -93,8 +93,8 @@ class Worker:
                                   numerics=self.args.numerics)
             self.status = "ready"
             log.info("model %s ready (%s, context %d)", self.name, self.args.backend, self.model.n_ctx)
-            if api.past_training(self.model):
-                log.warning("%s", api.past_training(self.model))
+            if notice := api.past_training(self.model):
+                log.warning("%s", notice)
             if self.args.callback_url:
                 threading.Thread(target=self.callback, daemon=True).start()
         except RefllamaError as e:

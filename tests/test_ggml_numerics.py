@@ -440,3 +440,19 @@ def test_numba_router_softmax_equals_numpy(n, path):
     rest, the sum in float64 vector by vector, bit-equal to the NumPy form (60 experts: Qwen2-MoE's 12 left over)."""
     x = (RNG.standard_normal((5, n)) * 4).astype(np.float32)
     np.testing.assert_array_equal(gk.router_softmax(x, path), gf.softmax(x, path))
+
+
+@pytest.mark.slow  # Numba's kernels
+@pytest.mark.parametrize("path", ["avx512-vnni", "avx2"])
+def test_float_matrices_on_numba_are_the_numpy_forms(path):
+    """F16 and F32 matrices on numba (NumbaF16Matrix: the attention kernels' float16 sums; NumbaF32Matrix) equal the
+    NumPy forms bit for bit, as a batch (tinyBLAS where the shape takes it) and as mul_mat_id's rows (ggml_vec_dot a
+    row at a time), at K whole vectors or not."""
+    rng = np.random.default_rng(0)
+    for K, T in itertools.product((40, 72, 80, 256), (1, 3, 12)):
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        w16, w32 = rng.standard_normal((64, K)).astype(np.float16), rng.standard_normal((64, K)).astype(np.float32)
+        for mine, theirs in ((gk.NumbaF16Matrix(w16, np, path), gn.F16Matrix(w16, np, path)),
+                             (gk.NumbaF32Matrix(w32, path), gn.F32Matrix(w32, path))):
+            np.testing.assert_array_equal(mine.matmul(x), theirs.matmul(x))
+            np.testing.assert_array_equal(mine.matmul_id(x), theirs.matmul_id(x))

@@ -111,14 +111,16 @@ SHAPE_REFS = {json.loads(p.read_text())["cpu_path"]: json.loads(p.read_text()) f
 SHAPE_CASES = [(path, name) for path, r in SHAPE_REFS.items() for name in r["files"]]
 
 
-@pytest.mark.parametrize("path, name", [param(*c, fast=c[0] == "avx2" and "ff72" in c[1]) for c in SHAPE_CASES])
-def test_other_widths_are_llamacpps_to_the_bit(path, name):
+@pytest.mark.parametrize("path, name, backend", [
+    *(param(*c, "numpy", fast=c[0] == "avx2" and "ff72" in c[1]) for c in SHAPE_CASES),
+    *(param(*c, "numba", fast=False) for c in SHAPE_CASES)])  # numba: NumbaF16Matrix, NumbaF32Matrix's experts
+def test_other_widths_are_llamacpps_to_the_bit(path, name, backend):
     """Q8_0 with K = 96 or 32 (whole blocks, not a multiple of 64) and F16 with K = 72 or 40 (not a multiple of 32; a
     mixture's experts F16, multiplied a row at a time by mul_mat_id): every
     stage llama.cpp's bits (tools/make_shapes.py: HASHED, in every layer, and the logits), its F16 products summed
     as it sums them on this path (tinyBLAS or ggml_vec_dot_f16), GPT-2's LayerNorm as ggml_norm sums."""
     r = SHAPE_REFS[path]
-    m = refllama.load(SHAPES / name, n_ctx=r["n_ctx"], numerics="ggml", cpu_path=path)
+    m = refllama.load(SHAPES / name, backend=backend, n_ctx=r["n_ctx"], numerics="ggml", cpu_path=path)
     with refllama.trace(m) as t:
         m.logits(r["ids"])
     got = {n: hashlib.sha256(np.ascontiguousarray(a, np.float32).tobytes()).hexdigest() for n, a in t.items()}

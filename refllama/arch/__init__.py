@@ -44,6 +44,8 @@ The module interface (tests/test_structure.py holds every module to it):
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
 """
 
+from functools import cache
+
 from ..errors import RefllamaError, shown
 from ..pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
 from . import (
@@ -91,6 +93,7 @@ def stage_order(arch):
     return moe_stage_order(arch.STAGES) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
 
 
+@cache
 def wiring(arch):  # -> {stage: blocks.Feed}: which of the family's stages feeds which, each read the one it taps
     return blocks.wiring(getattr(arch, "WIRING", blocks.WIRING), stage_order(arch), arch.INPUTS)
 

@@ -23,6 +23,7 @@ class Correct(NamedTuple):
 
     directory: Path
     model: object  # refllama.api.Model
+    dump: Dump  # its manifest, read once
 
     def __getitem__(self, record):  # "Qcur-0" (the prefill) or "Qcur-0@9" (a decode step) -> its array
         return np.load(self.directory / f"{record}.npy")
@@ -36,11 +37,11 @@ class Correct(NamedTuple):
 
     @property
     def n(self):  # the prefill's tokens
-        return len(Dump(self.directory).prompt_ids)
+        return len(self.dump.prompt_ids)
 
     @property
     def decodes(self):  # whether the dump holds a decode step (at position n)
-        return bool(Dump(self.directory).decode_ids)
+        return bool(self.dump.decode_ids)
 
     def weights(self, layer=None):  # the model's weights as NumPy arrays (a layer's, or the model's)
         w = self.model.weights if layer is None else self.model.weights["layers"][layer]
@@ -77,7 +78,7 @@ class Correct(NamedTuple):
 def inject(bug, directory, out, model):
     """A copy of the correct dump `directory` at `out` with `bug`'s records written; None where the model cannot
     hold the bug. -> the names of the records it changed."""
-    records = bug(Correct(Path(directory), model))
+    records = bug(Correct(Path(directory), model, Dump(directory)))
     if records is None:
         return None
     shutil.copytree(directory, out)

@@ -153,8 +153,8 @@ def rounded_stages(d):  # the stages a dump declares rounded: its map's, and wit
 # the residual stream's stages (the inputs, the residual sums and the norms that read them, the last norm): each
 # sublayer reads one of them and adds into the next, so error that surfaces at a stage entered after the last of
 # these compared before it
-STREAM_STAGES = (*INPUT_STAGES, *(s for s, f in WIRING.items() if f.kind == "sum" and f.reads[0] in ((IN,), RESIDUAL)
-                                  or f.kind == "norm" and f.reads[0] in ((IN,), RESIDUAL)), "result_norm")
+STREAM_STAGES = (*INPUT_STAGES, *(s for s, f in WIRING.items() if f.kind in ("sum", "norm")
+                                  and f.reads[0] in ((IN,), RESIDUAL)), "result_norm")
 
 
 def unknown_slots(name, mine, ref):  # -> the side without ffn_moe_topk where `name` is a stage per expert slot

@@ -19,7 +19,7 @@ from .cpu_paths import EMULATED
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
 from .ggml_float import AVX512, cos_sin, geglu, gelu, layer_norm, rope_cos_sin, silu, softcap
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
-from .ggml_numerics import F32Matrix, GgmlPlacement, id_product, repacked
+from .ggml_numerics import F16Matrix, F32Matrix, GgmlPlacement, id_product, repacked
 from .ir import I64, counted_loop, load, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer, mul_mat_id
@@ -307,9 +307,22 @@ class NumbaF32Matrix(F32Matrix):
     def __init__(self, w, path=AVX512):
         super().__init__(np.ascontiguousarray(w, dtype=np.float32), path)
 
-    def matmul(self, x):
+    def matmul(self, x, batch=True):  # not a `batch`: mul_mat_id's rows, ggml_vec_dot_f32 one at a time
         x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, self.shape[1])
-        return PATH_KERNELS[self.path]["f32_dots"](x, self.w)
+        dots = PATH_KERNELS[self.path]["f32_dots"]
+        return dots(x, self.w) if batch else np.concatenate([dots(x[i:i + 1], self.w) for i in range(len(x))])
+
+
+class NumbaF16Matrix(F16Matrix):
+    """A float16 matrix whose products are the attention kernels' float16 sums (attention_scores, one "head" of K
+    dims): tinyBLAS's order for a batch, ggml_vec_dot_f16's for a token, as llama.cpp's and f16_dots'."""
+
+    def matmul(self, x, batch=True):  # not a `batch`: mul_mat_id's rows, one at a time
+        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 1, self.shape[1])  # [T, 1, K]: one head
+        w = self.w.astype(np.float32)[None]  # [1, N, K]
+        if batch:
+            return attention_scores(x, w, self.path)[0]
+        return np.concatenate([attention_scores(x[i:i + 1], w, self.path)[0] for i in range(len(x))])
 
 
 # ggml_numerics' elementwise and attention steps and the router's softmax as Numba kernels, on a CPU path (this
@@ -360,7 +373,8 @@ def path_ops(path):
 
 class GgmlNumbaPlacement(GgmlPlacement):
     """numerics "ggml" on numba: Q4_0, Q4_1, Q5_0 and Q8_0 matrices as NumbaGgmlMatrix, the K-quants as
-    NumbaKQuantMatrix, Q5_1 as GgmlMatrix, F32 matrices as NumbaF32Matrix on the placement's path. Quantized
+    NumbaKQuantMatrix, Q5_1 as GgmlMatrix, F32 and F16 matrices as NumbaF32Matrix and NumbaF16Matrix on the
+    placement's path. Quantized
     products are the same on every x86 path: their integer sums are exact, their float steps are the same code."""
 
     def prepare(self, qtypes, cfg):
@@ -387,6 +401,8 @@ class GgmlNumbaPlacement(GgmlPlacement):
             m.repacked = self.repack and repacked(a.qtype, a.shape, self.path) is not None
             return m
         m = super().__call__(a)
+        if isinstance(m, F16Matrix):
+            return NumbaF16Matrix(m.w, np, self.path)
         return NumbaF32Matrix(m.w, self.path) if isinstance(m, F32Matrix) else m
 
     def layer(self, lw):
