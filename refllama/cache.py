@@ -1,4 +1,5 @@
-"""The unified cache: per-layer K/V preallocated to the context length and filled in place, RoPE tables.
+"""The unified cache: per-layer K/V preallocated to the context length and filled in place, a linear-attention layer's
+recurrent state in its place, RoPE tables.
 
 Everything here is computed or allocated once per context; a forward step only writes rows into it.
 """
@@ -25,19 +26,30 @@ class Cache:
     """K/V for every layer, [KVH, n_ctx, HD] each, plus RoPE tables (`cos_swa`, `sin_swa` too for models whose
     sliding-window layers have a RoPE base of their own); `n_past` rows are valid. Where the numerics says so
     (`ops.kv_f16`, numerics "ggml") K and V are rounded to float16 as they are stored (llama.cpp's default cache type);
-    the arrays stay float32, holding float16 values, so that the products read them without a conversion."""
+    the arrays stay float32, holding float16 values, so that the products read them without a conversion.
+
+    A linear-attention layer (ModelConfig.is_recurrent) keeps no K/V: its state is the last CK - 1 inputs of its
+    conv [CK-1, C] and its delta state [LV, LD, LD] (llama.cpp's [v head, dv, dk]), both float32, both as of the
+    n_past positions; a step from position 0 starts from zeros."""
 
     def __init__(self, cfg, n_ctx, ops=FLOAT32, xp=np, freq_factors=None):
         if n_ctx < 1:
             raise RefllamaError(f"context size must be at least 1, got {n_ctx}")
-        kv = 2 * cfg.n_layer * cfg.n_head_kv * n_ctx * cfg.head_dim * 4
+        attention = [i for i in range(cfg.n_layer) if not cfg.is_recurrent(i)]
+        recurrent = [i for i in range(cfg.n_layer) if cfg.is_recurrent(i)]
+        LV, LD, K = cfg.linear_v_heads, cfg.linear_head_dim, cfg.conv_kernel
+        C = (2 * cfg.linear_k_heads + LV) * LD  # the conv's channels: q, k and v
+        kv = 2 * len(attention) * cfg.n_head_kv * n_ctx * cfg.head_dim * 4 + len(recurrent) * (
+            (K - 1) * C + LV * LD * LD) * 4
         n_tables = 2 if cfg.rope_base_swa else 1
         tables = n_tables * n_ctx * cfg.rope_dim // 2 * 40  # float64 angles and cos/sin on the way to float32
         check_memory(kv + tables, f"a KV cache of {n_ctx} positions", "pass a smaller context size (-c)", xp=xp)
         self.n_ctx = n_ctx
         shape = (cfg.n_head_kv, n_ctx, cfg.head_dim)
-        self.k = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
-        self.v = [xp.zeros(shape, dtype=xp.float32) for _ in range(cfg.n_layer)]
+        self.k = [xp.zeros(shape, dtype=xp.float32) if i in attention else None for i in range(cfg.n_layer)]
+        self.v = [xp.zeros(shape, dtype=xp.float32) if i in attention else None for i in range(cfg.n_layer)]
+        self.conv = [xp.zeros((K - 1, C), xp.float32) if i in recurrent else None for i in range(cfg.n_layer)]
+        self.delta = [xp.zeros((LV, LD, LD), xp.float32) if i in recurrent else None for i in range(cfg.n_layer)]
         self.f16 = ops.kv_f16
         cos, sin = rope_tables(cfg, n_ctx, freq_factors, ops=ops)
         self.cos, self.sin = xp.asarray(cos), xp.asarray(sin)
@@ -62,3 +74,11 @@ class Cache:
         self.k[layer][:, start_pos:end] = k.transpose(1, 0, 2)
         self.v[layer][:, start_pos:end] = v.transpose(1, 0, 2)
         return self.k[layer][:, :end], self.v[layer][:, :end]
+
+    def recurrent(self, layer, start_pos):  # -> conv state [CK-1, C], delta state [LV, LD, LD] before start_pos
+        if start_pos == 0:
+            return self.conv[layer] * 0, self.delta[layer] * 0
+        return self.conv[layer], self.delta[layer]
+
+    def keep(self, layer, conv, delta):  # a linear-attention layer's state after its step
+        self.conv[layer], self.delta[layer] = conv, delta

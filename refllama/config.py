@@ -13,7 +13,8 @@ class ModelConfig:
 
     Shape letters used across refllama: T tokens in a step, D = n_embd, H = n_head,
     KVH = n_head_kv, HD = head_dim, F = n_ff, V = vocab_size, S = cached length, R = rope_dim; in a mixture of
-    experts E = n_expert, K = n_expert_used, FE = n_ff_exp, FS = n_ff_shexp.
+    experts E = n_expert, K = n_expert_used, FE = n_ff_exp, FS = n_ff_shexp; in linear attention LK, LV, LD, CK
+    (linear_k_heads, linear_v_heads, linear_head_dim, conv_kernel) and C = 2 LK LD + LV LD, its conv's channels.
     """
 
     arch: str
@@ -53,6 +54,12 @@ class ModelConfig:
     expert_norm: bool = False  # the K routing weights divided by their sum (Mixtral, Qwen3-MoE)
     expert_scale: float = 1.0  # the routing weights times this (llama.cpp's expert_weights_scale)
     moe_layers: tuple | None = None  # per layer, whether its feed-forward is a mixture of experts
+    recurrent_layers: tuple | None = None  # per layer, whether it is linear attention with a recurrent state (Gated
+    # DeltaNet: Qwen3.5's) in place of attention over a KV cache
+    linear_k_heads: int = 0  # LK: a linear-attention layer's q/k heads (llama.cpp's ssm.group_count)
+    linear_v_heads: int = 0  # LV: its v heads (ssm.time_step_rank), each reading q/k head h % LK
+    linear_head_dim: int = 0  # LD: its heads' width, q, k and v alike (ssm.state_size)
+    conv_kernel: int = 0  # CK: its causal convolution's kernel (ssm.conv_kernel)
 
     def is_nope(self, i):
         """Whether layer i leaves q and k unrotated."""
@@ -62,6 +69,10 @@ class ModelConfig:
         """Whether layer i's attention sees only the last `sliding_window` keys (every layer where the model gives
         no pattern: Mistral)."""
         return bool(self.sliding_window) and (self.swa_layers is None or bool(self.swa_layers[i]))
+
+    def is_recurrent(self, i):
+        """Whether layer i is linear attention (Gated DeltaNet) with a recurrent state."""
+        return bool(self.recurrent_layers and self.recurrent_layers[i])
 
     def is_moe(self, i):
         """Whether layer i's feed-forward is a mixture of experts."""
@@ -104,6 +115,14 @@ class ModelConfig:
             raise RefllamaError(f"{path}: {len(self.nope_layers)} NoPE flags for {self.n_layer} layers")
         if self.moe_layers is not None and len(self.moe_layers) != self.n_layer:
             raise RefllamaError(f"{path}: {len(self.moe_layers)} mixture-of-experts flags for {self.n_layer} layers")
+        if self.recurrent_layers is not None and len(self.recurrent_layers) != self.n_layer:
+            raise RefllamaError(f"{path}: {len(self.recurrent_layers)} recurrent-layer flags for {self.n_layer} layers")
+        if any(self.recurrent_layers or ()) and not (
+                all(isinstance(n, int) and n >= 1 for n in (self.linear_k_heads, self.linear_v_heads,
+                                                            self.linear_head_dim, self.conv_kernel))
+                and self.linear_v_heads % self.linear_k_heads == 0):
+            raise RefllamaError(f"{path}: linear attention needs positive head counts, v heads ({self.linear_v_heads}) "
+                                f"a multiple of k heads ({self.linear_k_heads}), a head width and a conv kernel")
         if any(self.moe_layers or ()) and not (
                 isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
             raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "

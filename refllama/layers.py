@@ -205,19 +205,30 @@ def causal_conv(x, state, w):  # [T, C], [K-1, C], [C, K] -> y [T, C], state [K-
     return y, xs[T:]
 
 
-def gated_delta_rule(q, k, v, g, beta, state):  # [T, H, dk], [T, H, dk], [T, H, dv], [T, H], [T, H], [H, dk, dv]
-    """-> out [T, H, dv], state [H, dk, dv]: the gated delta rule a token at a time (q, k normed, their heads already
-    one per v head): the state decays by exp(g), delta = beta (v - S^T k), S += k delta^T, out = S^T q / sqrt(dk)."""
+def gated_delta_rule(q, k, v, g, beta, state):  # [T, H, dk], [T, H, dk], [T, H, dv], [T, H], [T, H], [H, dv, dk]
+    """-> out [T, H, dv], state [H, dv, dk] (llama.cpp's layout; HF's is [H, dk, dv]): the gated delta rule a token at
+    a time, q and k normed, one q/k head per v head. The state S decays by exp(g), recalls S k for the key, moves
+    that recall towards v by beta (delta = beta (v - S k), S += delta k^T) and is read by q: out = S q / sqrt(dk)."""
     xp = array_module(q)
     q = q * xp.float32(q.shape[-1] ** -0.5)
     out = xp.empty_like(v)
     for t in range(len(q)):
         state = state * xp.exp(g[t])[:, None, None]
-        kv = xp.einsum("hkv,hk->hv", state, k[t])  # [H, dv]: what the state recalls for k
-        delta = (v[t] - kv) * beta[t][:, None]
-        state = state + k[t][:, :, None] * delta[:, None, :]
-        out[t] = xp.einsum("hkv,hk->hv", state, q[t])
+        recall = xp.einsum("hvk,hk->hv", state, k[t])  # [H, dv]: what the state holds for k
+        delta = (v[t] - recall) * beta[t][:, None]
+        state = state + delta[:, :, None] * k[t][:, None, :]
+        out[t] = xp.einsum("hvk,hk->hv", state, q[t])
     return out, state
+
+
+def sigmoid(x):  # [...] -> [...], through tanh so that large |x| cannot overflow
+    xp = array_module(x)
+    return 0.5 + 0.5 * xp.tanh(0.5 * x)
+
+
+def softplus(x):  # [...] -> [...]: log(1 + e^x), x itself past 20 (torch's threshold and ggml's)
+    xp = array_module(x)
+    return xp.where(x > 20, x, xp.log1p(xp.exp(xp.minimum(x, 20))))
 
 
 def gated_rms_norm(x, w, z, eps):  # [..., d], [d], [..., d] -> [..., d]: the RMS norm, then times silu(z)
@@ -259,6 +270,12 @@ class Ops(NamedTuple):
     silu: Callable = silu  # [...] -> [...] (Qwen2-MoE's shared-expert gate)
     mul_mat_id: Callable = mul_mat_id  # (x [T, K, in] or [T, in], E matrices, ids [T, K]) -> [T, K, out]
     layer_norm: Callable = layer_norm  # (x [T, D], w [D], b [D], eps) -> [T, D] (GPT-2's norm)
+    sigmoid: Callable = sigmoid  # [...] -> [...] (Qwen3.5's gates and beta)
+    softplus: Callable = softplus  # [...] -> [...] (Gated DeltaNet's decay)
+    l2_norm: Callable = l2_norm  # (x [..., d], eps) -> [..., d] (its q and k)
+    ssm_conv: Callable = causal_conv  # (x [T, C], state [CK-1, C], w [C, CK]) -> y [T, C], state
+    gated_delta_net: Callable = gated_delta_rule  # (q, k [T, H, dk], v [T, H, dv], g, beta [T, H], state [H, dv, dk])
+    # -> out [T, H, dv], state
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,

@@ -136,14 +136,14 @@ def test_gated_delta_net_steps_are_transformers():
     np.testing.assert_allclose(q, r["l2_q"], **tol)
     grouped = HV // q.shape[1]
     q, k = (np.repeat(x, grouped, axis=1) for x in (q, k))  # [T+1, HV, dk]
-    state = np.zeros((HV, q.shape[-1], r["v"].shape[-1]), np.float32)
+    state = np.zeros((HV, r["v"].shape[-1], q.shape[-1]), np.float32)  # llama.cpp's [H, dv, dk]: HF's transposed
     out, state = gated_delta_rule(q[:T], k[:T], r["v"][:T], r["g"][:T], r["beta"][:T], state)
     for form in ("chunk", "rec"):
         np.testing.assert_allclose(out, r[f"{form}_out"], **tol)
-        np.testing.assert_allclose(state, r[f"{form}_state"], **tol)
+        np.testing.assert_allclose(state.transpose(0, 2, 1), r[f"{form}_state"], **tol)
     out, state = gated_delta_rule(q[T:], k[T:], r["v"][T:], r["g"][T:], r["beta"][T:], state)
     np.testing.assert_allclose(out, r["step_out"], **tol)
-    np.testing.assert_allclose(state, r["step_state"], **tol)
+    np.testing.assert_allclose(state.transpose(0, 2, 1), r["step_state"], **tol)
     w = r["w"]
     y, conv_state = causal_conv(r["x"][:T], np.zeros((w.shape[1] - 1, w.shape[0]), np.float32), w)
     np.testing.assert_allclose(y, r["conv"], **tol)

@@ -53,6 +53,7 @@ from transformers import (
     Phi3Config,
     Qwen2Config,
     Qwen2MoeConfig,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
     SmolLM3Config,
@@ -130,6 +131,14 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 64, "rope_theta": 500000.0})),
     "phi4": (Phi3Config, dict(COMMON, partial_rotary_factor=0.75, rope_theta=250000.0)),
+    # the hybrids of 2026: qwen35 (Qwen3.5: three Gated DeltaNet layers, then gated full attention; 2 k heads for 4 v
+    # heads, which its converter reorders to tiled; a quarter of each head rotated, in M-RoPE sections)
+    "qwen35": (Qwen3_5TextConfig, dict(COMMON, head_dim=32, num_hidden_layers=4, rms_norm_eps=1e-6,
+                                       linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                                       linear_num_value_heads=4, rope_parameters={
+                                           "rope_type": "default", "rope_theta": 10000000.0,
+                                           "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+                                           "mrope_interleaved": True})),
 }
 KEPT_HF = names(hf_model=True)  # the catalogue's: kept as HF directories too
 Q8_0_STAGES = names(q8_0_stages=True)  # llama.cpp's every stage on the Q8_0 file (--ggml-stages)
@@ -140,7 +149,7 @@ CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the la
 TEXT = "The quick brown fox said: Paris is the capital, 2024! It's small."
 CONVERT = """import sys
 sys.path[:0] = [{src!r}]
-sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--outfile", {out!r}]
+sys.argv = ["convert_hf_to_gguf.py", {model!r}, "--outtype", {outtype!r}, "--outfile", {out!r}, *{extra!r}]
 import convert_hf_to_gguf
 from conversion.base import TextModel
 TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"  # a tiny vocabulary has no known hash
@@ -148,6 +157,9 @@ from conversion.gemma import Gemma2Model
 Gemma2Model.set_vocab = TextModel._set_vocab_gpt2  # its converter reads only SentencePiece files: a BPE vocabulary
 convert_hf_to_gguf.main()
 """
+
+
+CONVERT_ARGS = {"qwen35": ("--no-mtp",)}  # the hybrids: no multi-token-prediction head (their tiny models have none)
 
 
 def tiny_tokenizer():
@@ -278,7 +290,7 @@ def main():
                 shutil.copytree(hf_dir, out / "hf-model")
             for outtype in ("f32", "q8_0"):
                 script = CONVERT.format(src=args.llama_cpp, model=str(hf_dir), outtype=outtype,
-                                        out=str(out / f"{name}-{outtype}.gguf"))
+                                        out=str(out / f"{name}-{outtype}.gguf"), extra=CONVERT_ARGS.get(name, ()))
                 subprocess.run([sys.executable, "-c", script], check=True, cwd=args.llama_cpp)
         f32, q8 = out / f"{name}-f32.gguf", out / f"{name}-q8_0.gguf"
         vocab = llama_cpp.Llama(str(f32), vocab_only=True, verbose=False)

@@ -21,6 +21,8 @@ imports another. Loaders, dump, compare and the harness read these.
                                                      the whole projection
     granite                 NORM                     llama's forward, embedding, residual, attention and logit
                                                      multipliers
+    qwen35                  NEOX (M-RoPE, one        its own forward (hybrid.hybrid_block): Gated DeltaNet layers
+                            position stream)         with a recurrent state, gated full-attention layers
 
 The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
@@ -39,9 +41,12 @@ The module interface (tests/test_structure.py holds every module to it):
             llamacpp_differs(cfg)  why llama.cpp computes another model than this config (compare's reference
                                    note), or None
             WIRING                 which stage feeds which, if not blocks.WIRING (Qwen2-MoE's shared expert)
+            RECURRENT_WEIGHTS      a linear-attention layer's rows (ModelConfig.is_recurrent), in place of LAYER_WEIGHTS
+            block_stages(cfg, i)   the stages block i taps, if not blocks.block_stages of STAGES (the hybrids')
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
             LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
+            FULL_ATTENTION_INTERVAL  the hybrids' full-attention period where a file lists no recurrent layers
 """
 
 from functools import cache
@@ -62,6 +67,7 @@ from . import (
     qwen2moe,
     qwen3,
     qwen3moe,
+    qwen35,
     smollm3,
 )
 from .blocks import IN, block_input, block_stages, moe_stage_order
@@ -71,10 +77,10 @@ from .tables import Weight
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
-            "WIRING")
+            "WIRING", "RECURRENT_WEIGHTS", "block_stages")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
-                                     smollm3, olmo2, granite)}
+                                     smollm3, olmo2, granite, qwen35)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",
@@ -85,7 +91,8 @@ __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGE
 def layer_stages(arch, cfg):  # -> one tuple of stage names per block
     """The stages each block of this model taps, in order: a function of the config, since a layer with a router
     taps the mixture of experts' stages where a dense one taps its feed-forward's."""
-    return [block_stages(arch.STAGES, cfg, i) for i in range(cfg.n_layer)]
+    stages = getattr(arch, "block_stages", lambda cfg, i: block_stages(arch.STAGES, cfg, i))
+    return [stages(cfg, i) for i in range(cfg.n_layer)]
 
 
 def stage_order(arch):

@@ -186,7 +186,13 @@ def rope_qk(q, k, cfg, ops, at, i):  # [T, H, HD], [T, KVH, HD] -> same, rotated
 
 
 def attend(q, k, v, lw, cfg, ops, i, at):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, D]
-    """Store k and v, then scores, softmax, weighted values and the output projection."""
+    """attention, then the output projection."""
+    attn = attention(q, k, v, cfg, ops, i, at)  # [T, H*HD]
+    return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
+
+
+def attention(q, k, v, cfg, ops, i, at, name="kqv_out"):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, H*HD]
+    """Store k and v, then scores, softmax and the weighted values, the heads side by side (stage `name`)."""
     k_all, v_all = at.cache.store(i, at.start_pos, k, v)  # [KVH, S, HD] each
     scale = array_module(q).float32(cfg.kq_scale)
     if ops.q_first:  # llama.cpp's graph: q times the scale (float32), then q.k; the stage stays q.k unscaled
@@ -198,8 +204,7 @@ def attend(q, k, v, lw, cfg, ops, i, at):  # q [T, H, HD], k, v [T, KVH, HD] -> 
         kq = tap("kq_scaled_2", i, ops.softcap(kq if ops.q_first else kq * scale, cfg.attn_softcap))
     scaled = ops.q_first or cfg.attn_softcap
     p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, 1.0 if scaled else cfg.kq_scale))  # [H, T, S]
-    attn = tap("kqv_out", i, ops.attention_mix(p, v_all))  # [T, H*HD]
-    return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
+    return tap(name, i, ops.attention_mix(p, v_all))  # [T, H*HD]
 
 
 def gated_ffn(h, lw, ops, unit, i, part=""):  # [T, D] -> [T, D]: down(unit(gate(h), up(h))), biases if any

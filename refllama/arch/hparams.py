@@ -203,9 +203,11 @@ def llama3_freq_factors(theta, rope_dim, s, where):
     return inv_freq / scaled
 
 
-def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu", tied_default=False, **fields):
+def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu", tied_default=False,
+              partial_default=1.0, **fields):
     """(ModelConfig, rope) from the config.json fields every family shares; `fields` are the family's own,
-    `rope` the family's (theta, scaling dict) where its config nests them, `act` the activation it computes.
+    `rope` the family's (theta, scaling dict) where its config nests them, `act` the activation it computes,
+    `partial_default` the share of a head RoPE rotates where the config does not say.
     rope() computes the RoPE tensors {name: float32 array} the config describes: the loader calls it once the
     weights have confirmed the head dimension, so that no allocation is sized by the config alone. Unsupported
     options are refused by name, every value read is checked for its type and range."""
@@ -214,11 +216,12 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
         raise RefllamaError(f"{c.path}: field 'num_attention_heads' must be at least 1, got {H}")
     # the only defaults taken are transformers' own documented ones, for fields older configs omit
     HD = c.get("head_dim", D // H, kind=(int,))
-    partial = c.get("partial_rotary_factor", 1.0, kind=(int, float))
-    if not 0 < partial <= 1:
-        raise RefllamaError(f"{c.path}: field 'partial_rotary_factor' must be in (0, 1], got {partial}")
-    rope_dim = int(HD * partial)
     theta, s = rope or rope_parameters(c)
+    partial = s.get("partial_rotary_factor") if s and "partial_rotary_factor" in s else c.get(  # Qwen3.5: in the
+        "partial_rotary_factor", partial_default, kind=(int, float))  # rope_parameters
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise RefllamaError(f"{c.path}: field 'partial_rotary_factor' must be in (0, 1], got {shown(partial)}")
+    rope_dim = int(HD * partial)
     where = f"{c.path}: rope scaling"
     kind = s.get("rope_type", s.get("type", "default")) if s else "default"
     n_ctx = c.need("max_position_embeddings", int)

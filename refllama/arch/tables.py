@@ -28,6 +28,11 @@ class Weight(NamedTuple):
     hf_transpose: bool = False  # HF stores it [in, out] (GPT-2's Conv1D): transposed at load
     hf_fused: tuple = ()  # (name, part, parts): experts HF may store as one [E, parts * N, K] tensor (transformers 5's
     # gate_up_proj: gate rows, then up rows), read where the per-expert tensors are absent
+    hf_shape: str | None = None  # HF's shape where it has a unit axis more (a depthwise conv's [C, 1, CK])
+    hf_tiled: tuple = ()  # (axis, start, unit): linear attention's v heads, `unit` wide from `start` on `axis`, from
+    # HF's grouped order (the LV/LK heads of q/k head 0, then of head 1...) to llama.cpp's tiled one (v head h reads
+    # q/k head h % LK), as its Qwen3.5 converter reorders them
+    hf_neg_exp: bool = False  # HF stores log(-w) (Gated DeltaNet's A_log): w = -exp(stored), as llama.cpp's converter
 
 
 # rows that several families share, named once; a family's own variant is `ROW._replace(...)`
@@ -76,19 +81,51 @@ SHARED_EXPERT = (  # Qwen2-MoE's shared expert and its gate
     Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"),
 )
 
+# the hybrids' (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): their (1 + w) norms stored as w in HF
+QWEN35_FFN_NORM = Weight("ffn_norm", "D", "post_attention_norm.weight", "post_attention_layernorm.weight", hf_add=1.0)
+GATED_ATTENTION = (  # a full-attention layer's: q and its gate in one matrix, per head HD of q then HD of gate
+    ATTN_NORM._replace(hf_add=1.0), ATTN_Q._replace(shape="2*H*HD, D"), ATTN_K, ATTN_V,
+    ATTN_Q_NORM._replace(hf_add=1.0), ATTN_K_NORM._replace(hf_add=1.0), ATTN_OUTPUT)
+_C = "2*LK*LD + LV*LD"  # linear attention's conv channels: q, k, v
+GATED_DELTA_NET = (  # a linear-attention layer's; HF's v heads reordered to tiled (hf_tiled)
+    ATTN_NORM._replace(hf_add=1.0),
+    Weight("attn_qkv", f"{_C}, D", "attn_qkv.weight", "linear_attn.in_proj_qkv.weight", hf_tiled=(0, "2*LK*LD", "LD")),
+    Weight("attn_gate", "LV*LD, D", "attn_gate.weight", "linear_attn.in_proj_z.weight", hf_tiled=(0, "0", "LD")),
+    Weight("ssm_beta", "LV, D", "ssm_beta.weight", "linear_attn.in_proj_b.weight", hf_tiled=(0, "0", "1")),
+    Weight("ssm_alpha", "LV, D", "ssm_alpha.weight", "linear_attn.in_proj_a.weight", hf_tiled=(0, "0", "1")),
+    Weight("ssm_dt", "LV", "ssm_dt.bias", "linear_attn.dt_bias", hf_tiled=(0, "0", "1")),
+    Weight("ssm_a", "LV", "ssm_a", "linear_attn.A_log", hf_tiled=(0, "0", "1"), hf_neg_exp=True),
+    Weight("ssm_conv1d", f"{_C}, CK", "ssm_conv1d.weight", "linear_attn.conv1d.weight", hf_shape=f"{_C}, 1, CK",
+           hf_tiled=(0, "2*LK*LD", "LD")),
+    Weight("ssm_norm", "LD", "ssm_norm.weight", "linear_attn.norm.weight"),  # a plain weight in HF too
+    Weight("ssm_out", "D, LV*LD", "ssm_out.weight", "linear_attn.out_proj.weight", hf_tiled=(1, "0", "LD")))
+
 
 def dims(cfg):
     return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
             "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train, "E": cfg.n_expert, "FE": cfg.n_ff_exp,
-            "FS": cfg.n_ff_shexp}
+            "FS": cfg.n_ff_shexp, "LK": cfg.linear_k_heads, "LV": cfg.linear_v_heads, "LD": cfg.linear_head_dim,
+            "CK": cfg.conv_kernel}
 
 
 def layer_rows(arch, cfg, i):
-    """Block i's weights table: the family's LAYER_WEIGHTS, its dense feed-forward replaced by its MOE_WEIGHTS
-    where layer i is a mixture of experts (a file may mix the two: Qwen2-MoE's mlp_only_layers)."""
+    """Block i's weights table: the family's LAYER_WEIGHTS (RECURRENT_WEIGHTS where layer i is linear attention),
+    its dense feed-forward replaced by its MOE_WEIGHTS where layer i is a mixture of experts (a file may mix the two:
+    Qwen2-MoE's mlp_only_layers)."""
+    rows = arch.RECURRENT_WEIGHTS if cfg.is_recurrent(i) else arch.LAYER_WEIGHTS
     if not cfg.is_moe(i):
-        return arch.LAYER_WEIGHTS
-    return tuple(row for row in arch.LAYER_WEIGHTS if row.key not in DENSE_FFN) + arch.MOE_WEIGHTS
+        return rows
+    return tuple(row for row in rows if row.key not in DENSE_FFN) + arch.MOE_WEIGHTS
+
+
+def tiled(t, axis, start, unit, n_k, n_v):  # -> t with its v heads from HF's grouped order to llama.cpp's tiled one
+    """The n_v heads of `unit` entries from `start` along `axis`: HF's [k head, its v heads] order to [v head, k head]
+    (the converter's _reorder_v_heads)."""
+    if n_k == n_v:
+        return t
+    heads = np.arange(n_v * unit).reshape(n_k, n_v // n_k, unit).transpose(1, 0, 2).reshape(-1) + start
+    order = np.concatenate([np.arange(start), heads, np.arange(start + n_v * unit, t.shape[axis])])
+    return np.take(t, order, axis=axis)
 
 
 def experts(t, n):  # [E, N, K] array or QuantizedTensor -> E matrices [N, K], each still in its file form
@@ -146,8 +183,12 @@ def read_weights(arch, cfg, side, fetch, has, place):
                 parts = experts(fetch(prefix + name, shape), E)
             out[row.key] = tuple(map(place, parts))
             return
-        t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
-        if isinstance(t, QuantizedTensor) and side == "hf" and (row.hf_transpose or row.hf_add):
+        if side == "hf" and row.hf_shape:
+            t = fetch(prefix + name, shape_of(row._replace(shape=row.hf_shape), d)).reshape(shape)
+        else:
+            t = fetch(prefix + name, shape[::-1] if side == "hf" and row.hf_transpose else shape)
+        if isinstance(t, QuantizedTensor) and side == "hf" and (row.hf_transpose or row.hf_add or row.hf_neg_exp
+                                                                or row.hf_tiled[:1] == (1,)):
             t = t.to_float32()  # kept as stored only where its rows alone move
         if side == "hf" and row.hf_transpose:
             t = np.ascontiguousarray(t.T)
@@ -156,6 +197,12 @@ def read_weights(arch, cfg, side, fetch, has, place):
                  if isinstance(t, QuantizedTensor) else permute_rows(t, d[row.hf_permute], cfg.rope_dim, "interleaved"))
         if side == "hf" and row.hf_add:
             t = t + np.float32(row.hf_add)
+        if side == "hf" and row.hf_neg_exp:
+            t = -np.exp(t)
+        if side == "hf" and row.hf_tiled:
+            axis, start, unit = row.hf_tiled
+            args = (axis, size(start, d), size(unit, d), cfg.linear_k_heads, cfg.linear_v_heads)
+            t = t._replace(raw=tiled(t.raw, *args)) if isinstance(t, QuantizedTensor) else tiled(t, *args)
         if row.split:
             sizes = [size(e, d) for _, e in row.split]
             parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])
