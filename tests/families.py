@@ -21,6 +21,7 @@ class Family(NamedTuple):
     experts: bool = False  # mixture-of-experts layers
     window: bool = False  # sliding-window layers
     nope: bool = False  # layers without RoPE (SmolLM3)
+    recurrent: bool = False  # linear-attention layers with a recurrent state (the hybrids')
     hf_model: bool = False  # gguf-NAME/hf-model: the HF directory it was converted from
     q8_0_stages: bool = False  # gguf-NAME/llamacpp-q8_0: llama.cpp's every stage on the Q8_0 file (float16 cache)
     gpu_graph: bool = False  # its decode step is one the GPU graph reproduces (refllama.numerics.gpu_decode)
@@ -54,6 +55,7 @@ GGUF = {f.name: f for f in (
     Family("yarn", "qwen3", "half", hf_model=True, q8_0_stages=True, gpu_graph=True),
     Family("llama32", "llama", "interleaved", hf_model=True, q8_0_stages=True, gpu_graph=True),
     Family("phi4", "phi3", "half", hf_model=True, q8_0_stages=True, gpu_graph=True),
+    Family("qwen35", "qwen35", "half", recurrent=True, hf_model=True, q8_0_stages=True),
 )}
 
 HF = {  # tests/data/tiny-NAME -> its architecture, and whether the GPU graph reproduces its decode step

@@ -59,6 +59,13 @@ PRODUCER = {"producer": f"transformers {transformers.__version__} (torch {torch.
             "qk_layout": "half"}
 
 
+def layouts(cfg):  # -> the manifest's layout fields for a model of refllama config `cfg`
+    """q/k in HF's half-split pairs; linear attention's v heads in HF's grouped order, with the head counts the reader
+    reorders them by."""
+    grouped = {"v_head_order": "grouped", "linear_heads": [cfg.linear_k_heads, cfg.linear_v_heads]}
+    return {**PRODUCER, **(grouped if cfg.linear_k_heads else {})}
+
+
 def capture(hf, ids, decode_steps=0):
     """Stages of one forward pass of `ids` (batch of one), as numpy float32, then of `decode_steps` greedy decode
     steps, one token each through transformers' KV cache: (prefill stages, [each step's stages], decoded ids)."""
@@ -87,7 +94,10 @@ def capture(hf, ids, decode_steps=0):
             scores = scores + attention_mask[:, :, :, :k.shape[-2]]
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         keep(f"kq_soft_max-{i}", weights)  # [H, T, S]
-        return (weights @ v).transpose(1, 2).contiguous(), weights
+        out = (weights @ v).transpose(1, 2).contiguous()  # [1, T, H, HD]
+        if module.q_proj.out_features == 2 * module.config.num_attention_heads * module.head_dim:
+            keep(f"attn_pregate-{i}", out.flatten(2))  # a hybrid's gated attention, before its gate
+        return out, weights
 
     AttentionInterface.register("refllama_dump", attention)
     AttentionMaskInterface.register("refllama_dump", eager_mask)  # the causal mask eager attention gets
@@ -113,7 +123,9 @@ def capture(hf, ids, decode_steps=0):
     with torch.no_grad():  # a cache of every key on every layer (no config: no sliding-window layers that drop keys),
         # so that a decode step's scores span every position as refllama's do; the window is the mask's
         device = next(hf.parameters()).device  # the CPU here; a GPU in tools/gpu_check.py
-        out = hf(torch.tensor([ids], device=device), past_key_values=DynamicCache(), use_cache=True)
+        hybrid = "linear_attention" in (getattr(hf.config, "layer_types", None) or ())  # its layers' states: by config
+        cache = DynamicCache(config=hf.config) if hybrid else DynamicCache()
+        out = hf(torch.tensor([ids], device=device), past_key_values=cache, use_cache=True)
         keep("result_output", out.logits)
         prefill = dict(stages)
         for _ in range(decode_steps):
@@ -171,15 +183,24 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
     else:
         hooks.append(m.embed_tokens.register_forward_hook(out_hook("inp_embd")))
     for i, layer in enumerate(m.layers):
-        a, f = layer.self_attn, layer.mlp
-        if hasattr(a, "qkv_proj"):  # Phi-3: q, k, v fused
+        a, f = getattr(layer, "self_attn", None), layer.mlp
+        if a is None:  # a hybrid's linear-attention layer (Qwen3.5's Gated DeltaNet)
+            hooks += linear_attention_hooks(layer.linear_attn, i, keep, out_hook)
+        elif a.q_proj.out_features == 2 * H * HD:  # a hybrid's gated attention: q and its gate, per head
+            def gated(mod, inp, out, i=i):
+                keep(f"Qcur_full-{i}", out)
+                gate = out.view(*out.shape[:2], H, 2 * HD)[..., HD:]  # as its attention splits it
+                keep(f"gate_sigmoid-{i}", torch.sigmoid(gate.reshape(*out.shape[:2], H * HD)))
+            hooks += [a.q_proj.register_forward_hook(gated), a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
+                      a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH))]
+        elif hasattr(a, "qkv_proj"):  # Phi-3: q, k, v fused
             hooks.append(a.qkv_proj.register_forward_hook(split_hook(
                 [(f"Qcur-{i}", H), (f"Kcur-{i}", KVH), (f"Vcur-{i}", KVH)], [H * HD, KVH * HD, KVH * HD])))
         else:
             hooks += [a.q_proj.register_forward_hook(out_hook(f"Qcur-{i}", H)),
                       a.k_proj.register_forward_hook(out_hook(f"Kcur-{i}", KVH)),
                       a.v_proj.register_forward_hook(out_hook(f"Vcur-{i}", KVH))]
-        if hasattr(a, "q_norm"):  # Qwen3, Gemma 3: per-head norms of q and k
+        if a is not None and hasattr(a, "q_norm"):  # Qwen3, Gemma 3: per-head norms of q and k
             hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}", None if gemma else H, gemma)),
                       a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}", None if gemma else KVH, gemma))]
         if hasattr(f, "experts"):  # a mixture of experts
@@ -192,9 +213,11 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
             hooks += [f.gate_proj.register_forward_hook(out_hook(f"ffn_gate-{i}")),
                       f.up_proj.register_forward_hook(out_hook(f"ffn_up-{i}"))]
         hooks += [] if post_norms_only else [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}"))]
-        hooks += [a.o_proj.register_forward_pre_hook(in_hook(f"kqv_out-{i}")),
-                  a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}")),
-                  layer.register_forward_hook(out_hook(f"l_out-{i}"))]
+        if a is not None:  # the gated attention's o_proj reads the gated output
+            gated = a.q_proj.out_features == 2 * H * HD
+            hooks += [a.o_proj.register_forward_pre_hook(in_hook(f"{'attn_gated' if gated else 'kqv_out'}-{i}")),
+                      a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}"))]
+        hooks.append(layer.register_forward_hook(out_hook(f"l_out-{i}")))
         if not hasattr(f, "experts"):
             hooks.append(f.down_proj.register_forward_hook(out_hook(f"ffn_out-{i}")))
         if gemma:
@@ -215,6 +238,83 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
                           in_hook(f"ffn_swiglu-{i}"))])]
     hooks.append(m.norm.register_forward_hook(out_hook("result_norm")))
     return hooks
+
+
+def linear_attention_hooks(a, i, keep, out_hook):
+    """A Gated DeltaNet layer's stages (Qwen3.5's modeling file), its v heads in HF's grouped order (the manifest's
+    v_head_order): the projections by hooks; beta, the decay, the conv and the delta rule (functions, not modules)
+    computed as its forward computes them from the projections, or recorded by wrapping the modeling module's
+    functions while the layer runs."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+
+    LK, LD = a.num_k_heads, a.head_k_dim
+    functions, step = {}, {}
+
+    def qkv(mod, inp, out):
+        step["T"] = out.shape[1]
+        keep(f"linear_attn_qkv_mixed-{i}", out)
+
+    def beta(mod, inp, out):
+        keep(f"beta-{i}", out)
+        keep(f"beta_sigmoid-{i}", out.sigmoid())
+
+    def alpha(mod, inp, out):  # g = -exp(A_log) softplus(a + dt_bias), as its forward computes it
+        keep(f"alpha-{i}", out)
+        soft = torch.nn.functional.softplus(out.float() + a.dt_bias)
+        keep(f"a_softplus-{i}", soft)
+        keep(f"gate-{i}", -a.A_log.float().exp() * soft)
+
+    def conv_stages(raw, out):  # [1, C, T'] -> this step's T: a prefill's inputs may be padded, a decode's prefixed
+        T = step["T"]
+        raw, out = raw[..., -T:].transpose(1, 2), out[..., -T:].transpose(1, 2)  # [1, T, C]
+        keep(f"conv_output_raw-{i}", raw)
+        keep(f"conv_output_silu-{i}", out)
+        q, k, v = torch.split(out, [LK * LD, LK * LD, a.num_v_heads * LD], dim=-1)
+        for name, part in (("q_conv", q), ("k_conv", k), ("v_conv", v)):
+            keep(f"{name}-{i}", part.reshape(1, T, -1, LD))
+
+    def conv(fn):  # causal_conv1d_fn(x, weight, bias, activation): a pure function
+        def wrapped(x, weight, bias=None, activation=None, **kwargs):
+            out = fn(x, weight, bias, activation=activation, **kwargs)
+            conv_stages(fn(x, weight, bias, activation=None, **kwargs), out)
+            return out
+        return wrapped
+
+    def conv_update(fn):  # causal_conv1d_update(x, state, weight, bias, activation) updates the state in place
+        def wrapped(x, state, weight, bias=None, activation=None):
+            raw = fn(x, state.clone(), weight, bias, None)
+            out = fn(x, state, weight, bias, activation)
+            conv_stages(raw, out)
+            return out
+        return wrapped
+
+    def rule(fn):
+        def wrapped(query, key, *args, **kwargs):
+            for name, x in (("q_conv_predelta", query), ("k_conv_predelta", key)):
+                keep(f"{name}-{i}", m.l2norm(x.float(), dim=-1, eps=1e-6))
+            out, state = fn(query, key, *args, **kwargs)
+            keep(f"attn_output-{i}", out)  # [1, T, LV, LD]
+            return out, state
+        return wrapped
+
+    def enter(mod, inp):  # the module's functions wrapped while this layer runs
+        for name, wrap in (("causal_conv1d_fn", conv), ("causal_conv1d_update", conv_update),
+                           ("torch_chunk_gated_delta_rule", rule), ("torch_recurrent_gated_delta_rule", rule)):
+            functions[name] = getattr(m, name)
+            setattr(m, name, wrap(functions[name]))
+
+    def leave(mod, inp, out):
+        for name, fn in functions.items():
+            setattr(m, name, fn)
+
+    def final(mod, inp, out):  # the gated norm, over [T*LV, LD] rows
+        keep(f"final_output-{i}", out.reshape(1, -1, a.num_v_heads * LD))
+
+    return [a.register_forward_pre_hook(enter), a.register_forward_hook(leave),
+            a.in_proj_qkv.register_forward_hook(qkv),
+            a.in_proj_z.register_forward_hook(out_hook(f"z-{i}")), a.in_proj_b.register_forward_hook(beta),
+            a.in_proj_a.register_forward_hook(alpha), a.norm.register_forward_hook(final),
+            a.out_proj.register_forward_hook(out_hook(f"linear_attn_out-{i}"))]
 
 
 def moe_hooks(f, i, keep, out_hook):
@@ -281,7 +381,7 @@ def main(argv=None):
     stages, decode, decode_ids = capture(hf, ids, args.decode_steps)
     names, rows, dtypes = plan_from_args(args, hf.config.num_hidden_layers, len(ids), layer_stages(m.arch, m.config),
                                          m.arch.INPUTS)
-    provenance = {**PRODUCER, "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
+    provenance = {**layouts(m.config), "model": f, "model_sha256": model_sha256(model_path), "prompt": args.prompt,
                   "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids, "arch": m.config.arch,
                   "greedy": greedy(hf, ids, args.greedy)}
     kept = [n for n in names if n in stages]  # a mixture of experts' per-slot products stay inside transformers

@@ -79,7 +79,22 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("ffn_moe_weighted", "MUL"): "ffn_moe_weighted", ("ffn_moe_out", "ADD"): "ffn_moe_out",
             ("ffn_moe_out", "CONT"): "ffn_moe_out", ("ffn_shexp_gate_inp", "MUL_MAT"): "ffn_shexp_gate_inp",
             ("ffn_shexp_gate", "DIV"): "ffn_shexp_gate", ("ffn_shexp", "MUL_MAT"): "ffn_shexp",
-            ("ffn_shexp_out", "MUL"): "ffn_shexp_out"}
+            ("ffn_shexp_out", "MUL"): "ffn_shexp_out",
+            # the hybrids' (qwen35's): linear attention (the v view is named after its repeat, skipped by the fused
+            # delta rule), gated attention, the rows of result_norm picked (every row: all of them)
+            ("model.input_embed", "GET_ROWS"): "inp_embd",
+            ("linear_attn_qkv_mixed", "RESHAPE"): "linear_attn_qkv_mixed",
+            ("z", "MUL_MAT"): "z", ("beta", "RESHAPE"): "beta", ("beta_sigmoid", "SIGMOID"): "beta_sigmoid",
+            ("alpha", "RESHAPE"): "alpha", ("a_softplus", "SOFTPLUS"): "a_softplus", ("gate", "MUL"): "gate",
+            ("conv_output_raw", "SSM_CONV"): "conv_output_raw", ("conv_output_silu", "SILU"): "conv_output_silu",
+            ("q_conv", "VIEW"): "q_conv", ("k_conv", "VIEW"): "k_conv", ("v_conv_predelta", "VIEW"): "v_conv",
+            ("q_conv_predelta", "SCALE"): "q_conv_predelta", ("k_conv_predelta", "SCALE"): "k_conv_predelta",
+            ("attn_output", "VIEW"): "attn_output", ("final_output", "RESHAPE"): "final_output",
+            ("linear_attn_out", "MUL_MAT"): "linear_attn_out", ("attn_residual", "ADD"): "ffn_inp",
+            ("Qcur_full", "MUL_MAT"): "Qcur_full", ("attn_pregate", "CONT"): "attn_pregate",
+            ("gate_sigmoid", "SIGMOID"): "gate_sigmoid", ("attn_gated", "MUL"): "attn_gated",
+            ("result_norm", "GET_ROWS"): "result_norm"}
+HEADS_AXIS = {"q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output"}  # [1, T, n, d]
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
@@ -169,6 +184,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
     cb_eval: (prefill stages, [each step's stages], the decoded ids). The KV cache is f16 (llama.cpp's default)
     or F32; `repack` as load_model."""
     model = load_model(model_path, repack)
+    names = {**STAGE_OF, **getattr(arch_of(model_path), "LLAMACPP_NAMES", {})}
     heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
              "Vcur": llama_cpp.llama_model_n_head_kv(model)}
     step = {"stages": {}, "T": 0, "S": 0, "layer": ""}  # the batch being run: its stages, its tokens, the keys it
@@ -180,7 +196,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
         t = ctypes.cast(ptr, ctypes.POINTER(GGMLTensor)).contents
         name, op = t.name.decode(), _GGML.ggml_op_desc(ptr).decode()
         prefix, _, layer = name.rpartition("-") if "-" in name and name[-1].isdigit() else (name, "", "")
-        stage = STAGE_OF.get((prefix, op))
+        stage = names.get((prefix, op))
         if stage is None and op == "MUL_MAT" and t.src[0]:  # a product left unnamed: known by its weight
             weight = re.fullmatch(UNNAMED, ctypes.cast(t.src[0], ctypes.POINTER(GGMLTensor)).contents.name.decode())
             stage, layer = ("attn_out", weight.group(1)) if weight else (None, "")
@@ -210,6 +226,10 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
             a = a[0]  # [T, K, X]
         elif stage in heads:
             a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
+        elif stage in HEADS_AXIS:
+            a = a[0]  # [T, n_heads, d]
+        elif stage in ("beta", "beta_sigmoid"):  # [1, T, LV, 1]
+            a = a.reshape(T, -1)
         elif stage.startswith("ffn_moe_weights"):
             a = a.reshape(T, -1)  # [T, K] ([T, 1]: the sum)
         else:

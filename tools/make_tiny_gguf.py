@@ -318,7 +318,7 @@ def main():
             "greedy": dump_llamacpp.greedy(str(f32), ids, GREEDY, 2, kv_f32=True, n_ctx=N_CTX), **common})
         theirs = dump_hf.capture(model, ids)[0]
         write_dump(out / "hf", {n: theirs[n] for n in names if n in theirs},  # experts' products: inside transformers
-                   {**dump_hf.PRODUCER, "greedy": dump_hf.greedy(model, ids, GREEDY), **common})
+                   {**dump_hf.layouts(cfg), "greedy": dump_hf.greedy(model, ids, GREEDY), **common})
         (out / "reference.json").write_text(json.dumps({
             "text": TEXT, "tool": "tools/make_tiny_gguf.py", "llamacpp_eog": make_tokenizer_table.eog_ids(f32),
             "converter": "llama.cpp convert_hf_to_gguf.py (llama-cpp-python 0.3.36 sdist)",

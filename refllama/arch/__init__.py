@@ -38,6 +38,8 @@ The module interface (tests/test_structure.py holds every module to it):
             CHAT_TEMPLATE          for GGUF files that carry none (Gemma 3)
             LLAMACPP_FUSED         llama.cpp graph nodes that fuse stages, for tools/dump_llamacpp.py
             LLAMACPP_Q_SCALED      llama.cpp scales q before kq, so its kq is refllama's times kq_scale
+            LLAMACPP_NAMES         (llama.cpp node name, op) -> stage where its graph means another stage by a
+                                   name (the hybrids' attn_post_norm), for tools/dump_llamacpp.py
             llamacpp_differs(cfg)  why llama.cpp computes another model than this config (compare's reference
                                    note), or None
             WIRING                 which stage feeds which, if not blocks.WIRING (Qwen2-MoE's shared expert)
@@ -77,7 +79,7 @@ from .tables import Weight
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
-            "WIRING", "RECURRENT_WEIGHTS", "block_stages")
+            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
                                      smollm3, olmo2, granite, qwen35)}

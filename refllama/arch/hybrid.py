@@ -59,6 +59,9 @@ WIRING = {  # blocks.WIRING with the two attentions' stages
     "ffn_inp": Feed(((IN,), ("attn_out", "linear_attn_out")), "sum"),
 }
 
+# (llama.cpp node name, op) -> stage, for tools/dump_llamacpp.py: the graph's names where other graphs mean others
+LLAMACPP_NAMES = {("attn_post_norm", "MUL"): "ffn_norm"}
+
 
 def hybrid_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] ([1, D]: last_only), layer i
     """Llama's pre-norm block with linear attention or gated full attention for its attention."""

@@ -11,7 +11,7 @@ head, which the converter reorders to llama.cpp's tiled order: refllama does the
 from ..errors import RefllamaError
 from ..formats.ggml_types import GGUFValueType
 from . import blocks, hybrid, tables
-from .hparams import gguf_config, hf_config, refuse
+from .hparams import block_count, gguf_config, hf_config, refuse
 
 NAME = "qwen35"
 HF_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
@@ -23,6 +23,7 @@ LAYER_WEIGHTS = (*tables.GATED_ATTENTION, tables.QWEN35_FFN_NORM, tables.FFN_GAT
 RECURRENT_WEIGHTS = (*tables.GATED_DELTA_NET, tables.QWEN35_FFN_NORM, tables.FFN_GATE, tables.FFN_UP,
                      tables.FFN_DOWN)
 INPUTS, STAGES, WIRING = blocks.PRE_NORM_INPUTS, hybrid.hybrid_stages(), hybrid.WIRING
+LLAMACPP_NAMES = hybrid.LLAMACPP_NAMES
 
 
 def block_stages(cfg, i):
@@ -39,7 +40,7 @@ def config_from_gguf(g):
     """The `qwen35.ssm.*` sizes as llama.cpp reads them (its v heads as wide as its k heads: state_size both),
     the recurrent layers as listed, or every layer but each FULL_ATTENTION_INTERVAL-th."""
     n = lambda key, default=None: int(g.integer(f"{NAME}.{key}", default))  # noqa: E731
-    n_layer = n("block_count")
+    n_layer = block_count(g, NAME)
     if g.has(f"{NAME}.attention.recurrent_layers"):
         recurrent = g.array(f"{NAME}.attention.recurrent_layers", (GGUFValueType.BOOL,), "bools")
     else:

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..formats.ggml_types import QuantizedTensor
-from ..pairs import permute_rows
+from ..pairs import permute_rows, tiled_order
 
 GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
 
@@ -30,8 +30,7 @@ class Weight(NamedTuple):
     # gate_up_proj: gate rows, then up rows), read where the per-expert tensors are absent
     hf_shape: str | None = None  # HF's shape where it has a unit axis more (a depthwise conv's [C, 1, CK])
     hf_tiled: tuple = ()  # (axis, start, unit): linear attention's v heads, `unit` wide from `start` on `axis`, from
-    # HF's grouped order (the LV/LK heads of q/k head 0, then of head 1...) to llama.cpp's tiled one (v head h reads
-    # q/k head h % LK), as its Qwen3.5 converter reorders them
+    # HF's grouped order to llama.cpp's tiled one (pairs.tiled_order), as its Qwen3.5 converter reorders them
     hf_neg_exp: bool = False  # HF stores log(-w) (Gated DeltaNet's A_log): w = -exp(stored), as llama.cpp's converter
 
 
@@ -118,16 +117,6 @@ def layer_rows(arch, cfg, i):
     return tuple(row for row in rows if row.key not in DENSE_FFN) + arch.MOE_WEIGHTS
 
 
-def tiled(t, axis, start, unit, n_k, n_v):  # -> t with its v heads from HF's grouped order to llama.cpp's tiled one
-    """The n_v heads of `unit` entries from `start` along `axis`: HF's [k head, its v heads] order to [v head, k head]
-    (the converter's _reorder_v_heads)."""
-    if n_k == n_v:
-        return t
-    heads = np.arange(n_v * unit).reshape(n_k, n_v // n_k, unit).transpose(1, 0, 2).reshape(-1) + start
-    order = np.concatenate([np.arange(start), heads, np.arange(start + n_v * unit, t.shape[axis])])
-    return np.take(t, order, axis=axis)
-
-
 def experts(t, n):  # [E, N, K] array or QuantizedTensor -> E matrices [N, K], each still in its file form
     if isinstance(t, QuantizedTensor):
         return tuple(t.split([t.shape[1]] * n))
@@ -201,8 +190,9 @@ def read_weights(arch, cfg, side, fetch, has, place):
             t = -np.exp(t)
         if side == "hf" and row.hf_tiled:
             axis, start, unit = row.hf_tiled
-            args = (axis, size(start, d), size(unit, d), cfg.linear_k_heads, cfg.linear_v_heads)
-            t = t._replace(raw=tiled(t.raw, *args)) if isinstance(t, QuantizedTensor) else tiled(t, *args)
+            args = (size(start, d), size(unit, d), cfg.linear_k_heads, cfg.linear_v_heads)
+            order = tiled_order(t.shape[axis], *args)
+            t = t._replace(raw=t.raw[order]) if isinstance(t, QuantizedTensor) else np.take(t, order, axis=axis)
         if row.split:
             sizes = [size(e, d) for _, e in row.split]
             parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])

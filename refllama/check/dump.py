@@ -20,6 +20,7 @@ from .. import arch as archs
 from ..arch import LAYOUTS, QK_STAGES, permute_qk
 from ..errors import RefllamaError
 from ..numerics.cpu_paths import PATHS
+from ..pairs import V_HEAD_ORDERS, V_HEAD_STAGES, reorder_v_heads
 from ..trace import stage_name
 from ..xp import to_numpy
 
@@ -28,6 +29,9 @@ INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the firs
 ATTENTION = ("kq", "kq_scaled_2", "kq_soft_max")  # [H, T, S] (kq_scaled_2: Gemma 2's soft-capped scores)
 TOKEN_AXIS = dict.fromkeys(ATTENTION, 1)  # every other stage has tokens first
 KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
+RECURRENT_INPUTS = ("linear_attn_qkv_mixed", "q_conv_predelta", "k_conv_predelta", "v_conv", "gate", "beta_sigmoid")
+# linear attention's conv and delta rule read every position before theirs: kept at every position, as K and V
+LINEAR_HEAD_STAGES = ("q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output")  # [T, n, LD]
 SAME_VALUE = (("ffn_inp", "sa_out"),)  # one value, two families' names (the attention's residual sum: Gemma 3's)
 OUTPUT_STAGES = ("result_norm", "result_output")  # a prefill needs these at the positions a dump keeps, no others
 
@@ -256,8 +260,8 @@ ROUTED_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down",
 
 def stage_ndim(stage):
     """The number of axes of a stage as FORMAT.md gives it: [T, n, HD] for q/k/v, [H, T, S] for kq, [T, K, X] for a
-    token's K routed experts, else [T, X]."""
-    return 3 if stage in QK_STAGES or stage in ("Vcur", *ATTENTION, *ROUTED_STAGES) else 2
+    token's K routed experts, [T, n, LD] for linear attention's heads, else [T, X]."""
+    return 3 if stage in QK_STAGES or stage in ("Vcur", *ATTENTION, *ROUTED_STAGES, *LINEAR_HEAD_STAGES) else 2
 
 
 def _fail(where, message):
@@ -376,6 +380,17 @@ class Dump:
         if self.layout is not None and self.layout not in LAYOUTS:
             _fail(self.dir, f"'qk_layout' must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         self.want_layout = layout or self.layout
+        order = m.get("v_head_order", "tiled")  # linear attention's v heads: llama.cpp's tiled order, or HF's grouped
+        if order not in V_HEAD_ORDERS:
+            _fail(self.dir, f"'v_head_order' must be one of {', '.join(V_HEAD_ORDERS)}, got {order!r}")
+        self.v_heads = None  # (LK, LV) where the dump's v heads are grouped: its stages reordered as they are read
+        if order == "grouped" and any(split_name(e["name"])[0] in V_HEAD_STAGES for e in raw):
+            heads = m.get("linear_heads")
+            if not (isinstance(heads, list) and len(heads) == 2 and all(isinstance(n, int) and n > 0 for n in heads)
+                    and heads[1] % heads[0] == 0):
+                _fail(self.dir, "'v_head_order' grouped needs 'linear_heads': [q/k heads, v heads], v a multiple of "
+                      f"q/k, got {heads!r}")
+            self.v_heads = tuple(heads)
         self.rope_dim = int(m["rope_dim"]) if m.get("rope_dim") is not None else None  # None: a head's every dim
         self.head_dim = int(m.get("head_dim") or head_dim or 0) or None
         self.arch = family(m.get("arch"), self.dir).NAME
@@ -467,7 +482,7 @@ class Dump:
         if "shape" in e and list(a.shape) != list(e["shape"]):
             _fail(self.dir, f"stage '{name}': shape {list(a.shape)} differs from the manifest's {e['shape']}")
         want = stage_ndim(stage)
-        split_heads = want == 3 and stage not in (*ATTENTION, *ROUTED_STAGES)
+        split_heads = want == 3 and stage not in (*ATTENTION, *ROUTED_STAGES, *LINEAR_HEAD_STAGES)
         if a.shape[:1] == (1,) and (a.ndim == want + 1 or (split_heads and a.ndim == 3 and self.head_dim
                                                              and a.shape[-1] != self.head_dim)):
             a = a[0]  # a batch of one (q/k/v as [1, T, n*HD] too)
@@ -482,6 +497,12 @@ class Dump:
             if self.layout is None:
                 _fail(self.dir, "the manifest lacks 'qk_layout' (interleaved or half), needed for q/k stages")
             a = permute_qk(a, self.want_layout, self.rope_dim)
+        if stage in V_HEAD_STAGES and self.v_heads is not None:  # HF's grouped v heads: to llama.cpp's tiled order
+            try:
+                a = reorder_v_heads(stage, a, *self.v_heads)
+            except (ValueError, IndexError):
+                _fail(self.dir, f"stage '{name}' {list(a.shape)} does not split into the 'linear_heads' "
+                      f"{list(self.v_heads)} (q/k heads, v heads)")
         return a
 
 
@@ -511,7 +532,7 @@ def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None,
         stage, _ = split_name(name)
         if stage == "result_output" and logit_rows:
             rows[name] = all_rows[-logit_rows:]
-        elif stage not in KV_STAGES:
+        elif stage not in (*KV_STAGES, *RECURRENT_INPUTS):
             rows[name] = kept
     return sorted(set(names)), rows, {name: dtype for name in names} if dtype else {}
 

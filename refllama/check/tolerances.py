@@ -48,6 +48,14 @@ SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; 
     "ffn_moe_weights_norm": "kq_soft_max", "ffn_shexp_gate": "kq_soft_max",
     "ffn_moe_gate": "ffn_gate", "ffn_moe_up": "ffn_up", "ffn_moe_swiglu": "ffn_swiglu", "ffn_moe_down": "ffn_out",
     "ffn_moe_weighted": "ffn_out", "ffn_moe_out": "ffn_out", "ffn_shexp": "ffn_out", "ffn_shexp_out": "ffn_out",
+    # the hybrids': projections of attn_norm as q's or the gate's; elementwise steps as the SwiGLU's; the conv as up's;
+    # L2 norms as a norm's; the delta rule's and the attention's outputs before their gates as kqv_out's
+    "Qcur_full": "Qcur", "linear_attn_qkv_mixed": "Qcur", "z": "ffn_gate", "beta": "ffn_gate", "alpha": "ffn_gate",
+    "beta_sigmoid": "ffn_swiglu", "a_softplus": "ffn_swiglu", "gate": "ffn_swiglu", "conv_output_raw": "ffn_up",
+    "conv_output_silu": "ffn_swiglu", "q_conv": "ffn_swiglu", "k_conv": "ffn_swiglu", "v_conv": "ffn_swiglu",
+    "q_conv_predelta": "ffn_norm", "k_conv_predelta": "ffn_norm", "attn_output": "kqv_out", "attn_pregate": "kqv_out",
+    "final_output": "ffn_swiglu", "linear_attn_out": "attn_out", "gate_sigmoid": "ffn_swiglu",
+    "attn_gated": "ffn_swiglu",
 }
 TOLERANCES = {kind: {stage: row[i] for stage, row in _ROWS.items()} for i, kind in enumerate(REFERENCE_KINDS)}
 

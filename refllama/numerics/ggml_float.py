@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, vectorize
 
-from ..layers import yarn_ramp
+from ..layers import rms_norm, yarn_ramp
 from ..xp import array_module
 from . import ggml_tables
 from .ggml_tables import F16_TABLE, round_f16
@@ -405,3 +405,62 @@ def f32_dots(x, w, path=AVX512, batch=True):  # [T, K] f32, [N, K] f32 -> [T, N]
             total = total + x[:, None, i] * wa[None, :, i]
         out[:, a:a + step] = total
     return out
+
+
+def libm_logf(x):  # [...] f32 -> [...] f32: the C library's logf, value by value
+    f = _LIBM.logf
+    return np.array([f(v) for v in x.ravel().tolist()], np.float32).reshape(x.shape)
+
+
+def sigmoid(x):  # [...] f32 -> [...]: ggml's op_sigmoid, 1 / (1 + expf(-x)), the C library's expf
+    return np.float32(1) / (np.float32(1) + libm_expf(-x))
+
+
+def softplus(x):  # [...] f32 -> [...]: ggml's op_softplus, log(1 + expf(x)) by the C library, x itself past 20
+    return np.where(x > 20, x, libm_logf(np.float32(1) + libm_expf(np.minimum(x, np.float32(20)))))
+
+
+def l2_norm(x, eps):  # [..., n] f32 -> [..., n]: llama.cpp's build_gdn_l2_norm, rms_norm with eps / n, times 1/sqrt(n)
+    n = np.float32(x.shape[-1])
+    return rms_norm(x, np.float32(1), np.float32(eps) / n) * (np.float32(1) / np.sqrt(n))
+
+
+def ssm_conv(x, state, w):  # [T, C], [CK-1, C], [C, CK] -> y [T, C], state: ggml's SSM_CONV
+    """Each channel's CK taps summed in order in float32, each step one fused multiply-add (the compiler contracts
+    ggml's `sumf += s * c`)."""
+    K, T = w.shape[1], len(x)
+    xs = np.concatenate([state, x], axis=0)  # [CK-1+T, C]
+    y = np.zeros(x.shape, np.float32)
+    for j in range(K):
+        y = fma(xs[j:j + T], np.broadcast_to(w[:, j], x.shape), y)
+    return y, xs[T:]
+
+
+def vec_dots(a, x, path=AVX512):  # [..., N, K] f32, [..., K] f32 -> [..., N]: ggml_vec_dot_f32 of each row with x
+    """4 x w lanes of FMAs per 4 w elements (w the path's lanes), lanes (0+2)+(1+3), the path's reduction, then the
+    K % 4w leftovers' products added one by one in float32 (as f32_dots sums one token)."""
+    lanes = LANES[path]
+    K, width = a.shape[-1], 4 * lanes.width
+    body = K - K % width
+    acc = np.zeros((*a.shape[:-1], width), np.float32)
+    for c in range(0, body, width):
+        acc = fma(a[..., c:c + width], x[..., None, c:c + width], acc)
+    acc = acc.reshape(*acc.shape[:-1], 4, lanes.width)
+    total = lanes.reduce((acc[..., 0, :] + acc[..., 2, :]) + (acc[..., 1, :] + acc[..., 3, :]))
+    for i in range(body, K):
+        total = total + a[..., i] * x[..., None, i]
+    return total
+
+
+def gated_delta_net(q, k, v, g, beta, state, path=AVX512):  # as refllama.layers.gated_delta_rule: ggml's op
+    """GATED_DELTA_NET as ggml-cpu computes it, a token at a time for each v head: the state [H, dv, dk] times the C
+    library's expf(g); delta = (v - vec_dot(S rows, k)) beta; S += delta k^T by ggml_vec_mad_f32 (fused
+    multiply-adds); out = vec_dot(S rows, q) times float32(1 / sqrt(dk)) (q itself unscaled)."""
+    scale = np.float32(1) / np.sqrt(np.float32(q.shape[-1]))
+    out = np.empty_like(v)
+    for t in range(len(q)):
+        state = state * libm_expf(g[t])[:, None, None]
+        delta = (v[t] - vec_dots(state, k[t], path)) * beta[t][:, None]  # [H, dv]
+        state = fma(np.broadcast_to(k[t][:, None, :], state.shape), delta[:, :, None], state)
+        out[t] = vec_dots(state, q[t], path) * scale
+    return out, state

@@ -17,13 +17,26 @@ from ..layers import Ops
 from . import ggml_float
 from .cpu_paths import EMULATED
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
-from .ggml_float import AVX512, cos_sin, geglu, gelu, layer_norm, rope_cos_sin, silu, softcap
+from .ggml_float import (
+    AVX512,
+    cos_sin,
+    geglu,
+    gelu,
+    l2_norm,
+    layer_norm,
+    rope_cos_sin,
+    sigmoid,
+    silu,
+    softcap,
+    softplus,
+    ssm_conv,
+)
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import F16Matrix, F32Matrix, GgmlPlacement, id_product, repacked
 from .ir import I64, counted_loop, load, specialize, splat
 from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer, mul_mat_id
-from .numba_ops import ROPE, V64F32, _kq_dot, expf, expf_avx2, kq_dot16, rms_norm
+from .numba_ops import ROPE, V64F32, _kq_dot, expf, expf_avx2, fma32, kq_dot16, rms_norm
 from .quant import concat_blocks
 
 # A CPU path's float steps (ggml_float.LANES) as Numba kernels. Each kernel below is written once over these
@@ -286,6 +299,45 @@ def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_float.softmax (which says 
     return out
 
 
+def _gated_delta_net(q, k, v, g, beta, state):  # ggml_float.gated_delta_net (which says whose steps these are)
+    T, H, dk = q.shape
+    dv = v.shape[2]
+    body = dk - dk % (4 * PW)
+    scale = np.float32(1.0) / np.sqrt(np.float32(dk))
+    out = np.empty((T, H, dv), np.float32)
+    new = np.empty((H, dv, dk), np.float32)
+    for h in prange(H):
+        s = state[h].copy()  # [dv, dk]
+        delta = np.empty(dv, np.float32)
+        for t in range(T):
+            kt, qt = k[t, h], q[t, h]
+            decay = math.exp(g[t, h])  # float32: the C library's expf
+            for j in range(dv):
+                sj = s[j]
+                for i in range(dk):
+                    sj[i] *= decay
+                recall = F32_ONE(sj.ctypes.data, kt.ctypes.data, body // (4 * PW)) if body else np.float32(0.0)
+                for i in range(body, dk):
+                    recall = recall + sj[i] * kt[i]
+                delta[j] = (v[t, h, j] - recall) * beta[t, h]
+            for j in range(dv):
+                sj = s[j]
+                for i in range(dk):
+                    sj[i] = fma32(kt[i], delta[j], sj[i])  # ggml_vec_mad_f32
+                read = F32_ONE(sj.ctypes.data, qt.ctypes.data, body // (4 * PW)) if body else np.float32(0.0)
+                for i in range(body, dk):
+                    read = read + sj[i] * qt[i]
+                out[t, h, j] = read * scale
+        new[h] = s
+    return out, new
+
+
+def gated_delta_net(q, k, v, g, beta, state, path=AVX512):  # ggml_float.gated_delta_net, its heads in parallel
+    c = np.ascontiguousarray
+    return PATH_KERNELS[path]["gated_delta_net"](c(q, np.float32), c(k, np.float32), c(v, np.float32),
+                                                 c(g, np.float32), c(beta, np.float32), c(state, np.float32))
+
+
 def _path_kernels(path):
     """The kernels above compiled with a path's lanes, expf and sums."""
     pw, avx2 = ggml_float.LANES[path].width, path == "avx2"
@@ -294,7 +346,8 @@ def _path_kernels(path):
                   F32_MANY=_kq_dot(pw, fused=True))
     tag = path.replace("-", "_")
     return {f.__name__[1:]: specialize(f, f"{f.__name__[1:]}_{tag}", parallel=f is not _router_softmax, **values)
-            for f in (_swiglu, _softmax, _scores_ir, _mix_ir, _scores_f16, _mix_f16, _f32_dots, _router_softmax)}
+            for f in (_swiglu, _softmax, _scores_ir, _mix_ir, _scores_f16, _mix_f16, _f32_dots, _router_softmax,
+                      _gated_delta_net)}
 
 
 PATH_KERNELS = {path: _path_kernels(path) for path in EMULATED["numba"]}  # compiled on a first call
@@ -359,14 +412,15 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True,
           softmax=router_softmax, silu=silu, layer_norm=layer_norm,  # a gate's few values, GPT-2's norms: NumPy's
-          mul_mat_id=partial(mul_mat_id, product=id_product))
+          mul_mat_id=partial(mul_mat_id, product=id_product), sigmoid=sigmoid, softplus=softplus, l2_norm=l2_norm,
+          ssm_conv=ssm_conv, gated_delta_net=gated_delta_net)  # the linear attention's small steps: NumPy's
 
 
 def path_ops(path):
     """OPS on a CPU path: its lanes and expf (ggml_float.LANES) in every small step."""
     if path == AVX512:
         return OPS
-    steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax)
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax, gated_delta_net)
     return OPS._replace(**{f.__name__.replace("router_", ""): partial(f, path=path) for f in steps},
                         silu=partial(silu, path=path), layer_norm=partial(layer_norm, path=path))
 

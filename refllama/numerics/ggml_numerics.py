@@ -38,13 +38,18 @@ from .ggml_float import (
     f16_dots,
     f32_dots,
     fma,
+    gated_delta_net,
     geglu,
     gelu,
+    l2_norm,
     layer_norm,
     rope_cos_sin,
+    sigmoid,
     silu,
     softcap,
     softmax,
+    softplus,
+    ssm_conv,
     swiglu,
 )
 from .ggml_quantize import GROUP, VEC_DOT_TYPE, IntWeights, block_sums, dequantize, int_weights
@@ -221,12 +226,13 @@ class GgmlPlacement(Placement):
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
-          silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product), layer_norm=layer_norm)
+          silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product), layer_norm=layer_norm, sigmoid=sigmoid,
+          softplus=softplus, l2_norm=l2_norm, ssm_conv=ssm_conv, gated_delta_net=gated_delta_net)
 
 
 def path_ops(path):
     """OPS on a CPU path (LANES): its float steps' lanes and expf."""
-    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu, layer_norm)
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu, layer_norm, gated_delta_net)
     if path == AVX512:
         return OPS
     return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps},
