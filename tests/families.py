@@ -56,6 +56,7 @@ GGUF = {f.name: f for f in (
     Family("llama32", "llama", "interleaved", hf_model=True, q8_0_stages=True, gpu_graph=True),
     Family("phi4", "phi3", "half", hf_model=True, q8_0_stages=True, gpu_graph=True),
     Family("qwen35", "qwen35", "half", recurrent=True, hf_model=True, q8_0_stages=True),
+    Family("qwen35moe", "qwen35moe", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
 )}
 
 HF = {  # tests/data/tiny-NAME -> its architecture, and whether the GPU graph reproduces its decode step

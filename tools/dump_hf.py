@@ -204,7 +204,7 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
             hooks += [a.q_norm.register_forward_hook(out_hook(f"Qcur_normed-{i}", None if gemma else H, gemma)),
                       a.k_norm.register_forward_hook(out_hook(f"Kcur_normed-{i}", None if gemma else KVH, gemma))]
         if hasattr(f, "experts"):  # a mixture of experts
-            hooks += moe_hooks(f, i, keep, out_hook)
+            hooks += moe_hooks(f, i, keep, out_hook, hybrid=hasattr(m.layers[0], "linear_attn"))
         elif hasattr(f, "gate_up_proj"):  # Phi-3: gate and up fused, gate first
             F = hf.config.intermediate_size
             hooks.append(f.gate_up_proj.register_forward_hook(split_hook([(f"ffn_gate-{i}", None),
@@ -317,9 +317,10 @@ def linear_attention_hooks(a, i, keep, out_hook):
             a.out_proj.register_forward_hook(out_hook(f"linear_attn_out-{i}"))]
 
 
-def moe_hooks(f, i, keep, out_hook):
+def moe_hooks(f, i, keep, out_hook, hybrid=False):
     """A mixture of experts' stages that transformers exposes: the router's logits, its softmax, the chosen ids and
-    weights (renormalised where the family says so), the block's output; Qwen2-MoE's shared expert and its gate.
+    weights (renormalised where the family says so), the block's output; Qwen2-MoE's shared expert and its gate
+    (`hybrid`: Qwen3.5-MoE's, under llama.cpp's qwen35moe names).
     The per-slot expert products stay inside transformers' fused experts module: not dumped. The block flattens its
     tokens ([T, ...], no batch axis) before the router and the shared expert."""
     def keep_rows(name, t):
@@ -340,9 +341,20 @@ def moe_hooks(f, i, keep, out_hook):
         keep_rows(f"ffn_moe_weights_sum-{i}", probs.gather(1, ids).sum(dim=1, keepdim=True))  # renormalising's divisor
         keep_rows(f"ffn_moe_weights_norm-{i}", weights)  # equal to ffn_moe_weights where not renormalised
 
+    shexp = {}
+
     def shexp_gate(mod, inp, out):
+        if hybrid:  # Qwen3.5-MoE: llama.cpp's qwen35moe names, the gated output too
+            keep_rows(f"shared_expert_gate-{i}", out)
+            keep_rows(f"shared_expert_gate_sigmoid-{i}", torch.sigmoid(out))
+            keep_rows(f"ffn_shexp_gated-{i}", torch.sigmoid(out) * shexp["out"])
+            return
         keep_rows(f"ffn_shexp_gate_inp-{i}", out)
         keep_rows(f"ffn_shexp_gate-{i}", torch.sigmoid(out))
+
+    def shexp_out(mod, inp, out):
+        shexp["out"] = out
+        keep_rows(f"ffn_shexp-{i}", out)
 
     hooks = [f.gate.register_forward_hook(router)]
     if hasattr(f, "shared_expert"):
@@ -351,7 +363,7 @@ def moe_hooks(f, i, keep, out_hook):
                   s.gate_proj.register_forward_hook(rows_hook(f"ffn_gate-{i}")),
                   s.up_proj.register_forward_hook(rows_hook(f"ffn_up-{i}")),
                   s.down_proj.register_forward_pre_hook(rows_hook(f"ffn_swiglu-{i}", before=True)),
-                  s.down_proj.register_forward_hook(rows_hook(f"ffn_shexp-{i}")),
+                  s.down_proj.register_forward_hook(shexp_out),
                   f.register_forward_hook(out_hook(f"ffn_out-{i}"))]
     else:
         hooks.append(f.register_forward_hook(out_hook(f"ffn_moe_out-{i}")))

@@ -93,7 +93,9 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("linear_attn_out", "MUL_MAT"): "linear_attn_out", ("attn_residual", "ADD"): "ffn_inp",
             ("Qcur_full", "MUL_MAT"): "Qcur_full", ("attn_pregate", "CONT"): "attn_pregate",
             ("gate_sigmoid", "SIGMOID"): "gate_sigmoid", ("attn_gated", "MUL"): "attn_gated",
-            ("result_norm", "GET_ROWS"): "result_norm"}
+            ("result_norm", "GET_ROWS"): "result_norm", ("shared_expert_gate", "MUL_MAT"): "shared_expert_gate",
+            ("shared_expert_gate_sigmoid", "SIGMOID"): "shared_expert_gate_sigmoid",
+            ("ffn_shexp_gated", "MUL"): "ffn_shexp_gated"}
 HEADS_AXIS = {"q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output"}  # [1, T, n, d]
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it

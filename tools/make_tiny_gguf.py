@@ -53,6 +53,7 @@ from transformers import (
     Phi3Config,
     Qwen2Config,
     Qwen2MoeConfig,
+    Qwen3_5MoeTextConfig,
     Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
@@ -139,6 +140,16 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                                            "rope_type": "default", "rope_theta": 10000000.0,
                                            "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
                                            "mrope_interleaved": True})),
+    # qwen35moe (Qwen3.5-MoE: its experts renormalised, a shared expert behind a sigmoid gate; one k head a v head)
+    "qwen35moe": (Qwen3_5MoeTextConfig, dict(COMMON, head_dim=32, num_hidden_layers=4, rms_norm_eps=1e-6,
+                                             linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2,
+                                             linear_num_value_heads=2, moe_intermediate_size=64,
+                                             shared_expert_intermediate_size=96, num_experts=8, num_experts_per_tok=3,
+                                             layer_types=["linear_attention", "full_attention", "linear_attention",
+                                                          "full_attention"],
+                                             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                                              "partial_rotary_factor": 0.25,
+                                                              "mrope_section": [4, 2, 2], "mrope_interleaved": True})),
 }
 KEPT_HF = names(hf_model=True)  # the catalogue's: kept as HF directories too
 Q8_0_STAGES = names(q8_0_stages=True)  # llama.cpp's every stage on the Q8_0 file (--ggml-stages)
@@ -159,7 +170,8 @@ convert_hf_to_gguf.main()
 """
 
 
-CONVERT_ARGS = {"qwen35": ("--no-mtp",)}  # the hybrids: no multi-token-prediction head (their tiny models have none)
+# the hybrids: no multi-token-prediction head (their tiny models have none)
+CONVERT_ARGS = {"qwen35": ("--no-mtp",), "qwen35moe": ("--no-mtp",)}
 
 
 def tiny_tokenizer():

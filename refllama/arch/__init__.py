@@ -23,6 +23,7 @@ imports another. Loaders, dump, compare and the harness read these.
                                                      multipliers
     qwen35                  NEOX (M-RoPE, one        its own forward (hybrid.hybrid_block): Gated DeltaNet layers
                             position stream)         with a recurrent state, gated full-attention layers
+    qwen35moe               NEOX (M-RoPE)            qwen35's forward, experts and a sigmoid-gated shared expert
 
 The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
@@ -45,6 +46,7 @@ The module interface (tests/test_structure.py holds every module to it):
             WIRING                 which stage feeds which, if not blocks.WIRING (Qwen2-MoE's shared expert)
             RECURRENT_WEIGHTS      a linear-attention layer's rows (ModelConfig.is_recurrent), in place of LAYER_WEIGHTS
             block_stages(cfg, i)   the stages block i taps, if not blocks.block_stages of STAGES (the hybrids')
+            SHARED_EXPERT_STAGES   its shared expert's stages, if not Qwen2-MoE's (Qwen3.5-MoE's sigmoid gate)
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
             LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
@@ -70,6 +72,7 @@ from . import (
     qwen3,
     qwen3moe,
     qwen35,
+    qwen35moe,
     smollm3,
 )
 from .blocks import IN, block_input, block_stages, moe_stage_order
@@ -79,10 +82,10 @@ from .tables import Weight
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
-            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES")
+            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
-                                     smollm3, olmo2, granite, qwen35)}
+                                     smollm3, olmo2, granite, qwen35, qwen35moe)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",
@@ -99,7 +102,8 @@ def layer_stages(arch, cfg):  # -> one tuple of stage names per block
 
 def stage_order(arch):
     """Every stage a block of the family may tap, dense or mixture of experts, in forward order."""
-    return moe_stage_order(arch.STAGES) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
+    shared = getattr(arch, "SHARED_EXPERT_STAGES", blocks.SHARED_EXPERT_STAGES)
+    return moe_stage_order(arch.STAGES, shared) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
 
 
 @cache

@@ -119,20 +119,21 @@ def replaced(stages, part, new):  # -> stages with the run of stages `part` repl
     return (*stages[:at], *new, *stages[at + len(part):])
 
 
-def moe_stage_order(stages):
-    """Every stage a block of a family with mixtures of experts may tap, dense or not, in forward order."""
-    return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES, *SHARED_EXPERT_STAGES))
+def moe_stage_order(stages, shared=SHARED_EXPERT_STAGES):
+    """Every stage a block of a family with mixtures of experts may tap, dense or not, in forward order; `shared`: its
+    shared expert's stages (Qwen2-MoE's unless the family says)."""
+    return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES, *shared))
 
 
-def block_stages(stages, cfg, i):
+def block_stages(stages, cfg, i, shared=SHARED_EXPERT_STAGES):
     """The stages of block i, given the family's dense block `stages`: its feed-forward's replaced by moe_ffn's
-    (and shared_expert's) where layer i is a mixture of experts, no rotated q/k on a NoPE layer."""
+    (and the `shared` expert's) where layer i is a mixture of experts, no rotated q/k on a NoPE layer."""
     if cfg.is_nope(i):
         stages = tuple(s for s in stages if s not in ROPE_STAGES)
     if not cfg.is_moe(i):
         return stages
     return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()),
-                                               *EXPERT_STAGES, *(SHARED_EXPERT_STAGES if cfg.n_ff_shexp else ())))
+                                               *EXPERT_STAGES, *(shared if cfg.n_ff_shexp else ())))
 
 
 class At(NamedTuple):

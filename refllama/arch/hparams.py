@@ -204,10 +204,11 @@ def llama3_freq_factors(theta, rope_dim, s, where):
 
 
 def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu", tied_default=False,
-              partial_default=1.0, **fields):
+              partial_default=1.0, n_ff=None, **fields):
     """(ModelConfig, rope) from the config.json fields every family shares; `fields` are the family's own,
     `rope` the family's (theta, scaling dict) where its config nests them, `act` the activation it computes,
-    `partial_default` the share of a head RoPE rotates where the config does not say.
+    `partial_default` the share of a head RoPE rotates where the config does not say, `n_ff` the feed-forward's
+    width where the config has no intermediate_size (a mixture of experts in every layer).
     rope() computes the RoPE tensors {name: float32 array} the config describes: the loader calls it once the
     weights have confirmed the head dimension, so that no allocation is sized by the config alone. Unsupported
     options are refused by name, every value read is checked for its type and range."""
@@ -266,7 +267,8 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
     cfg = ModelConfig(**{
         "arch": arch, "n_layer": c.need("num_hidden_layers", int), "n_embd": D, "n_head": H,
         "n_head_kv": c.get("num_key_value_heads", H, kind=(int,)), "head_dim": HD,
-        "n_ff": c.need("intermediate_size", int), "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx,
+        "n_ff": c.get("intermediate_size", kind=(int,)) or n_ff or c.need("intermediate_size", int),
+        "vocab_size": c.need("vocab_size", int), "n_ctx_train": n_ctx,
         "rms_eps": float(c.need("rms_norm_eps")), "rope_base": theta, "rope_dim": rope_dim,
         "rope_scale": linear_scale, "rope_attn_factor": float(attn_factor), "rope_ctx_orig": ctx_orig,
         "rope_yarn": yarn, "rope_layout": rope_layout,

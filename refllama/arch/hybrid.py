@@ -13,10 +13,12 @@ Linear attention, for T tokens (C = 2 LK LD + LV LD channels: q, k, v side by si
     out = (rms_norm(o) * w_norm * silu(z)) W_out
 """
 
+from ..errors import RefllamaError
+from ..formats.ggml_types import GGUFValueType
 from ..layers import linear
 from ..trace import tap
 from ..xp import array_module
-from . import blocks
+from . import blocks, hparams
 from .blocks import IN, Feed
 
 LINEAR_ATTN_STAGES = ("linear_attn_qkv_mixed", "z", "beta", "beta_sigmoid", "alpha", "a_softplus", "gate",
@@ -59,6 +61,16 @@ WIRING = {  # blocks.WIRING with the two attentions' stages
     "ffn_inp": Feed(((IN,), ("attn_out", "linear_attn_out")), "sum"),
 }
 
+SHARED_EXPERT_STAGES = ("ffn_gate", "ffn_up", "ffn_swiglu", "ffn_shexp", "shared_expert_gate",
+                        "shared_expert_gate_sigmoid", "ffn_shexp_gated", "ffn_out")  # gated_shared_expert's, ffn_out
+MOE_WIRING = {  # WIRING with Qwen3.5-MoE's shared expert: its products under the dense names, ffn_out the sum
+    **WIRING, "ffn_gate": WIRING["ffn_gate"]._replace(weight="ffn_gate_shexp"),
+    "ffn_up": WIRING["ffn_up"]._replace(weight="ffn_up_shexp"),
+    "ffn_shexp": Feed((("ffn_swiglu",),), "product", "ffn_down_shexp"),
+    "shared_expert_gate": Feed((("ffn_norm",),), "product", "ffn_gate_inp_shexp"),
+    "shared_expert_gate_sigmoid": Feed((("shared_expert_gate",),)),
+    "ffn_shexp_gated": Feed((("ffn_shexp",), ("shared_expert_gate_sigmoid",))),
+    "ffn_out": Feed((("ffn_moe_out",), ("ffn_shexp_gated",)), "sum")}
 # (llama.cpp node name, op) -> stage, for tools/dump_llamacpp.py: the graph's names where other graphs mean others
 LLAMACPP_NAMES = {("attn_post_norm", "MUL"): "ffn_norm"}
 
@@ -72,8 +84,21 @@ def hybrid_block(x, lw, cfg, ops, i, at, last_only=False):  # [T, D] -> [T, D] (
         x, h = x[-1:], h[-1:]  # [1, D]
     x = tap("ffn_inp", i, x + h)  # [T, D]
     h = tap("ffn_norm", i, ops.rms_norm(x, lw["ffn_norm"], cfg.rms_eps))  # [T, D]
-    h = blocks.feed_forward(h, lw, cfg, ops, i)  # [T, D]
+    h = feed_forward(h, lw, cfg, ops, i)  # [T, D]
     return tap("l_out", i, x + h)  # [T, D]
+
+
+def feed_forward(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: SwiGLU, or experts plus the sigmoid-gated shared expert
+    if not cfg.is_moe(i):
+        return blocks.gated_ffn(h, lw, ops, "swiglu", i)
+    out = blocks.moe_ffn(h, lw, cfg, ops, i)  # [T, D]
+    return tap("ffn_out", i, out + gated_shared_expert(h, lw, ops, i)) if cfg.n_ff_shexp else out
+
+
+def gated_shared_expert(h, lw, ops, i):  # [T, D] -> [T, D]: Qwen3.5-MoE's shared expert times sigmoid(h . w)
+    out = blocks.gated_ffn(h, lw, ops, "swiglu", i, part="_shexp")  # [T, D]
+    gate = tap("shared_expert_gate", i, linear(h, lw["ffn_gate_inp_shexp"]))  # [T, 1]
+    return tap("ffn_shexp_gated", i, out * tap("shared_expert_gate_sigmoid", i, ops.sigmoid(gate)))
 
 
 def linear_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]: Gated DeltaNet, its state carried in the cache
@@ -118,4 +143,52 @@ def gated_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]: attention time
 
 def block_stages(stages, cfg, i):  # -> the stages of block i: its attention's kind's, then blocks.block_stages'
     other = GATED_ATTN_STAGES if cfg.is_recurrent(i) else LINEAR_ATTN_STAGES
-    return blocks.block_stages(tuple(s for s in stages if s not in other), cfg, i)
+    return blocks.block_stages(tuple(s for s in stages if s not in other), cfg, i, SHARED_EXPERT_STAGES)
+
+
+def gguf_config(g, arch, every, **fields):
+    """A hybrid's ModelConfig from GGUF: the `{arch}.ssm.*` sizes as llama.cpp reads them (its v heads as wide as its
+    k heads: state_size both), the recurrent layers as listed, or all but each `every`-th (full_attention_interval,
+    the family's by default); `fields` the family's own."""
+    n = lambda key, default=None: int(g.integer(f"{arch}.{key}", default))  # noqa: E731
+    n_layer = hparams.block_count(g, arch)
+    if g.has(f"{arch}.attention.recurrent_layers"):
+        recurrent = g.array(f"{arch}.attention.recurrent_layers", (GGUFValueType.BOOL,), "bools")
+    else:
+        every = n("full_attention_interval", every)
+        recurrent = [(i + 1) % every != 0 for i in range(n_layer)]
+    LD, LV = n("ssm.state_size"), n("ssm.time_step_rank")
+    if n("ssm.inner_size") != LV * LD:
+        raise RefllamaError(f"{g.path}: metadata field '{arch}.ssm.inner_size' is {n('ssm.inner_size')}, not "
+                            f"{LV} v heads x {LD} (ssm.state_size)")
+    return hparams.gguf_config(g, "half", **linear_fields(
+        n_layer, recurrent, g.path, linear_k_heads=n("ssm.group_count"), linear_v_heads=LV, linear_head_dim=LD,
+        conv_kernel=n("ssm.conv_kernel")), **fields)
+
+
+def hf_config(c, arch, every, **fields):
+    """A hybrid's (ModelConfig, rope) from config.json: `layer_types` (or all but each full_attention_interval-th
+    layer linear), the linear attention's heads (k and v heads as wide, as llama.cpp computes them), a quarter of each
+    head rotated by default; the feed-forward's width the experts' where the config gives no intermediate_size."""
+    hparams.refuse(c, "attention_bias", arch)
+    n_layer = c.need("num_hidden_layers", int)
+    types = c.get("layer_types", kind=(list,))
+    if types is None:
+        every = c.get("full_attention_interval", every, kind=(int,))
+        types = ["linear_attention" if (i + 1) % every else "full_attention" for i in range(n_layer)]
+    if not all(t in ("linear_attention", "full_attention") for t in types):
+        raise RefllamaError(f"{c.path}: field 'layer_types' must list linear_attention or full_attention per layer")
+    LD = c.need("linear_key_head_dim", int)
+    if c.need("linear_value_head_dim", int) != LD:
+        raise RefllamaError(f"{c.path}: linear_value_head_dim {c.get('linear_value_head_dim')} differs from "
+                            f"linear_key_head_dim {LD} (llama.cpp's delta rule needs them equal)")
+    return hparams.hf_config(c, arch, "half", partial_default=0.25, n_ff=fields.get("n_ff_exp"), **linear_fields(
+        n_layer, [t == "linear_attention" for t in types], c.path, linear_k_heads=c.need("linear_num_key_heads", int),
+        linear_v_heads=c.need("linear_num_value_heads", int), linear_head_dim=LD,
+        conv_kernel=c.need("linear_conv_kernel_dim", int)), **fields)
+
+
+def linear_fields(n_layer, recurrent, path, **sizes):  # -> ModelConfig's linear-attention fields
+    if len(recurrent) != n_layer:
+        raise RefllamaError(f"{path}: {len(recurrent)} layer types for {n_layer} layers")
+    return {"recurrent_layers": tuple(bool(r) for r in recurrent), **sizes}

@@ -55,7 +55,8 @@ SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; 
     "conv_output_silu": "ffn_swiglu", "q_conv": "ffn_swiglu", "k_conv": "ffn_swiglu", "v_conv": "ffn_swiglu",
     "q_conv_predelta": "ffn_norm", "k_conv_predelta": "ffn_norm", "attn_output": "kqv_out", "attn_pregate": "kqv_out",
     "final_output": "ffn_swiglu", "linear_attn_out": "attn_out", "gate_sigmoid": "ffn_swiglu",
-    "attn_gated": "ffn_swiglu",
+    "attn_gated": "ffn_swiglu", "shared_expert_gate": "ffn_gate", "shared_expert_gate_sigmoid": "kq_soft_max",
+    "ffn_shexp_gated": "ffn_out",
 }
 TOLERANCES = {kind: {stage: row[i] for stage, row in _ROWS.items()} for i, kind in enumerate(REFERENCE_KINDS)}
 
