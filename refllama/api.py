@@ -16,7 +16,7 @@ import numpy as np
 
 from . import arch as archs
 from .cache import Cache
-from .check.dump import StageWriter, model_sha256, storage_plan
+from .check.dump import StageWriter, model_sha256, storage_plan, v_head_fields
 from .config import ModelConfig
 from .errors import RefllamaError, shown
 from .loader import load_gguf, load_hf
@@ -296,7 +296,8 @@ class Model:
                 "model": os.path.basename(self.path), "model_path": os.path.abspath(self.path),
                 "model_sha256": model_sha256(self.path), "n_ctx": self.n_ctx, "prompt": prompt,
                 "token_ids": [int(i) for i in ids], "decode_ids": decode_ids, "arch": self.config.arch,
-                "qk_layout": self.config.rope_layout, "rope_dim": self.config.rope_dim, "numerics": self.numerics,
+                "qk_layout": self.config.rope_layout, **v_head_fields(self.config), "rope_dim": self.config.rope_dim,
+                "numerics": self.numerics,
                 "repack": self.repack, **({"cpu_path": self.cpu_path} if self.cpu_path else {}),
                 "greedy": list(self.generate(ids, max_tokens=greedy, temperature=0)) if greedy else [],
                 "tokens_from": None if tokens_from is None else os.path.abspath(tokens_from),

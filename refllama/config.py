@@ -57,9 +57,11 @@ class ModelConfig:
     recurrent_layers: tuple | None = None  # per layer, whether it is linear attention with a recurrent state (Gated
     # DeltaNet: Qwen3.5's) in place of attention over a KV cache
     linear_k_heads: int = 0  # LK: a linear-attention layer's q/k heads (llama.cpp's ssm.group_count)
-    linear_v_heads: int = 0  # LV: its v heads (ssm.time_step_rank), each reading q/k head h % LK
+    linear_v_heads: int = 0  # LV: its v heads (ssm.time_step_rank)
     linear_head_dim: int = 0  # LD: its heads' width, q, k and v alike (ssm.state_size)
     conv_kernel: int = 0  # CK: its causal convolution's kernel (ssm.conv_kernel)
+    linear_v_order: str = "tiled"  # which q/k head v head h reads: "tiled" h % LK (Qwen3.5's files), "grouped"
+    # h // (LV / LK) (Qwen3-Next's, and HF's)
 
     def is_nope(self, i):
         """Whether layer i leaves q and k unrotated."""
@@ -123,6 +125,8 @@ class ModelConfig:
                 and self.linear_v_heads % self.linear_k_heads == 0):
             raise RefllamaError(f"{path}: linear attention needs positive head counts, v heads ({self.linear_v_heads}) "
                                 f"a multiple of k heads ({self.linear_k_heads}), a head width and a conv kernel")
+        if self.linear_v_order not in ("tiled", "grouped"):
+            raise RefllamaError(f"{path}: unknown linear-attention v head order {self.linear_v_order!r}")
         if any(self.moe_layers or ()) and not (
                 isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
             raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "

@@ -57,6 +57,7 @@ GGUF = {f.name: f for f in (
     Family("phi4", "phi3", "half", hf_model=True, q8_0_stages=True, gpu_graph=True),
     Family("qwen35", "qwen35", "half", recurrent=True, hf_model=True, q8_0_stages=True),
     Family("qwen35moe", "qwen35moe", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
+    Family("qwen3next", "qwen3next", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
 )}
 
 HF = {  # tests/data/tiny-NAME -> its architecture, and whether the GPU graph reproduces its decode step

@@ -245,8 +245,7 @@ def linear_attention_hooks(a, i, keep, out_hook):
     v_head_order): the projections by hooks; beta, the decay, the conv and the delta rule (functions, not modules)
     computed as its forward computes them from the projections, or recorded by wrapping the modeling module's
     functions while the layer runs."""
-    from transformers.models.qwen3_5 import modeling_qwen3_5 as m
-
+    m = sys.modules[type(a).__module__]  # the layer's modeling module (Qwen3.5's, Qwen3.5-MoE's, Qwen3-Next's)
     LK, LD = a.num_k_heads, a.head_k_dim
     functions, step = {}, {}
 
@@ -254,12 +253,28 @@ def linear_attention_hooks(a, i, keep, out_hook):
         step["T"] = out.shape[1]
         keep(f"linear_attn_qkv_mixed-{i}", out)
 
+    def qkvz(mod, inp, out):  # Qwen3-Next: q, k, v, z per q/k head, split as its forward splits them
+        q, k, v, z, *_ = a.fix_query_key_value_ordering(out, torch.zeros(*out.shape[:2], 2 * a.num_v_heads))
+        qkv(mod, inp, torch.cat([x.reshape(*out.shape[:2], -1) for x in (q, k, v)], dim=-1))
+        keep(f"z-{i}", z.reshape(*out.shape[:2], -1))
+
+    def ba(mod, inp, out):  # Qwen3-Next: b and a per q/k head
+        keep(f"linear_attn_mixed_ba-{i}", out)
+        r = a.num_v_heads // LK
+        b, alpha = torch.split(out.view(*out.shape[:2], LK, 2 * r), [r, r], dim=-1)
+        keep(f"b-{i}", b.reshape(*out.shape[:2], -1))
+        keep(f"a-{i}", alpha.reshape(*out.shape[:2], -1))
+        decay(alpha.reshape(*out.shape[:2], -1))
+
     def beta(mod, inp, out):
         keep(f"beta-{i}", out)
         keep(f"beta_sigmoid-{i}", out.sigmoid())
 
-    def alpha(mod, inp, out):  # g = -exp(A_log) softplus(a + dt_bias), as its forward computes it
+    def alpha(mod, inp, out):
         keep(f"alpha-{i}", out)
+        decay(out)
+
+    def decay(out):  # g = -exp(A_log) softplus(a + dt_bias), as its forward computes it
         soft = torch.nn.functional.softplus(out.float() + a.dt_bias)
         keep(f"a_softplus-{i}", soft)
         keep(f"gate-{i}", -a.A_log.float().exp() * soft)
@@ -291,7 +306,8 @@ def linear_attention_hooks(a, i, keep, out_hook):
     def rule(fn):
         def wrapped(query, key, *args, **kwargs):
             for name, x in (("q_conv_predelta", query), ("k_conv_predelta", key)):
-                keep(f"{name}-{i}", m.l2norm(x.float(), dim=-1, eps=1e-6))
+                x = m.l2norm(x.float(), dim=-1, eps=1e-6)  # Qwen3-Next's files: repeated to the v heads (grouped)
+                keep(f"{name}-{i}", x.repeat_interleave(a.num_v_heads // LK, dim=2) if hasattr(a, "in_proj_ba") else x)
             out, state = fn(query, key, *args, **kwargs)
             keep(f"attn_output-{i}", out)  # [1, T, LV, LD]
             return out, state
@@ -310,11 +326,12 @@ def linear_attention_hooks(a, i, keep, out_hook):
     def final(mod, inp, out):  # the gated norm, over [T*LV, LD] rows
         keep(f"final_output-{i}", out.reshape(1, -1, a.num_v_heads * LD))
 
-    return [a.register_forward_pre_hook(enter), a.register_forward_hook(leave),
-            a.in_proj_qkv.register_forward_hook(qkv),
-            a.in_proj_z.register_forward_hook(out_hook(f"z-{i}")), a.in_proj_b.register_forward_hook(beta),
-            a.in_proj_a.register_forward_hook(alpha), a.norm.register_forward_hook(final),
-            a.out_proj.register_forward_hook(out_hook(f"linear_attn_out-{i}"))]
+    hooks = [a.register_forward_pre_hook(enter), a.register_forward_hook(leave), a.norm.register_forward_hook(final),
+             a.out_proj.register_forward_hook(out_hook(f"linear_attn_out-{i}"))]
+    if hasattr(a, "in_proj_qkvz"):  # Qwen3-Next
+        return hooks + [a.in_proj_qkvz.register_forward_hook(qkvz), a.in_proj_ba.register_forward_hook(ba)]
+    return hooks + [a.in_proj_qkv.register_forward_hook(qkv), a.in_proj_z.register_forward_hook(out_hook(f"z-{i}")),
+                    a.in_proj_b.register_forward_hook(beta), a.in_proj_a.register_forward_hook(alpha)]
 
 
 def moe_hooks(f, i, keep, out_hook, hybrid=False):

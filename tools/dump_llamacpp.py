@@ -25,7 +25,7 @@ import numpy as np
 
 from refllama import arch as archs
 from refllama.api import default_model_path
-from refllama.check.dump import ROUTED_STAGES, add_tool_args, file_sha256, plan_from_args, write_dump
+from refllama.check.dump import ROUTED_STAGES, add_tool_args, file_sha256, plan_from_args, v_head_fields, write_dump
 from refllama.formats.gguf_loader import GGUFFile
 from refllama.numerics.cpu_paths import llamacpp_path
 
@@ -95,7 +95,11 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("gate_sigmoid", "SIGMOID"): "gate_sigmoid", ("attn_gated", "MUL"): "attn_gated",
             ("result_norm", "GET_ROWS"): "result_norm", ("shared_expert_gate", "MUL_MAT"): "shared_expert_gate",
             ("shared_expert_gate_sigmoid", "SIGMOID"): "shared_expert_gate_sigmoid",
-            ("ffn_shexp_gated", "MUL"): "ffn_shexp_gated"}
+            ("ffn_shexp_gated", "MUL"): "ffn_shexp_gated",
+            # qwen3next's: beta's and alpha's fused projection and its views, q and k repeated to the v heads
+            ("model.embed_tokens", "GET_ROWS"): "inp_embd", ("linear_attn_mixed_ba", "MUL_MAT"): "linear_attn_mixed_ba",
+            ("b", "VIEW"): "b", ("a", "VIEW"): "a", ("q_conv_predelta", "RESHAPE"): "q_conv_predelta",
+            ("k_conv_predelta", "RESHAPE"): "k_conv_predelta"}
 HEADS_AXIS = {"q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output"}  # [1, T, n, d]
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
@@ -230,7 +234,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
             a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
         elif stage in HEADS_AXIS:
             a = a[0]  # [T, n_heads, d]
-        elif stage in ("beta", "beta_sigmoid"):  # [1, T, LV, 1]
+        elif stage in ("beta", "beta_sigmoid", "b", "a"):  # [1, T, LV, 1] ([1, T, LK, LV/LK]: b, a)
             a = a.reshape(T, -1)
         elif stage.startswith("ffn_moe_weights"):
             a = a.reshape(T, -1)  # [T, K] ([T, 1]: the sum)
@@ -298,7 +302,7 @@ def main(argv=None):
         "model": os.path.basename(model_path), "model_sha256": file_sha256(model_path),
         "prompt": args.prompt, "parse_special": args.special, "token_ids": ids, "decode_ids": decode_ids,
         "arch": arch.NAME,
-        "qk_layout": arch.ROPE_LAYOUT,
+        "qk_layout": arch.ROPE_LAYOUT, **v_head_fields(arch.config_from_gguf(GGUFFile(model_path))),
         "greedy": greedy(model_path, ids, args.greedy, args.threads, repack=repack),
     }
     write_dump(args.out, {n: stages[n] for n in names}, provenance, rows, dtypes,

@@ -36,7 +36,9 @@ WIDTHS = (72, 96)
 EXPERT_WIDTHS = (40, 32)
 IDS = [1, 5, 9, 14, 22, 31, 40, 47, 3, 11, 28, 19]  # 12 positions: tinyBLAS's batches and ggml_vec_dot's leftovers
 HASHED = ("attn_norm", "attn_out", "ffn_inp", "sa_out", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_geglu",
-          "ffn_gelu", "ffn_out", "l_out", "result_norm", "result_output")  # [T, X]: one layout in every engine
+          "ffn_gelu", "ffn_out", "l_out", "result_norm", "result_output", "final_output", "linear_attn_out")  # [T, X]:
+# one layout in every engine (the hybrids' delta rule read through its gated norm, final_output)
+F32_KEPT = (".ffn_gate_inp.", ".ssm_conv1d.")  # routers, and the conv ggml's SSM_CONV takes in F32 only
 N_CTX = 64
 FAMILIES = list(GGUF.values())
 
@@ -70,10 +72,11 @@ def cut(src, out, width):
             a = a[:width]  # rows (or a bias)
         elif ".ffn_down.weight" in t.name:
             a = np.ascontiguousarray(a[:, :width])
-        if a.ndim >= 2 and a.shape[-1] % 32 == 0 and ".ffn_gate_inp." not in t.name:  # routers stay F32
+        kept = any(k in t.name for k in F32_KEPT)
+        if a.ndim >= 2 and a.shape[-1] % 32 == 0 and not kept:
             w.add_tensor(t.name, gguf.quants.quantize(a, QT.Q8_0),
                          raw_shape=gguf.quants.quant_shape_to_byte_shape(a.shape, QT.Q8_0), raw_dtype=QT.Q8_0)
-        elif a.ndim >= 2 and ".ffn_gate_inp." not in t.name:
+        elif a.ndim >= 2 and not kept:
             w.add_tensor(t.name, a.astype(np.float16), raw_dtype=QT.F16)
         else:
             w.add_tensor(t.name, a)

@@ -57,6 +57,7 @@ from transformers import (
     Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
     SmolLM3Config,
 )
 
@@ -65,7 +66,7 @@ from families import names  # tests/families.py: the catalogue of these fixtures
 
 import refllama
 from refllama.arch import get, layer_stages
-from refllama.check.dump import file_sha256, storage_plan, write_dump
+from refllama.check.dump import file_sha256, storage_plan, v_head_fields, write_dump
 from refllama.formats.pretokenizer import _QWEN2
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data"
@@ -150,6 +151,16 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                                              rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
                                                               "partial_rotary_factor": 0.25,
                                                               "mrope_section": [4, 2, 2], "mrope_interleaved": True})),
+    # qwen3next (Qwen3-Next: its v heads kept grouped, beta and alpha one projection, plain NEOX RoPE;
+    # 3 k heads for 6 v heads)
+    "qwen3next": (Qwen3NextConfig, dict(COMMON, head_dim=32, num_hidden_layers=4, rms_norm_eps=1e-6,
+                                        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=3,
+                                        linear_num_value_heads=6, moe_intermediate_size=64,
+                                        shared_expert_intermediate_size=96, num_experts=6, num_experts_per_tok=2,
+                                        layer_types=["linear_attention", "linear_attention",
+                                                                          "full_attention", "full_attention"],
+                                        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
+                                                         "partial_rotary_factor": 0.25})),
 }
 KEPT_HF = names(hf_model=True)  # the catalogue's: kept as HF directories too
 Q8_0_STAGES = names(q8_0_stages=True)  # llama.cpp's every stage on the Q8_0 file (--ggml-stages)
@@ -171,7 +182,7 @@ convert_hf_to_gguf.main()
 
 
 # the hybrids: no multi-token-prediction head (their tiny models have none)
-CONVERT_ARGS = {"qwen35": ("--no-mtp",), "qwen35moe": ("--no-mtp",)}
+CONVERT_ARGS = {"qwen35": ("--no-mtp",), "qwen35moe": ("--no-mtp",), "qwen3next": ("--no-mtp",)}
 
 
 def tiny_tokenizer():
@@ -269,8 +280,8 @@ def ggml_stages(families):
         write_dump(out / "llamacpp-q8_0", {n: stages[n] for n in names}, {
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
                         "float16 KV cache)", "repack": True, "cpu_path": llamacpp_path(info), "kv_cache": "float16",
-            "qk_layout": arch.ROPE_LAYOUT, "model": model.name, "model_sha256": file_sha256(model), "prompt": TEXT,
-            "token_ids": ids, "arch": arch.NAME})
+            "qk_layout": arch.ROPE_LAYOUT, **v_head_fields(cfg), "model": model.name,
+            "model_sha256": file_sha256(model), "prompt": TEXT, "token_ids": ids, "arch": arch.NAME})
         print(f"{out}: llamacpp-q8_0 ({llamacpp_path(info)})")
 
 
@@ -327,6 +338,7 @@ def main():
         write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
                         "F32 weights and KV cache)", "repack": True, "qk_layout": arch.ROPE_LAYOUT,
+            **v_head_fields(cfg),
             "greedy": dump_llamacpp.greedy(str(f32), ids, GREEDY, 2, kv_f32=True, n_ctx=N_CTX), **common})
         theirs = dump_hf.capture(model, ids)[0]
         write_dump(out / "hf", {n: theirs[n] for n in names if n in theirs},  # experts' products: inside transformers

@@ -24,6 +24,7 @@ imports another. Loaders, dump, compare and the harness read these.
     qwen35                  NEOX (M-RoPE, one        its own forward (hybrid.hybrid_block): Gated DeltaNet layers
                             position stream)         with a recurrent state, gated full-attention layers
     qwen35moe               NEOX (M-RoPE)            qwen35's forward, experts and a sigmoid-gated shared expert
+    qwen3next               NEOX                     qwen35moe's forward, v heads grouped, beta and alpha fused
 
 The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
@@ -71,6 +72,7 @@ from . import (
     qwen2moe,
     qwen3,
     qwen3moe,
+    qwen3next,
     qwen35,
     qwen35moe,
     smollm3,
@@ -85,7 +87,7 @@ OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMA
             "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
-                                     smollm3, olmo2, granite, qwen35, qwen35moe)}
+                                     smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",

@@ -21,16 +21,19 @@ from ..xp import array_module
 from . import blocks, hparams
 from .blocks import IN, Feed
 
-LINEAR_ATTN_STAGES = ("linear_attn_qkv_mixed", "z", "beta", "beta_sigmoid", "alpha", "a_softplus", "gate",
+LINEAR_ATTN_STAGES = ("linear_attn_qkv_mixed", "z", "linear_attn_mixed_ba", "b", "a", "beta", "alpha", "beta_sigmoid",
+                      "a_softplus", "gate",
                       "conv_output_raw", "conv_output_silu", "q_conv", "k_conv", "v_conv", "q_conv_predelta",
                       "k_conv_predelta", "attn_output", "final_output", "linear_attn_out")  # linear_attention's
 GATED_ATTN_STAGES = ("Qcur_full", "Kcur", "Vcur", *blocks.QK_NORM_STAGES, *blocks.ROPE_STAGES, "kq", "kq_soft_max",
                      "attn_pregate", "gate_sigmoid", "attn_gated", "attn_out")  # gated_attention's
 
 
-def hybrid_stages():  # -> every stage a hybrid block may tap, linear or full attention, in forward order
-    return ("attn_norm", *LINEAR_ATTN_STAGES, *GATED_ATTN_STAGES, "ffn_inp", "ffn_norm", *blocks.DENSE_FFN_STAGES,
-            "l_out")
+def hybrid_stages(fused_ba=False):  # -> every stage a hybrid block may tap, linear or full attention, in order
+    """`fused_ba`: beta's and alpha's projections one matrix (Qwen3-Next's), its views `b` and `a`."""
+    apart = ("linear_attn_mixed_ba", "b", "a") if not fused_ba else ("beta", "alpha", "beta_sigmoid")
+    return ("attn_norm", *(s for s in LINEAR_ATTN_STAGES if s not in apart), *GATED_ATTN_STAGES, "ffn_inp",
+            "ffn_norm", *blocks.DENSE_FFN_STAGES, "l_out")
 
 
 WIRING = {  # blocks.WIRING with the two attentions' stages
@@ -38,9 +41,12 @@ WIRING = {  # blocks.WIRING with the two attentions' stages
     "linear_attn_qkv_mixed": Feed((("attn_norm",),), "product", "attn_qkv"),
     "z": Feed((("attn_norm",),), "product", "attn_gate"),
     "beta": Feed((("attn_norm",),), "product", "ssm_beta"),
-    "beta_sigmoid": Feed((("beta",),)),
+    "beta_sigmoid": Feed((("beta", "b"),)),
     "alpha": Feed((("attn_norm",),), "product", "ssm_alpha"),
-    "a_softplus": Feed((("alpha",),)),
+    "linear_attn_mixed_ba": Feed((("attn_norm",),), "product", "ssm_ba"),  # Qwen3-Next's b and a, its views
+    "b": Feed((("linear_attn_mixed_ba",),)),
+    "a": Feed((("linear_attn_mixed_ba",),)),
+    "a_softplus": Feed((("alpha", "a"),)),
     "gate": Feed((("a_softplus",),)),
     "conv_output_raw": Feed((("linear_attn_qkv_mixed",),)),
     "conv_output_silu": Feed((("conv_output_raw",),)),
@@ -49,7 +55,7 @@ WIRING = {  # blocks.WIRING with the two attentions' stages
     "v_conv": Feed((("conv_output_silu",),)),
     "q_conv_predelta": Feed((("q_conv",),)),
     "k_conv_predelta": Feed((("k_conv",),)),
-    "attn_output": Feed((("q_conv_predelta",), ("k_conv_predelta",), ("v_conv",), ("gate",), ("beta_sigmoid",))),
+    "attn_output": Feed((("q_conv_predelta",), ("k_conv_predelta",), ("v_conv",), ("gate",), ("beta_sigmoid", "b"))),
     "final_output": Feed((("attn_output",), ("z",)), "norm", "ssm_norm"),
     "linear_attn_out": Feed((("final_output",),), "product", "ssm_out"),
     "Qcur_full": Feed((("attn_norm",),), "product", "attn_q"),
@@ -106,8 +112,13 @@ def linear_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]: Gated DeltaNe
     T, LK, LV, LD = len(h), cfg.linear_k_heads, cfg.linear_v_heads, cfg.linear_head_dim
     qkv = tap("linear_attn_qkv_mixed", i, linear(h, lw["attn_qkv"]))  # [T, C]
     z = tap("z", i, linear(h, lw["attn_gate"]))  # [T, LV*LD]
-    beta = tap("beta_sigmoid", i, ops.sigmoid(tap("beta", i, linear(h, lw["ssm_beta"]))))  # [T, LV]
-    alpha = tap("alpha", i, linear(h, lw["ssm_alpha"]))  # [T, LV]
+    if "ssm_ba" in lw:  # Qwen3-Next: per q/k head its v heads' b, then their a (its graph names no sigmoid)
+        ba = tap("linear_attn_mixed_ba", i, linear(h, lw["ssm_ba"])).reshape(T, LK, 2, LV // LK)
+        b, alpha = tap("b", i, ba[:, :, 0].reshape(T, LV)), tap("a", i, ba[:, :, 1].reshape(T, LV))  # grouped
+        beta = ops.sigmoid(b)  # [T, LV]
+    else:
+        b, alpha = tap("beta", i, linear(h, lw["ssm_beta"])), tap("alpha", i, linear(h, lw["ssm_alpha"]))  # [T, LV]
+        beta = tap("beta_sigmoid", i, ops.sigmoid(b))
     g = tap("gate", i, tap("a_softplus", i, ops.softplus(alpha + lw["ssm_dt"])) * lw["ssm_a"])  # [T, LV]: log decay
     conv_state, state = at.cache.recurrent(i, at.start_pos)  # [CK-1, C], [LV, LD, LD]
     conv, conv_state = ops.ssm_conv(qkv, conv_state, lw["ssm_conv1d"])  # [T, C]
@@ -115,9 +126,13 @@ def linear_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]: Gated DeltaNe
     q = tap("q_conv", i, conv[:, :LK * LD].reshape(T, LK, LD))
     k = tap("k_conv", i, conv[:, LK * LD:2 * LK * LD].reshape(T, LK, LD))
     v = tap("v_conv", i, conv[:, 2 * LK * LD:].reshape(T, LV, LD))
-    q = tap("q_conv_predelta", i, ops.l2_norm(q, cfg.rms_eps))  # [T, LK, LD]
-    k = tap("k_conv_predelta", i, ops.l2_norm(k, cfg.rms_eps))
-    q, k = (xp.tile(a, (1, LV // LK, 1)) for a in (q, k))  # [T, LV, LD]: v head h reads q/k head h % LK
+    q, k = ops.l2_norm(q, cfg.rms_eps), ops.l2_norm(k, cfg.rms_eps)  # [T, LK, LD]
+    if cfg.linear_v_order == "tiled":  # v head h reads q/k head h % LK; llama.cpp's names: before the tiling
+        q, k = tap("q_conv_predelta", i, q), tap("k_conv_predelta", i, k)
+        q, k = (xp.tile(a, (1, LV // LK, 1)) for a in (q, k))  # [T, LV, LD]
+    else:  # grouped: v head h reads q/k head h // (LV / LK); llama.cpp's names: after the repeat
+        q, k = (xp.repeat(a, LV // LK, axis=1) for a in (q, k))  # [T, LV, LD]
+        q, k = tap("q_conv_predelta", i, q), tap("k_conv_predelta", i, k)
     o, state = ops.gated_delta_net(q, k, v, g, beta, state)  # [T, LV, LD]
     at.cache.keep(i, conv_state, state)
     o = tap("attn_output", i, o)
@@ -143,7 +158,8 @@ def gated_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]: attention time
 
 def block_stages(stages, cfg, i):  # -> the stages of block i: its attention's kind's, then blocks.block_stages'
     other = GATED_ATTN_STAGES if cfg.is_recurrent(i) else LINEAR_ATTN_STAGES
-    return blocks.block_stages(tuple(s for s in stages if s not in other), cfg, i, SHARED_EXPERT_STAGES)
+    stages = tuple(s for s in stages if s not in other)
+    return blocks.block_stages(stages, cfg, i, SHARED_EXPERT_STAGES if cfg.n_ff_shexp else ())
 
 
 def gguf_config(g, arch, every, **fields):

@@ -2,6 +2,7 @@
 shapes in the legend's letters, and the reader that builds refllama's weight dict from a table."""
 
 import ast
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -32,6 +33,8 @@ class Weight(NamedTuple):
     hf_tiled: tuple = ()  # (axis, start, unit): linear attention's v heads, `unit` wide from `start` on `axis`, from
     # HF's grouped order to llama.cpp's tiled one (pairs.tiled_order), as its Qwen3.5 converter reorders them
     hf_neg_exp: bool = False  # HF stores log(-w) (Gated DeltaNet's A_log): w = -exp(stored), as llama.cpp's converter
+    hf_regroup: tuple = ()  # (groups, (part, ...)): HF's rows are `groups` runs of the parts side by side (Qwen3-Next's
+    # q, k, v, z per q/k head): regrouped part by part (every group's first part, then second...) before `split`
 
 
 # rows that several families share, named once; a family's own variant is `ROW._replace(...)`
@@ -98,6 +101,12 @@ GATED_DELTA_NET = (  # a linear-attention layer's; HF's v heads reordered to til
            hf_tiled=(0, "2*LK*LD", "LD")),
     Weight("ssm_norm", "LD", "ssm_norm.weight", "linear_attn.norm.weight"),  # a plain weight in HF too
     Weight("ssm_out", "D, LV*LD", "ssm_out.weight", "linear_attn.out_proj.weight", hf_tiled=(1, "0", "LD")))
+QWEN3NEXT_DELTA_NET = (  # Qwen3-Next's: its v heads grouped as HF's; q, k, v, z one HF matrix, beta and alpha one
+    GATED_DELTA_NET[0], GATED_DELTA_NET[1]._replace(hf=None), GATED_DELTA_NET[2]._replace(hf=None),
+    Weight("attn_qkvz", f"{_C} + LV*LD, D", None, "linear_attn.in_proj_qkvz.weight",
+           hf_regroup=("LK", ("LD", "LD", "LV/LK*LD", "LV/LK*LD")), split=(("attn_qkv", _C), ("attn_gate", "LV*LD"))),
+    Weight("ssm_ba", "2*LV, D", "ssm_ba.weight", "linear_attn.in_proj_ba.weight"),  # per q/k head: its v heads' b, a
+    *(row._replace(hf_tiled=()) for row in GATED_DELTA_NET[5:]))
 
 
 def dims(cfg):
@@ -188,6 +197,11 @@ def read_weights(arch, cfg, side, fetch, has, place):
             t = t + np.float32(row.hf_add)
         if side == "hf" and row.hf_neg_exp:
             t = -np.exp(t)
+        if side == "hf" and row.hf_regroup:
+            groups, parts = size(row.hf_regroup[0], d), [size(p, d) for p in row.hf_regroup[1]]
+            runs = np.arange(t.shape[0]).reshape(groups, sum(parts))
+            order = np.concatenate([runs[:, a:b].reshape(-1) for a, b in itertools.pairwise([0, *np.cumsum(parts)])])
+            t = t._replace(raw=t.raw[order]) if isinstance(t, QuantizedTensor) else t[order]
         if side == "hf" and row.hf_tiled:
             axis, start, unit = row.hf_tiled
             args = (size(start, d), size(unit, d), cfg.linear_k_heads, cfg.linear_v_heads)

@@ -204,8 +204,10 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
     the first stage that adds error; where it sits and what it looks like. `require`: stage names that must be
     compared (`required`)."""
     layout, head_dim = (model.config.rope_layout, model.config.head_dim) if model else (None, None)
-    ref = Dump(ref_path, layout=layout, head_dim=head_dim)  # no model: q/k in REF's own layout
-    mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim)
+    v_order, v_heads = (model.config.linear_v_order, (model.config.linear_k_heads, model.config.linear_v_heads)
+                        ) if model else (None, None)
+    ref = Dump(ref_path, layout=layout, head_dim=head_dim, v_order=v_order, v_heads=v_heads)  # no model: REF's
+    mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim, v_order=ref.want_v, v_heads=v_heads)  # layouts
     if numerics:
         mine.numerics = numerics
     if mine.prompt_ids != ref.prompt_ids:

@@ -29,7 +29,8 @@ INPUT_STAGES = ("inp_embd", "pos_embd", "inpL", "inp_scaled")  # before the firs
 ATTENTION = ("kq", "kq_scaled_2", "kq_soft_max")  # [H, T, S] (kq_scaled_2: Gemma 2's soft-capped scores)
 TOKEN_AXIS = dict.fromkeys(ATTENTION, 1)  # every other stage has tokens first
 KV_STAGES = ("Kcur", "Kcur_normed", "Kcur_rope", "Vcur")  # keys and values: attention reads every position
-RECURRENT_INPUTS = ("linear_attn_qkv_mixed", "q_conv_predelta", "k_conv_predelta", "v_conv", "gate", "beta_sigmoid")
+RECURRENT_INPUTS = ("linear_attn_qkv_mixed", "q_conv_predelta", "k_conv_predelta", "v_conv", "gate", "beta_sigmoid",
+                    "b")
 # linear attention's conv and delta rule read every position before theirs: kept at every position, as K and V
 LINEAR_HEAD_STAGES = ("q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output")  # [T, n, LD]
 SAME_VALUE = (("ffn_inp", "sa_out"),)  # one value, two families' names (the attention's residual sum: Gemma 3's)
@@ -360,7 +361,7 @@ class Dump:
     """
 
     def __init__(self, path: str | os.PathLike, layout: str | None = None, head_dim: int | None = None,
-                 prefill_only: bool = False):
+                 prefill_only: bool = False, v_order: str | None = None, v_heads: tuple | None = None):
         self.dir, self.prefill_only = Path(path), prefill_only
         if self.dir.is_file() and self.dir.suffix == ".safetensors":
             self.manifest, raw = _read_safetensors(self.dir)
@@ -380,16 +381,17 @@ class Dump:
         if self.layout is not None and self.layout not in LAYOUTS:
             _fail(self.dir, f"'qk_layout' must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         self.want_layout = layout or self.layout
-        order = m.get("v_head_order", "tiled")  # linear attention's v heads: llama.cpp's tiled order, or HF's grouped
-        if order not in V_HEAD_ORDERS:
-            _fail(self.dir, f"'v_head_order' must be one of {', '.join(V_HEAD_ORDERS)}, got {order!r}")
-        self.v_heads = None  # (LK, LV) where the dump's v heads are grouped: its stages reordered as they are read
-        if order == "grouped" and any(split_name(e["name"])[0] in V_HEAD_STAGES for e in raw):
-            heads = m.get("linear_heads")
+        self.v_order = m.get("v_head_order", "tiled")  # linear attention's v heads: tiled (llama.cpp's Qwen3.5) or
+        if self.v_order not in V_HEAD_ORDERS:  # grouped (HF's, Qwen3-Next's)
+            _fail(self.dir, f"'v_head_order' must be one of {', '.join(V_HEAD_ORDERS)}, got {self.v_order!r}")
+        self.want_v = v_order or self.v_order  # the order its stages are read in (the model's)
+        self.v_heads = None  # (LK, LV): the manifest's, else the model's; needed only to reorder
+        if self.want_v != self.v_order and any(split_name(e["name"])[0] in V_HEAD_STAGES for e in raw):
+            heads = m.get("linear_heads", list(v_heads or ()))
             if not (isinstance(heads, list) and len(heads) == 2 and all(isinstance(n, int) and n > 0 for n in heads)
                     and heads[1] % heads[0] == 0):
-                _fail(self.dir, "'v_head_order' grouped needs 'linear_heads': [q/k heads, v heads], v a multiple of "
-                      f"q/k, got {heads!r}")
+                _fail(self.dir, f"'v_head_order' {self.v_order} needs 'linear_heads': [q/k heads, v heads], v a "
+                      f"multiple of q/k, to read its v heads {self.want_v} (got {heads!r})")
             self.v_heads = tuple(heads)
         self.rope_dim = int(m["rope_dim"]) if m.get("rope_dim") is not None else None  # None: a head's every dim
         self.head_dim = int(m.get("head_dim") or head_dim or 0) or None
@@ -497,13 +499,19 @@ class Dump:
             if self.layout is None:
                 _fail(self.dir, "the manifest lacks 'qk_layout' (interleaved or half), needed for q/k stages")
             a = permute_qk(a, self.want_layout, self.rope_dim)
-        if stage in V_HEAD_STAGES and self.v_heads is not None:  # HF's grouped v heads: to llama.cpp's tiled order
+        if stage in V_HEAD_STAGES and self.v_heads is not None:  # v heads in the wanted order
             try:
-                a = reorder_v_heads(stage, a, *self.v_heads)
+                a = reorder_v_heads(stage, a, *self.v_heads, to=self.want_v)
             except (ValueError, IndexError):
                 _fail(self.dir, f"stage '{name}' {list(a.shape)} does not split into the 'linear_heads' "
                       f"{list(self.v_heads)} (q/k heads, v heads)")
         return a
+
+
+def v_head_fields(cfg):  # -> the manifest's fields for a model's linear-attention v heads ({} if it has none)
+    if not cfg.linear_k_heads:
+        return {}
+    return {"v_head_order": cfg.linear_v_order, "linear_heads": [cfg.linear_k_heads, cfg.linear_v_heads]}
 
 
 def storage_plan(n_layer, n_tokens, layers=None, max_rows=None, logit_rows=None, dtype=None, *, stages, inputs):

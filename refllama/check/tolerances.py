@@ -56,7 +56,7 @@ SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; 
     "q_conv_predelta": "ffn_norm", "k_conv_predelta": "ffn_norm", "attn_output": "kqv_out", "attn_pregate": "kqv_out",
     "final_output": "ffn_swiglu", "linear_attn_out": "attn_out", "gate_sigmoid": "ffn_swiglu",
     "attn_gated": "ffn_swiglu", "shared_expert_gate": "ffn_gate", "shared_expert_gate_sigmoid": "kq_soft_max",
-    "ffn_shexp_gated": "ffn_out",
+    "ffn_shexp_gated": "ffn_out", "linear_attn_mixed_ba": "ffn_gate", "b": "ffn_gate", "a": "ffn_gate",
 }
 TOLERANCES = {kind: {stage: row[i] for stage, row in _ROWS.items()} for i, kind in enumerate(REFERENCE_KINDS)}
 

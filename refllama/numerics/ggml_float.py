@@ -91,7 +91,8 @@ class Lanes(NamedTuple):
     softmax's groups); whether float16 products are summed in float16 lanes (ARM's FP16 vector arithmetic: 8 a
     vector) rather than float32 ones; the fewest tokens llamafile's tinyBLAS takes an F32 and an F16 matrix for;
     whether Q8_0 activations scale by 1 / d (ARM) rather than 127 / amax (x86); whether the build has llamafile's
-    tinyBLAS at all (ggml-cpu.c leaves it out of ARM builds with i8mm or SVE: every product is a vec_dot)."""
+    tinyBLAS at all (ggml-cpu.c leaves it out of ARM builds with i8mm or SVE: every product is a vec_dot); whether
+    the compiler fused SSM_CONV's `sumf += s * c` into multiply-adds (measured: the AVX-512 build's do, AVX2's not)."""
 
     width: int
     expf: Callable
@@ -102,9 +103,10 @@ class Lanes(NamedTuple):
     tiny_f16: int = 2
     inverse_d: bool = False
     llamafile: bool = True
+    conv_fused: bool = True
 
 
-LANES = {AVX512: Lanes(16, expf, reduce_halves), "avx2": Lanes(8, expf_avx2, reduce_hadd8),
+LANES = {AVX512: Lanes(16, expf, reduce_halves), "avx2": Lanes(8, expf_avx2, reduce_hadd8, conv_fused=False),
          NEON: Lanes(4, expf_avx2, reduce_pairs, reduce_pairs, half=True, tiny_f32=4, tiny_f16=8, inverse_d=True)}
 LANES[I8MM] = LANES[NEON]._replace(llamafile=False)
 
@@ -425,14 +427,15 @@ def l2_norm(x, eps):  # [..., n] f32 -> [..., n]: llama.cpp's build_gdn_l2_norm,
     return rms_norm(x, np.float32(1), np.float32(eps) / n) * (np.float32(1) / np.sqrt(n))
 
 
-def ssm_conv(x, state, w):  # [T, C], [CK-1, C], [C, CK] -> y [T, C], state: ggml's SSM_CONV
-    """Each channel's CK taps summed in order in float32, each step one fused multiply-add (the compiler contracts
-    ggml's `sumf += s * c`)."""
+def ssm_conv(x, state, w, path=AVX512):  # [T, C], [CK-1, C], [C, CK] -> y [T, C], state: ggml's SSM_CONV
+    """Each channel's CK taps summed in order in float32, each step a fused multiply-add where the path's build
+    contracts ggml's `sumf += s * c` (Lanes.conv_fused), a product then a sum where not."""
     K, T = w.shape[1], len(x)
     xs = np.concatenate([state, x], axis=0)  # [CK-1+T, C]
     y = np.zeros(x.shape, np.float32)
     for j in range(K):
-        y = fma(xs[j:j + T], np.broadcast_to(w[:, j], x.shape), y)
+        tap_j = np.broadcast_to(w[:, j], x.shape)
+        y = fma(xs[j:j + T], tap_j, y) if LANES[path].conv_fused else y + xs[j:j + T] * tap_j
     return y, xs[T:]
 
 

@@ -420,7 +420,7 @@ def path_ops(path):
     """OPS on a CPU path: its lanes and expf (ggml_float.LANES) in every small step."""
     if path == AVX512:
         return OPS
-    steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax, gated_delta_net)
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, router_softmax, gated_delta_net, ssm_conv)
     return OPS._replace(**{f.__name__.replace("router_", ""): partial(f, path=path) for f in steps},
                         silu=partial(silu, path=path), layer_norm=partial(layer_norm, path=path))
 

@@ -232,7 +232,8 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
 
 def path_ops(path):
     """OPS on a CPU path (LANES): its float steps' lanes and expf."""
-    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu, layer_norm, gated_delta_net)
+    steps = (attention_scores, attention_weights, attention_mix, swiglu, softmax, silu, layer_norm, gated_delta_net,
+             ssm_conv)
     if path == AVX512:
         return OPS
     return OPS._replace(**{f.__name__: partial(f, path=path) for f in steps},
