@@ -12,7 +12,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, linear, rms_norm, rope_cos_sin, softcap, softmax
+from ..layers import ROPE, causal_conv, linear, rms_norm, rope_cos_sin, silu, softcap, softmax, softplus
+from ..pairs import reorder_v_heads
 from ..xp import to_numpy
 from .dump import Dump
 from .rerun import ROUND
@@ -448,3 +449,93 @@ def one_token_routed_elsewhere(d):  # one token's least weighted expert swapped 
     ids = d["ffn_moe_topk-0"].copy()
     ids[0, -1] = next(e for e in range(d.cfg.n_expert) if e not in ids[0])
     return {"ffn_moe_topk-0": ids}
+
+
+# the hybrids' linear attention (Gated DeltaNet) and gated attention
+
+
+def _linear_layer(d):  # the first linear-attention layer, or None
+    return next((i for i in range(d.cfg.n_layer) if d.cfg.is_recurrent(i)), None)
+
+
+def _weight(d, layer, key):  # a layer's weight as a float32 array (numerics ggml keeps 2-D ones as matrices)
+    w = d.model.weights["layers"][layer][key]
+    return np.asarray(to_numpy(getattr(w, "w", w)), np.float32)
+
+
+def decay_from_a_log_as_stored(d):  # HF's A_log used as the decay's factor, not -exp(A_log)
+    L = _linear_layer(d)
+    if L is None:
+        return None
+    return {f"gate-{L}": d[f"a_softplus-{L}"] * np.log(-_weight(d, L, "ssm_a"))}
+
+
+def dt_bias_missing(d):  # softplus(alpha) without dt_bias
+    L = _linear_layer(d)
+    if L is None:
+        return None
+    return {f"a_softplus-{L}": softplus(d[f"alpha-{L}" if f"alpha-{L}" in d else f"a-{L}"])}
+
+
+def conv_state_not_carried(d):  # a decode step's conv from zeros: the prefill's last inputs forgotten
+    L = _linear_layer(d)
+    if L is None or not d.decodes:
+        return None
+    return {f"conv_output_raw-{L}@{d.n}": d[f"linear_attn_qkv_mixed-{L}@{d.n}"] * _weight(d, L, "ssm_conv1d")[:, -1]}
+
+
+def conv_kernel_reversed(d):  # the conv's taps in the other order (a cross-correlation read as a convolution)
+    L = _linear_layer(d)
+    if L is None:
+        return None
+    x, w = d[f"linear_attn_qkv_mixed-{L}"], _weight(d, L, "ssm_conv1d")
+    return {f"conv_output_raw-{L}": causal_conv(x, np.zeros((w.shape[1] - 1, w.shape[0]), np.float32), w[:, ::-1])[0]}
+
+
+def qk_not_l2_normed(d):  # q as the conv gave it to the delta rule
+    L = _linear_layer(d)
+    if L is None:
+        return None
+    q = d[f"q_conv-{L}"]
+    if d.cfg.linear_v_order == "grouped":  # its graph names q after the repeat to the v heads
+        q = np.repeat(q, d.cfg.linear_v_heads // d.cfg.linear_k_heads, axis=1)
+    return {f"q_conv_predelta-{L}": q}
+
+
+def gated_norm_in_the_other_order(d):  # rms_norm(o silu(z)) w: the gate before the norm (Mamba-2's order)
+    L = _linear_layer(d)
+    if L is None:
+        return None
+    o, z = d[f"attn_output-{L}"], d[f"z-{L}"].reshape(d[f"attn_output-{L}"].shape)
+    return {f"final_output-{L}": rms_norm(o * silu(z), _weight(d, L, "ssm_norm"), d.cfg.rms_eps).reshape(len(o), -1)}
+
+
+def v_heads_in_the_other_order(d):  # HF's grouped v heads where the model's are tiled (or the reverse)
+    L, cfg = _linear_layer(d), d.cfg
+    if L is None or cfg.linear_v_heads == cfg.linear_k_heads:
+        return None
+    other = "grouped" if cfg.linear_v_order == "tiled" else "tiled"
+    x = d[f"linear_attn_qkv_mixed-{L}"]
+    return {f"linear_attn_qkv_mixed-{L}": reorder_v_heads("linear_attn_qkv_mixed", x, cfg.linear_k_heads,
+                                                          cfg.linear_v_heads, to=other)}
+
+
+def beta_without_sigmoid(d):  # beta as its projection gave it
+    L = _linear_layer(d)
+    if L is None or f"beta-{L}" not in d:
+        return None
+    return {f"beta_sigmoid-{L}": d[f"beta-{L}"]}
+
+
+def attention_output_gate_missing(d):  # the gated attention's output not multiplied by sigmoid(gate)
+    A = next((i for i in range(d.cfg.n_layer) if f"attn_pregate-{i}" in d), None)
+    return None if A is None else {f"attn_gated-{A}": d[f"attn_pregate-{A}"]}
+
+
+def rope_over_every_dim(d):  # RoPE over a head's every dim where the model rotates only its first rope_dim
+    cfg = d.cfg
+    if cfg.rope_dim >= cfg.head_dim or cfg.rope_dim == 0:
+        return None
+    A = next(i for i in range(cfg.n_layer) if not cfg.is_recurrent(i) and not cfg.is_nope(i))
+    cos, sin = rope_cos_sin(d.n, cfg.head_dim, cfg.rope_base)
+    return {f"Qcur_rope-{A}": ROPE[cfg.rope_layout](d[f"{d.rope_input(A)}-{A}"], cos, sin)}

@@ -8,7 +8,8 @@ import numpy as np
 
 from .. import arch as archs
 from ..arch.blocks import IN, RESIDUAL, WIRING, block_input
-from ..layers import ROPE, embedding, linear, rms_norm, silu, yarn_dims, yarn_mscale
+from ..layers import ROPE, causal_conv, embedding, linear, rms_norm, silu, softplus, yarn_dims, yarn_mscale
+from ..pairs import V_HEAD_STAGES, reorder_v_heads
 from ..xp import to_numpy
 from . import bugs
 from .dump import INPUT_STAGES, ROUTED_STAGES, Dump, split_name
@@ -805,7 +806,8 @@ def rounded(e):
             return
 
 
-READS_OTHER_POSITIONS = ("Qcur_rope", "Kcur_rope", "kq", "kq_scaled_2", "kq_soft_max", "kqv_out")  # RoPE, attention
+READS_OTHER_POSITIONS = ("Qcur_rope", "Kcur_rope", "kq", "kq_scaled_2", "kq_soft_max", "kqv_out", "attn_pregate",
+                         "conv_output_raw", "attn_output")  # RoPE, attention, linear attention's conv and delta rule
 
 
 def _wrong_rows(e):  # -> [P] bool: the compared positions where the stage is wrong
@@ -824,7 +826,7 @@ def decode_path(e):
     steps = _decode_steps(e, _wrong_rows(e))
     if steps is None:
         return
-    where = ("its position, its KV cache slot, its mask" if e.stage in READS_OTHER_POSITIONS else
+    where = ("its position, its KV cache slot or recurrent state, its mask" if e.stage in READS_OTHER_POSITIONS else
              f"a step of {e.stage} that the one-token path takes otherwise than the prefill, not the KV cache: "
              f"{e.stage} reads no other position")
     yield f"hint: the prompt's positions are right and the decode steps' ({steps}) are not: the decode path ({where})"
@@ -1035,7 +1037,8 @@ def _inputs_of(stage, layer, dump, positions, cfg=None):
     return _stages(dump, names, positions) if names else None
 
 
-INPUTS_READ = ("ffn_swiglu", "ffn_geglu", "ffn_gelu", "attn_norm", "ffn_norm", "Qcur_rope", "Kcur_rope")  # the
+INPUTS_READ = ("ffn_swiglu", "ffn_geglu", "ffn_gelu", "attn_norm", "ffn_norm", "Qcur_rope", "Kcur_rope", "gate",
+               "a_softplus", "q_conv_predelta", "k_conv_predelta", "final_output", "beta_sigmoid", "attn_gated")  # the
 # stages whose hints re-run them from their inputs (_inputs_of)
 
 
@@ -1074,6 +1077,140 @@ ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
 }
 
 
+# the hybrids' linear attention (Gated DeltaNet) and gated attention
+
+
+def _layer_weight(e, key):  # the layer's weight as float64 (numerics ggml keeps 2-D ones as matrices)
+    w = e.model.weights["layers"][e.layer][key]
+    return to_numpy(getattr(w, "w", w)).astype(np.float64)
+
+
+def linear_decay(e):
+    """The decay's factor from A_log as HF stores it, or -exp applied to a file's ssm_a that already is -exp(A_log),
+    or without its sign: gate = a_softplus times another function of the file's ssm_a."""
+    inputs = e.inputs() if e.stage == "gate" and e.model is not None else None
+    if not inputs:
+        return
+    a = _layer_weight(e, "ssm_a")
+    tries = {"log(-ssm_a): A_log as HF stores it, where the decay's factor is -exp(A_log) (the file's ssm_a)":
+             np.log(-a), "-exp(ssm_a): -exp applied twice (the file's ssm_a already is -exp(A_log))": -np.exp(a),
+             "-ssm_a: its sign lost (exp(gate) must be a decay, below 1)": -a}
+    text = next((t for t, f in tries.items() if e.close(inputs[0] * f, e.bad)), None)
+    if text:
+        yield f"hint: matches a_softplus times {text}"
+
+
+def decay_without_dt_bias(e):
+    inputs = e.inputs() if e.stage == "a_softplus" else None
+    if inputs and e.close(softplus(inputs[0]), e.bad):
+        yield ("hint: matches the softplus of the projection alone: dt_bias (the file's ssm_dt) is not added before "
+               "the softplus")
+
+
+def conv_state(e):
+    """The short conv of each token from a zero state (its last CK - 1 inputs not carried from the call before: a
+    decode step's conv sees only its own token), or with its kernel in the other order."""
+    if e.stage != "conv_output_raw" or e.model is None:
+        return
+    w = _layer_weight(e, "ssm_conv1d")  # [C, CK]
+    here = _stages(e.bad_dump, [f"linear_attn_qkv_mixed-{e.layer}"], e.positions)
+    later = (np.asarray(e.positions) >= len(e.bad_dump.prompt_ids))[:, None]  # the decode steps' rows
+    if here and later.any() and e.close(np.where(later, here[0] * w[:, -1], e.want), e.bad):
+        yield ("hint: matches the conv of each token alone: the conv state (its last CK - 1 inputs) is not carried "
+               "from the call before (a decode step, or a prompt's next batch)")
+        return
+    every = _stages(e.bad_dump, [f"linear_attn_qkv_mixed-{e.layer}"], list(range(max(e.positions) + 1)))
+    if every:
+        y = causal_conv(every[0], np.zeros((w.shape[1] - 1, w.shape[0])), w[:, ::-1])[0][e.positions]
+        if e.close(y, e.bad):
+            yield "hint: matches the conv with its kernel reversed: tap j multiplies the input j - (CK - 1) steps back"
+
+
+def qk_not_l2_normed(e):
+    inputs = e.inputs() if e.stage in ("q_conv_predelta", "k_conv_predelta") else None
+    if not inputs:
+        return
+    x = inputs[0]
+    if x.shape[-2] != e.bad.shape[-2]:  # the graph's names after q/k repeated to the v heads (grouped)
+        x = np.repeat(x, e.bad.shape[-2] // x.shape[-2], axis=-2)
+    rms = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + e.cfg.rms_eps)
+    if e.close(x, e.bad):
+        yield f"hint: equals its input ({e.stage[:6]}): {e.stage[0]} is not L2-normalised before the delta rule"
+    elif e.close(rms, e.bad):
+        yield (f"hint: matches {e.stage[0]} RMS-normed: L2-normalise it (x / |x|, the RMS norm times 1/sqrt(d)) "
+               "before the delta rule")
+
+
+def gated_norm_order(e):
+    """The gated RMS norm's other forms: the gate before the norm, the gate without its SiLU."""
+    inputs = e.inputs() if e.stage == "final_output" and e.model is not None else None
+    if not inputs:
+        return
+    o, z = inputs[0], inputs[1].reshape(inputs[0].shape)
+    w, eps = _layer_weight(e, "ssm_norm"), e.cfg.rms_eps
+    if e.close(rms_norm(o * silu(z), w, eps).reshape(e.bad.shape), e.bad):
+        yield ("hint: matches rms_norm(o silu(z)) w: the gate applied before the norm, where Qwen3.5's gated norm "
+               "is rms_norm(o) w silu(z)")
+    elif e.close((rms_norm(o, w, eps) * z).reshape(e.bad.shape), e.bad):
+        yield "hint: matches rms_norm(o) w z: the gate z without its SiLU"
+
+
+def v_head_order(e):
+    """Linear attention's v heads in the other order: HF's grouped (v head h reads q/k head h // (LV / LK)) where the
+    model's are tiled (h % LK, Qwen3.5's converter reorders them so), or the reverse."""
+    cfg = e.cfg
+    if cfg is None or e.stage not in V_HEAD_STAGES or cfg.linear_v_heads <= cfg.linear_k_heads:
+        return
+    for to in ("grouped", "tiled"):
+        if e.close(reorder_v_heads(e.stage, e.want, cfg.linear_k_heads, cfg.linear_v_heads, to=to), e.bad):
+            mine, theirs = ("grouped", "tiled") if cfg.linear_v_order == "tiled" else ("tiled", "grouped")
+            yield (f"hint: equals the expected values with the v heads in {mine} order, where this model's are "
+                   f"{theirs}: reorder the v heads' rows of the qkv, z, a, b projections, dt_bias, A_log and the "
+                   f"conv, and out_proj's columns, as llama.cpp's converter does (or declare v_head_order)")
+            return
+
+
+def beta_without_sigmoid(e):
+    inputs = e.inputs() if e.stage == "beta_sigmoid" else None
+    if inputs and e.close(inputs[0], e.bad):
+        yield "hint: equals its input beta: beta's sigmoid is missing"
+
+
+def attention_output_gate(e):
+    """The gated attention's output without its gate, or times the gate's raw half of q's projection."""
+    inputs = e.inputs() if e.stage == "attn_gated" else None
+    if not inputs:
+        return
+    if e.close(inputs[0], e.bad):
+        yield ("hint: equals attn_pregate: the attention output's gate, sigmoid of the second half of each head of "
+               "q's projection (Qcur_full), is not applied")
+        return
+    full = _stages(e.bad_dump, [f"Qcur_full-{e.layer}"], e.positions)
+    if full:
+        H, HD = e.cfg.n_head, e.cfg.head_dim
+        raw = full[0].reshape(-1, H, 2, HD)[:, :, 1].reshape(inputs[0].shape)
+        if e.close(inputs[0] * raw, e.bad):
+            yield "hint: matches attn_pregate times the gate's raw values: the gate's sigmoid is missing"
+
+
+def partial_rope(e):
+    """RoPE over a head's every dim where the model rotates only its first rope_dim, or the rotated dims at a full
+    head's frequencies (base^(-2i/HD) for base^(-2i/R))."""
+    cfg = e.cfg
+    inputs = e.inputs() if e.stage in ("Qcur_rope", "Kcur_rope") and cfg is not None and e.model is not None else None
+    if not inputs or not 0 < cfg.rope_dim < cfg.head_dim:
+        return
+    x, n = inputs[0].astype(np.float32), max(e.positions) + 1
+    cos, sin = (to_numpy(t)[e.positions] for t in e.model.ops.rope_cos_sin(n, cfg.head_dim, cfg.rope_base))
+    R2 = cfg.rope_dim // 2
+    if e.close(ROPE[cfg.rope_layout](x, cos, sin), e.bad):
+        yield (f"hint: matches RoPE over all {cfg.head_dim} dims of a head: only the first rope_dim = {cfg.rope_dim} "
+               "rotate (partial rotary), the rest pass through")
+    elif e.close(ROPE[cfg.rope_layout](x, cos[:, :R2], sin[:, :R2]), e.bad):
+        yield (f"hint: matches RoPE on the first {cfg.rope_dim} dims at a full head's frequencies: theta_i = "
+               f"base^(-2i/{cfg.head_dim}) where partial rotary takes base^(-2i/{cfg.rope_dim})")
+
+
 class Hint(NamedTuple):
     """A registered hint: the detector, where it applies, and the bug it names (as a function that injects it)."""
 
@@ -1094,6 +1231,10 @@ class Hint(NamedTuple):
 
 def _moe(cfg):
     return bool(cfg.n_expert)
+
+
+def _linear(cfg):
+    return bool(cfg.recurrent_layers and any(cfg.recurrent_layers))
 
 
 ROPED, NORMED = ("Qcur_rope", "Kcur_rope"), ("attn_norm", "ffn_norm", "result_norm", "attn_post_norm", "ffn_post_norm")
@@ -1156,6 +1297,17 @@ HINTS = (  # in the order their lines are listed
     Hint(mask_off_by_one, ("kq_soft_max",), bugs.mask_one_key_late, reads=("kq",),
          unless=("attention_softcap", "another_softmax_scale", "sliding_window")),
     Hint(missing_mask, ("kq_soft_max",), bugs.no_causal_mask, reads=("kq",)),
+    Hint(linear_decay, ("gate",), bugs.decay_from_a_log_as_stored, model=True, when=_linear),
+    Hint(decay_without_dt_bias, ("a_softplus",), bugs.dt_bias_missing, when=_linear),
+    Hint(conv_state, ("conv_output_raw",), (bugs.conv_state_not_carried, bugs.conv_kernel_reversed), model=True,
+         when=_linear),
+    Hint(qk_not_l2_normed, ("q_conv_predelta", "k_conv_predelta"), bugs.qk_not_l2_normed, when=_linear),
+    Hint(gated_norm_order, ("final_output",), bugs.gated_norm_in_the_other_order, model=True, when=_linear),
+    Hint(v_head_order, tuple(V_HEAD_STAGES), bugs.v_heads_in_the_other_order,
+         when=lambda c: c.linear_v_heads > c.linear_k_heads),
+    Hint(beta_without_sigmoid, ("beta_sigmoid",), bugs.beta_without_sigmoid, when=_linear),
+    Hint(attention_output_gate, ("attn_gated",), bugs.attention_output_gate_missing, when=_linear),
+    Hint(partial_rope, ROPED, bugs.rope_over_every_dim, model=True, when=lambda c: 0 < c.rope_dim < c.head_dim),
     Hint(rounded, None, bugs.rounded_to_bfloat16),
     Hint(scale_factor, None, bugs.scaled, fallback=True),
     Hint(sign_flip, None, bugs.signs_flipped, fallback=True),
