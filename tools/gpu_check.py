@@ -312,7 +312,7 @@ def device_check(report, name, peak):
 
     V = 152064
     cfg, tensors = make_synthetic_model.plan(name, "bf16", make_synthetic_model.SHAPES[name]["n_layer"], V)
-    plan = {n: (s, is_norm) for n, s, _, is_norm in tensors}
+    plan = {n: (s, role == "norm") for n, s, _, role in tensors}
     scratch, rng = Scratch(cupy), cupy.random.default_rng(0)
     temporary = cupy.cuda.MemoryPool()  # the random float32 values' own, so that no weight is placed in the holes
     # they leave (the pool splits a free block for a smaller array: 16 GiB lost that way at 32B)

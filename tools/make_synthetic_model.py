@@ -5,6 +5,7 @@ speed and memory work at the sizes people port (its text is noise: say "syntheti
     python tools/make_synthetic_model.py qwen2.5-7b bf16 --layers 2 -o /tmp/syn                  # a cut-down model
     python tools/make_synthetic_model.py llama-3.1-8b hf-bf16 -o ~/.cache/refllama/synthetic    # an HF directory
     python tools/make_synthetic_model.py qwen3-30b-a3b q4_k_m -o ~/.cache/refllama/synthetic    # a mixture of experts
+    python tools/make_synthetic_model.py qwen3.5-9b q4_k_m -o ~/.cache/refllama/synthetic       # a hybrid
 
 Types: f16, bf16 (every matrix 16-bit), q8_0, q4_0, q4_k_m (Q4_K, with Q6_K where llama-quantize's Q4_K_M puts it:
 the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between);
@@ -57,7 +58,17 @@ SHAPES = {
     "olmoe-1b-7b": dict(arch="olmoe", vocab="llama-bpe", n_layer=16, n_embd=2048, n_head=16, n_head_kv=16,
                         head_dim=128, n_ff=1024, n_ctx_train=4096, rms_eps=1e-5, rope_base=10000.0,
                         n_expert=64, n_expert_used=8, n_ff_exp=1024),
+    # the hybrids: three Gated DeltaNet layers in four (16 q/k heads, 32 v heads of 128), a quarter of each full
+    # attention head rotated
+    "qwen3.5-9b": dict(arch="qwen35", vocab="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256,
+                       n_ff=12288, n_ctx_train=262144, rms_eps=1e-6, rope_base=10000000.0, rope_dim=64,
+                       linear_k_heads=16, linear_v_heads=32, linear_head_dim=128, conv_kernel=4),
+    "qwen3.6-35b-a3b": dict(arch="qwen35moe", vocab="qwen35", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2,
+                            head_dim=256, n_ff=512, n_ctx_train=262144, rms_eps=1e-6, rope_base=10000000.0,
+                            rope_dim=64, linear_k_heads=16, linear_v_heads=32, linear_head_dim=128, conv_kernel=4,
+                            n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, expert_norm=True),
 }
+FULL_ATTENTION_INTERVAL = 4  # the hybrids': every 4th layer full attention
 TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K}
 SPREAD = 0.02  # the weights' standard deviation
 
@@ -100,8 +111,8 @@ def more_bits(i, n):  # llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K 
 
 
 def tensor_type(name, layer, n_layer, kind, is_matrix):
-    if not is_matrix or name == "ffn_gate_inp":  # llama-quantize keeps a router in F32
-        return QT.F32
+    if not is_matrix or name in ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d"):  # llama-quantize keeps routers
+        return QT.F32  # and the conv in F32
     if kind != "q4_k_m":
         return TYPES[kind]
     if name == "output" or (name in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits(layer, n_layer)):
@@ -113,9 +124,13 @@ def f16_of(x):  # float -> its float16 bits as two bytes
     return np.frombuffer(np.float16(x).tobytes(), np.uint8)
 
 
-def random_tensor(rng, qtype, shape, is_norm):  # numpy shape [..., K] -> what GGUFWriter writes for that type
+def random_tensor(rng, qtype, shape, role):  # numpy shape [..., K] -> what GGUFWriter writes for that type
+    """`role`: "norm" (weights near 1), "decay" (a linear attention's ssm_a = -exp(A_log), A in [1, 16] as the real
+    models' init draws it, so that exp(g) stays a decay) or None."""
+    if role == "decay":
+        return -rng.uniform(1.0, 16.0, shape).astype(np.float32)
     if qtype == QT.F32:
-        return (1.0 + SPREAD * rng.standard_normal(shape) if is_norm else SPREAD * rng.standard_normal(shape)
+        return (1.0 + SPREAD * rng.standard_normal(shape) if role == "norm" else SPREAD * rng.standard_normal(shape)
                 ).astype(np.float32)
     if qtype in (QT.F16, QT.BF16):
         x = (SPREAD * rng.standard_normal(shape, dtype=np.float32))
@@ -151,6 +166,16 @@ def metadata(w, cfg, name):
         w.add_expert_count(cfg.n_expert)
         w.add_expert_used_count(cfg.n_expert_used)
         w.add_expert_feed_forward_length(cfg.n_ff_exp)
+    if cfg.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(cfg.n_ff_shexp)
+    if cfg.recurrent_layers:  # as llama.cpp's Qwen3.5 converter writes a hybrid's
+        w.add_ssm_conv_kernel(cfg.conv_kernel)
+        w.add_ssm_state_size(cfg.linear_head_dim)
+        w.add_ssm_group_count(cfg.linear_k_heads)
+        w.add_ssm_time_step_rank(cfg.linear_v_heads)
+        w.add_ssm_inner_size(cfg.linear_v_heads * cfg.linear_head_dim)
+        w.add_full_attention_interval(FULL_ATTENTION_INTERVAL)
+        w.add_rope_dimension_sections([11, 11, 10, 0])  # text: one position stream, the sections do not matter
 
 
 def plan(name, kind, n_layer, n_vocab):
@@ -158,7 +183,9 @@ def plan(name, kind, n_layer, n_vocab):
     spec = SHAPES[name]
     module = archs.get(spec["arch"])
     hp = {k: v for k, v in spec.items() if k != "vocab"}
-    cfg = ModelConfig(**{**hp, "n_layer": n_layer}, vocab_size=n_vocab, rope_dim=spec["head_dim"],
+    hybrid = {"recurrent_layers": tuple((i + 1) % FULL_ATTENTION_INTERVAL != 0 for i in range(n_layer))} \
+        if "linear_k_heads" in spec else {}
+    cfg = ModelConfig(**{"rope_dim": spec["head_dim"], **hp, "n_layer": n_layer, **hybrid}, vocab_size=n_vocab,
                       rope_layout=module.ROPE_LAYOUT, moe_layers=(True,) * n_layer if "n_expert" in spec else None)
     d = dims(cfg)
     tensors = []  # (GGUF name, row key, layer or None, numpy shape)
@@ -169,8 +196,8 @@ def plan(name, kind, n_layer, n_vocab):
         for row in layer_rows(module, cfg, i):
             if row.required:
                 tensors.append((f"blk.{i}.{row.gguf}", row.key, i, shape_of(row, d)))
-    return cfg, [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), "norm" in key)
-                 for n, key, i, s in tensors]
+    roles = lambda key: "decay" if key == "ssm_a" else "norm" if "norm" in key else None  # noqa: E731
+    return cfg, [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), roles(key)) for n, key, i, s in tensors]
 
 
 def write(name, kind, out, n_layer=None, seed=0, n_vocab=None):
@@ -197,8 +224,8 @@ def write(name, kind, out, n_layer=None, seed=0, n_vocab=None):
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for _, s, qtype, is_norm in tensors:
-        w.write_tensor_data(random_tensor(rng, qtype, s, is_norm))
+    for _, s, qtype, role in tensors:
+        w.write_tensor_data(random_tensor(rng, qtype, s, role))
     w.close()
     os.replace(tmp, path)
     print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB, {len(tensors)} tensors, synthetic weights)")
