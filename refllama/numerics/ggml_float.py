@@ -112,7 +112,6 @@ LANES[I8MM] = LANES[NEON]._replace(llamafile=False)
 
 
 _LIBM = ctypes.CDLL(ctypes.util.find_library("m"))
-_LIBM.expf.restype, _LIBM.expf.argtypes = ctypes.c_float, [ctypes.c_float]
 _LIBM.logf.restype, _LIBM.logf.argtypes = ctypes.c_float, [ctypes.c_float]
 
 
@@ -167,9 +166,9 @@ def swiglu(gate, up, path=AVX512):  # [T, F], [T, F] -> [T, F]: ggml_vec_swiglu_
     return silu(gate, path) * up
 
 
-def libm_expf(x):  # [...] f32 -> [...] f32: the C library's expf, value by value (it is not correctly rounded)
-    f = _LIBM.expf
-    return np.array([f(v) for v in x.ravel().tolist()], np.float32).reshape(x.shape)
+@vectorize(["float32(float32)"], cache=True)
+def libm_expf(x):  # [...] f32 -> [...] f32: the C library's expf (Numba calls it for a float32; not correctly rounded)
+    return math.exp(x)
 
 
 def lanes_expf(x, path):  # [..., n] f32 -> [..., n]: the path's ggml_v_expf on whole vectors, libm's on the rest
@@ -409,9 +408,9 @@ def f32_dots(x, w, path=AVX512, batch=True):  # [T, K] f32, [N, K] f32 -> [T, N]
     return out
 
 
-def libm_logf(x):  # [...] f32 -> [...] f32: the C library's logf, value by value
-    f = _LIBM.logf
-    return np.array([f(v) for v in x.ravel().tolist()], np.float32).reshape(x.shape)
+@vectorize(["float32(float32)"], cache=True)
+def libm_logf(x):  # [...] f32 -> [...] f32: the C library's logf (Numba calls it for a float32)
+    return math.log(x)
 
 
 def sigmoid(x):  # [...] f32 -> [...]: ggml's op_sigmoid, 1 / (1 + expf(-x)), the C library's expf

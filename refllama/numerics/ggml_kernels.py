@@ -17,20 +17,7 @@ from ..layers import Ops
 from . import ggml_float
 from .cpu_paths import EMULATED
 from .ggml_blocks import BLOCK_BYTES, NumbaGgmlMatrix, _round_f16, _round_f16s
-from .ggml_float import (
-    AVX512,
-    cos_sin,
-    geglu,
-    gelu,
-    l2_norm,
-    layer_norm,
-    rope_cos_sin,
-    sigmoid,
-    silu,
-    softcap,
-    softplus,
-    ssm_conv,
-)
+from .ggml_float import AVX512, cos_sin, geglu, gelu, l2_norm, layer_norm, rope_cos_sin, sigmoid, softcap, softplus
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import F16Matrix, F32Matrix, GgmlPlacement, id_product, repacked
 from .ir import I64, counted_loop, load, specialize, splat
@@ -332,6 +319,30 @@ def _gated_delta_net(q, k, v, g, beta, state):  # ggml_float.gated_delta_net (wh
     return out, new
 
 
+def _ssm_conv(xs, w, fused):  # [CK-1+T, C], [C, CK] -> [T, C]: ggml_float.ssm_conv (which says whose sums these are)
+    K = w.shape[1]
+    T, C = xs.shape[0] - (K - 1), w.shape[0]
+    out = np.empty((T, C), np.float32)
+    for t in prange(T):
+        for c in range(C):
+            total = np.float32(0.0)
+            for j in range(K):
+                total = fma32(xs[t + j, c], w[c, j], total) if fused else total + xs[t + j, c] * w[c, j]
+            out[t, c] = total
+    return out
+
+
+def ssm_conv(x, state, w, path=AVX512):  # as ggml_float.ssm_conv, its channels in parallel
+    xs = np.concatenate([state, x], axis=0).astype(np.float32, copy=False)  # [CK-1+T, C]
+    w = np.ascontiguousarray(getattr(w, "w", w), dtype=np.float32)  # the placement's F32 matrix: its values
+    return PATH_KERNELS[path]["ssm_conv"](xs, w, ggml_float.LANES[path].conv_fused), xs[len(x):]
+
+
+def silu(x, path=AVX512):  # [..., n] -> [..., n]: ggml_vec_silu_f32, as swiglu's kernel computes silu(x) times 1
+    rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+    return PATH_KERNELS[path]["swiglu"](rows, np.ones_like(rows)).reshape(x.shape)
+
+
 def gated_delta_net(q, k, v, g, beta, state, path=AVX512):  # ggml_float.gated_delta_net, its heads in parallel
     c = np.ascontiguousarray
     return PATH_KERNELS[path]["gated_delta_net"](c(q, np.float32), c(k, np.float32), c(v, np.float32),
@@ -347,7 +358,7 @@ def _path_kernels(path):
     tag = path.replace("-", "_")
     return {f.__name__[1:]: specialize(f, f"{f.__name__[1:]}_{tag}", parallel=f is not _router_softmax, **values)
             for f in (_swiglu, _softmax, _scores_ir, _mix_ir, _scores_f16, _mix_f16, _f32_dots, _router_softmax,
-                      _gated_delta_net)}
+                      _gated_delta_net, _ssm_conv)}
 
 
 PATH_KERNELS = {path: _path_kernels(path) for path in EMULATED["numba"]}  # compiled on a first call
@@ -411,9 +422,9 @@ def attention_mix(p, v, path=AVX512):  # [H, T, S] f32, [KVH, S, HD] f32 (float1
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True,
-          softmax=router_softmax, silu=silu, layer_norm=layer_norm,  # a gate's few values, GPT-2's norms: NumPy's
+          softmax=router_softmax, silu=silu, layer_norm=layer_norm,  # GPT-2's norms: NumPy's
           mul_mat_id=partial(mul_mat_id, product=id_product), sigmoid=sigmoid, softplus=softplus, l2_norm=l2_norm,
-          ssm_conv=ssm_conv, gated_delta_net=gated_delta_net)  # the linear attention's small steps: NumPy's
+          ssm_conv=ssm_conv, gated_delta_net=gated_delta_net)  # the linear attention's sigmoid, softplus: NumPy's
 
 
 def path_ops(path):

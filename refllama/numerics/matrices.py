@@ -71,7 +71,9 @@ class FusedPart(WeightMatrix):
         return self.fused.columns(x, self.a, self.b)
 
 
-FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))  # a layer's products of one input
+FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("attn_qkv", "attn_gate"),
+         ("ssm_beta", "ssm_alpha"))  # a layer's products of one input (linear attention's four: two pairs, each of
+# one type in llama.cpp's quantized files)
 
 
 def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matrices, [T, K] ids -> [T, K, out]
