@@ -54,19 +54,25 @@ def load_hf(directory, placement=None):
     if not names:
         raise RefllamaError(f"{c.path}: missing field 'architectures'")
     arch = archs.for_hf(names[0], c.path)
+    text, prefix = c, ""  # a multimodal checkpoint: its text model's config and tensors, the rest left unread
+    if names[0] in getattr(arch, "HF_MULTIMODAL", ()):
+        text, prefix = c.nested("text_config"), "model.language_model."
     try:
-        cfg, rope = arch.config_from_hf(c)
+        cfg, rope = arch.config_from_hf(text)
     except (KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as e:
         # the fields each family reads are checked by name; this names any value that slipped past those checks
         raise RefllamaError(f"{c.path}: invalid config ({type(e).__name__}: {shown(str(e))})") from None
-    cfg.checked(c.path)
+    cfg.checked(text.path)
     ck = Checkpoint(d)
     place = placement or Placement()
     place.plan(ck.float32_bytes(frozenset()))
     check_memory(ck.float32_bytes(place.keep), f"{d}: the weights in float32",
                  "use a smaller model or a 16-bit one (kept as stored on numpy and numba)")
-    weights = read_weights(arch, cfg, "hf", lambda name, shape: ck.tensor(name, shape, place.keep),
-                           lambda name: name in ck, place)
+    def named(name):  # the text model's `model.` tensors under the multimodal checkpoint's prefix
+        return prefix + name.removeprefix("model.") if prefix and name.startswith("model.") else name
+
+    weights = read_weights(arch, cfg, "hf", lambda name, shape: ck.tensor(named(name), shape, place.keep),
+                           lambda name: named(name) in ck, place)
     weights.update(rope())
     tokenizer, template = from_hf_dir(d, eos_ids(c, d))
     return Loaded(cfg, weights, tokenizer, template, [])

@@ -88,3 +88,28 @@ def test_the_gpu_placement_computes_the_float32_values(family):
     for k, t in enumerate([8, 6]):
         np.testing.assert_allclose(m.forward([t], len(ids) + k), want.forward([t], len(ids) + k), rtol=0, atol=1e-5)
     assert not eligible(m)
+
+
+@pytest.mark.parametrize("family", ["qwen35", "qwen35moe"])
+def test_a_multimodal_checkpoint_loads_its_text_model(family, tmp_path):
+    """Qwen3.5's released checkpoints are Qwen3_5ForConditionalGeneration (Qwen3_5MoeFor...): the text model's
+    config nested as `text_config`, its tensors under `model.language_model.` beside `model.visual.*` (transformers'
+    Qwen3_5Model): read as the same text model, the vision tower left unread."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    src = GGUF[family].dir / "hf-model"
+    d = tmp_path / "mm"
+    shutil.copytree(src, d)
+    text = json.loads((src / "config.json").read_text())
+    kind = text["architectures"][0].replace("ForCausalLM", "ForConditionalGeneration")
+    (d / "config.json").write_text(json.dumps({"architectures": [kind], "text_config": text, "vision_config": {},
+                                               "tie_word_embeddings": text["tie_word_embeddings"]}))
+    tensors = {(n.replace("model.", "model.language_model.", 1) if n.startswith("model.") else n): a
+               for n, a in load_file(src / "model.safetensors").items()}
+    save_file({**tensors, "model.visual.patch_embed.proj.weight": np.zeros((4, 4), np.float32)},
+              d / "model.safetensors")
+    ids = [1, 5, 9, 2, 7]
+    np.testing.assert_array_equal(refllama.load(d).logits(ids), refllama.load(src).logits(ids))

@@ -48,6 +48,8 @@ The module interface (tests/test_structure.py holds every module to it):
             RECURRENT_WEIGHTS      a linear-attention layer's rows (ModelConfig.is_recurrent), in place of LAYER_WEIGHTS
             block_stages(cfg, i)   the stages block i taps, if not blocks.block_stages of STAGES (the hybrids')
             SHARED_EXPERT_STAGES   its shared expert's stages, if not Qwen2-MoE's (Qwen3.5-MoE's sigmoid gate)
+            HF_MULTIMODAL          HF_ARCHITECTURES that are a multimodal checkpoint: the text model's config is its
+                                   `text_config`, its tensors under `model.language_model.` (Qwen3.5's released ones)
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
             LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
@@ -84,7 +86,7 @@ from .tables import Weight
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
-            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES")
+            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES", "HF_MULTIMODAL")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
                                      smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next)}

@@ -11,7 +11,8 @@ head, which the converter reorders to llama.cpp's tiled order: refllama does the
 from . import blocks, hybrid, tables
 
 NAME = "qwen35"
-HF_ARCHITECTURES = ("Qwen3_5ForCausalLM",)
+HF_ARCHITECTURES = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
+HF_MULTIMODAL = ("Qwen3_5ForConditionalGeneration",)  # released: text model read, vision left
 ROPE_LAYOUT = "half"  # llama.cpp's IMROPE: NEOX pairs, one position stream for text
 FULL_ATTENTION_INTERVAL = 4  # every 4th layer full attention, where a file lists no recurrent layers (llama.cpp's)
 

@@ -6,7 +6,8 @@ from . import blocks, hybrid, tables
 from .hparams import gguf_moe, hf_moe
 
 NAME = "qwen35moe"
-HF_ARCHITECTURES = ("Qwen3_5MoeForCausalLM",)
+HF_ARCHITECTURES = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+HF_MULTIMODAL = ("Qwen3_5MoeForConditionalGeneration",)  # released: text model read, vision left
 ROPE_LAYOUT = "half"
 FULL_ATTENTION_INTERVAL = 4  # as Qwen3.5's
 

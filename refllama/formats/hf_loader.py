@@ -48,6 +48,11 @@ class Config:
         value = self.d.get(key)
         return default if value is None else self._typed(key, value, kind)
 
+    def nested(self, key):  # -> the Config of an object field (a multimodal model's text_config)
+        sub = object.__new__(Config)
+        sub.path, sub.d = f"{self.path}: {key}", self.need(key, dict)
+        return sub
+
 
 class SafeTensors:
     """Tensors of one .safetensors file, memory-mapped; F32, F16 and BF16 (which safetensors' numpy API lacks).
