@@ -113,3 +113,26 @@ def test_a_multimodal_checkpoint_loads_its_text_model(family, tmp_path):
               d / "model.safetensors")
     ids = [1, 5, 9, 2, 7]
     np.testing.assert_array_equal(refllama.load(d).logits(ids), refllama.load(src).logits(ids))
+
+
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_a_bfloat16_hf_directory_computes_its_float32_values(family, tmp_path):
+    """The released checkpoints are bfloat16: a matrix kept as stored has its bytes' rows reordered (v heads tiled,
+    Qwen3-Next's q/k/v/z regrouped), one whose columns move (out_proj) or whose values change (A_log, the norms) is
+    converted first; the logits equal those of the same bfloat16 values widened to float32."""
+    import json
+    import shutil
+
+    from engine import bf16, write_safetensors_bf16
+    from safetensors.numpy import load_file, save_file
+
+    src = GGUF[family].dir / "hf-model"
+    tensors = load_file(src / "model.safetensors")
+    kept, widened = tmp_path / "bf16", tmp_path / "f32"
+    for d in (kept, widened):
+        shutil.copytree(src, d)
+    write_safetensors_bf16(kept / "model.safetensors", tensors, {"format": "pt"})
+    save_file({n: bf16(a) for n, a in tensors.items()}, widened / "model.safetensors")
+    assert json.loads((kept / "config.json").read_text())["architectures"]
+    ids = [1, 5, 9, 2, 7, 3]
+    np.testing.assert_allclose(refllama.load(kept).logits(ids), refllama.load(widened).logits(ids), rtol=0, atol=1e-5)
