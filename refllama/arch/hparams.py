@@ -116,10 +116,11 @@ def gguf_yarn(g, arch, rope, n_ctx):
 GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes
 
 
-def gguf_moe(g, norm, split_ff=False, shared=0):
+def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False):
     """The mixture-of-experts fields of a GGUF config ({} for a dense model), as llama.cpp reads them: `norm` is the
     family's renormalisation (llama.cpp's graph fixes it per architecture, no file key), `shared` the shared experts
-    its graph computes (an expert_shared_count of another number is refused); without an
+    its graph computes (an expert_shared_count of another number is refused), `every_layer` whether its graph makes
+    every layer a mixture (a layer without a router is then a missing tensor, not a dense layer); without an
     `expert_feed_forward_length` an expert is feed_forward_length wide, or (`split_ff`, Qwen's) that over K. A layer
     is a mixture where it has a router (`ffn_gate_inp`), as llama.cpp's llama graph decides per layer. Routing options
     refllama does not compute are refused by name."""
@@ -143,7 +144,7 @@ def gguf_moe(g, norm, split_ff=False, shared=0):
             "n_ff_shexp": int(g.integer(f"{arch}.expert_shared_feed_forward_length", low=1))
             if g.has(f"{arch}.expert_shared_feed_forward_length") else None,
             "expert_norm": norm, "expert_scale": float(scale) if scale else 1.0,
-            "moe_layers": tuple(f"blk.{i}.ffn_gate_inp.weight" in g.tensors for i in range(n_layer))}
+            "moe_layers": tuple(every_layer or f"blk.{i}.ffn_gate_inp.weight" in g.tensors for i in range(n_layer))}
 
 
 def hf_moe(c, norm_default, shared=False):

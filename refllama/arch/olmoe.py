@@ -22,7 +22,7 @@ STAGES = blocks.pre_norm_stages(qk_norm=True)
 
 
 def config_from_gguf(g):
-    return gguf_config(g, ROPE_LAYOUT, **gguf_moe(g, norm=False))
+    return gguf_config(g, ROPE_LAYOUT, **gguf_moe(g, norm=False, every_layer=True))
 
 
 def config_from_hf(c):

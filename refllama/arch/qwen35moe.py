@@ -26,7 +26,7 @@ def block_stages(cfg, i):
 
 def config_from_gguf(g):
     """Qwen3.5's fields, and the experts' as llama.cpp's qwen35moe graph computes them: renormalised."""
-    return hybrid.gguf_config(g, NAME, FULL_ATTENTION_INTERVAL, **gguf_moe(g, norm=True))
+    return hybrid.gguf_config(g, NAME, FULL_ATTENTION_INTERVAL, **gguf_moe(g, norm=True, every_layer=True))
 
 
 def config_from_hf(c):

@@ -27,8 +27,10 @@ def block_stages(cfg, i):
 
 
 def config_from_gguf(g):
-    """The hybrids' fields with grouped v heads, the experts' (renormalised, as its graph computes them)."""
-    return hybrid.gguf_config(g, NAME, FULL_ATTENTION_INTERVAL, linear_v_order="grouped", **gguf_moe(g, norm=True))
+    """The hybrids' fields with grouped v heads, the experts' (renormalised, in every layer, as its graph computes
+    them)."""
+    moe = gguf_moe(g, norm=True, every_layer=True)
+    return hybrid.gguf_config(g, NAME, FULL_ATTENTION_INTERVAL, linear_v_order="grouped", **moe)
 
 
 def config_from_hf(c):
