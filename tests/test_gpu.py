@@ -140,6 +140,8 @@ def random_blocks(rng, qtype, rows, K):  # [rows, row bytes] random blocks, thei
     """Every byte random but the scales (d, dmin, m: float16 at these offsets), drawn finite, some subnormal."""
     block, size = BLOCK_SIZES[qtype]
     b = rng.integers(0, 256, (rows * K // block, size), dtype=np.uint8)
+    if qtype == QT.MXFP4:  # its scale one E8M0 byte: 2^-18 .. 2^12, the products finite
+        b[:, 0] = rng.integers(110, 140, len(b))
     for at in SCALES[qtype]:
         d = rng.standard_normal(len(b)).astype(np.float32) * np.float32(10.0) ** rng.integers(-9, 2, len(b))
         b[:, at:at + 2] = d.astype(np.float16)[:, None].view(np.uint8)
@@ -147,7 +149,7 @@ def random_blocks(rng, qtype, rows, K):  # [rows, row bytes] random blocks, thei
 
 
 SCALES = {QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q8_0: (0,), QT.Q2_K: (80, 82),
-          QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+          QT.Q3_K: (108,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.MXFP4: ()}
 
 
 def assert_same_values(got, want):  # bit for bit, but any NaN for a NaN
@@ -171,6 +173,7 @@ static inline float f16(unsigned int h) {
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __uint_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 """
 # each type's runs of 8 values in order: a row of K values at a time, as the CUDA widen kernels walk them
 HOST_ROWS = r"""

@@ -38,6 +38,11 @@ DQ(q8_0) {
     float d = f16(u16at(b));
     _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fmul_rn((float)(signed char)b[2 + j0 + i], d);
 }
+DQ(mxfp4) {  // e (E8M0: half of 2^(e - 127), ggml_e8m0_to_fp32_half), qs (E2M1 codes, doubled: kvalues_mxfp4)
+    const int kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    float d = __uint_as_float(b[0] < 2 ? 0x00200000u << b[0] : (unsigned int)(b[0] - 1) << 23);
+    _Pragma("unroll") for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(d, (float)kv[nibble(b + 1, j0 + i)]);
+}
 // 256-value blocks, 8 groups of 32 (Q2_K, Q3_K, Q6_K: a scale per 16 values, s)
 DQ(q2_k) {  // scales, qs, d, dmin
     int s = b[2 * g + j0 / 16], shift = 2 * (g % 4);
