@@ -231,10 +231,6 @@ def softplus(x):  # [...] -> [...]: log(1 + e^x), x itself past 20 (torch's thre
     return xp.where(x > 20, x, xp.log1p(xp.exp(xp.minimum(x, 20))))
 
 
-def gated_rms_norm(x, w, z, eps):  # [..., d], [d], [..., d] -> [..., d]: the RMS norm, then times silu(z)
-    return rms_norm(x, w, eps) * silu(z)
-
-
 def layer_norm(x, w, b, eps):  # [T, D], [D], [D] -> [T, D]: GPT-2's norm, mean removed, then scaled and shifted
     xp = array_module(x)
     mean = x.sum(axis=-1, keepdims=True) / x.shape[-1]  # [T, 1]

@@ -56,7 +56,10 @@ class Placement:
     def prepare(self, qtypes, cfg):
         pass
 
-    def __call__(self, a):
+    def __call__(self, a):  # a weight; a placement may keep a product's matrix in a form of its own
+        return self.array(a)
+
+    def array(self, a):  # a tensor no product reads (a conv's taps): an array of the placement's module
         return a if self.xp is np else self.xp.asarray(a)
 
 

@@ -64,3 +64,30 @@ def test_each_hint_fires_alone_on_its_bug(correct, tmp_path, hint, bug):
     assert hint.stages is None or rep.first["stage"] in hint.stages
     assert set(rep.hinted) == {hint.name}, (family, rep.hints)
     assert WORDS.get(bug.__name__, "") in " ".join(rep.hints), (family, rep.hints)
+
+
+SPARSE = {  # hybrid hints whose detectors read the stage's inputs: the bug, and the input stages an engine may not dump
+    "linear_decay": ("decay_from_a_log_as_stored", ("a_softplus",)),
+    "conv_state": ("conv_kernel_reversed", ("linear_attn_qkv_mixed",)),
+    "qk_not_l2_normed": ("qk_not_l2_normed", ("q_conv", "k_conv")),
+    "attention_output_gate": ("attention_output_gate_missing", ("attn_pregate", "gate_sigmoid", "Qcur_full")),
+}
+
+
+@pytest.mark.parametrize("hint", SPARSE)
+def test_a_hybrid_hint_fires_where_the_engine_dumps_none_of_the_stages_inputs(correct, tmp_path, hint):
+    """An engine written outside the project dumps another stage set: where MINE lacks a stage's inputs, the hint
+    reads REF's (they are upstream of the first divergence, so equal to within the tolerance)."""
+    import json
+
+    import refllama.check.bugs as bugs_module
+
+    m, ref = correct("qwen35", False)
+    bug_name, inputs = SPARSE[hint]
+    changed = inject(getattr(bugs_module, bug_name), ref, tmp_path / "mine", m)
+    manifest = json.loads((tmp_path / "mine" / "manifest.json").read_text())
+    manifest["tensors"] = [t for t in manifest["tensors"] if t["name"].rsplit("-", 1)[0] not in inputs]
+    (tmp_path / "mine" / "manifest.json").write_text(json.dumps(manifest))
+    rep = compare(tmp_path / "mine", ref, m)
+    assert rep.first is not None and rep.first["name"] in changed, rep.first
+    assert hint in rep.hinted, rep.hints

@@ -309,6 +309,7 @@ def device_check(report, name, peak):
     from refllama.api import Model
     from refllama.arch.tables import read_weights
     from refllama.numerics.gpu import GpuMatrix, Scratch
+    from refllama.xp import Placement
 
     V = 152064
     cfg, tensors = make_synthetic_model.plan(name, "bf16", make_synthetic_model.SHAPES[name]["n_layer"], V)
@@ -333,7 +334,11 @@ def device_check(report, name, peak):
     gc.collect()
     peak.reset()
     t0 = time.perf_counter()
-    weights = read_weights(archs.get(cfg.arch), cfg, "gguf", make, plan.__contains__, lambda a: a)
+    class Made(Placement):  # the tensors as `make` made them on the device
+        def __call__(self, a):
+            return a
+
+    weights = read_weights(archs.get(cfg.arch), cfg, "gguf", make, plan.__contains__, Made(cupy))
     m = Model(f"synthetic {name} (made on the device)", cfg, weights, None, None, "cupy", cupy, N_CTX)
     peak.reset()
     print(f"   weights made: {gib(peak.pool.used_bytes())} in use, {gib(peak.pool.total_bytes())} held", flush=True)

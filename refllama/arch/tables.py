@@ -33,6 +33,8 @@ class Weight(NamedTuple):
     hf_tiled: tuple = ()  # (axis, start, unit): linear attention's v heads, `unit` wide from `start` on `axis`, from
     # HF's grouped order to llama.cpp's tiled one (pairs.tiled_order), as its Qwen3.5 converter reorders them
     hf_neg_exp: bool = False  # HF stores log(-w) (Gated DeltaNet's A_log): w = -exp(stored), as llama.cpp's converter
+    product: bool = True  # a product's matrix (a placement may keep it in a matrix form); False: its values read
+    # as an array (a conv's taps)
     hf_regroup: tuple = ()  # (groups, (part, ...)): HF's rows are `groups` runs of the parts side by side (Qwen3-Next's
     # q, k, v, z per q/k head): regrouped part by part (every group's first part, then second...) before `split`
 
@@ -98,7 +100,7 @@ GATED_DELTA_NET = (  # a linear-attention layer's; HF's v heads reordered to til
     Weight("ssm_dt", "LV", "ssm_dt.bias", "linear_attn.dt_bias", hf_tiled=(0, "0", "1")),
     Weight("ssm_a", "LV", "ssm_a", "linear_attn.A_log", hf_tiled=(0, "0", "1"), hf_neg_exp=True),
     Weight("ssm_conv1d", f"{_C}, CK", "ssm_conv1d.weight", "linear_attn.conv1d.weight", hf_shape=f"{_C}, 1, CK",
-           hf_tiled=(0, "2*LK*LD", "LD")),
+           hf_tiled=(0, "2*LK*LD", "LD"), product=False),
     Weight("ssm_norm", "LD", "ssm_norm.weight", "linear_attn.norm.weight"),  # a plain weight in HF too
     Weight("ssm_out", "D, LV*LD", "ssm_out.weight", "linear_attn.out_proj.weight", hf_tiled=(1, "0", "LD")))
 QWEN3NEXT_DELTA_NET = (  # Qwen3-Next's: its v heads grouped as HF's; q, k, v, z one HF matrix, beta and alpha one
@@ -155,7 +157,8 @@ def shape_of(w, d):
 def read_weights(arch, cfg, side, fetch, has, place):
     """refllama's weight dict from an architecture's tables: `side` "gguf" or "hf" picks the name column,
     `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored,
-    `place(tensor)` puts each final tensor where the backend computes (refllama.xp.Placement).
+    `place(tensor)` puts each final tensor where the backend computes (refllama.xp.Placement; `place.array` those
+    no product reads).
 
     Layout transforms, all of them: HF's per-head q/k rows (and biases) reordered to llama.cpp's NORM pairs where
     the table says `hf_permute` (llama only: llama.cpp's converter does the same); fused tensors split by rows."""
@@ -212,7 +215,7 @@ def read_weights(arch, cfg, side, fetch, has, place):
             parts = t.split(sizes) if isinstance(t, QuantizedTensor) else np.split(t, np.cumsum(sizes)[:-1])
             out.update(zip((key for key, _ in row.split), map(place, parts), strict=True))
         else:
-            out[row.key] = place(t)
+            out[row.key] = place(t) if row.product else place.array(t)
 
     w = {}
     for row in arch.WEIGHTS:

@@ -458,9 +458,8 @@ def _linear_layer(d):  # the first linear-attention layer, or None
     return next((i for i in range(d.cfg.n_layer) if d.cfg.is_recurrent(i)), None)
 
 
-def _weight(d, layer, key):  # a layer's weight as a float32 array (numerics ggml keeps 2-D ones as matrices)
-    w = d.model.weights["layers"][layer][key]
-    return np.asarray(to_numpy(getattr(w, "w", w)), np.float32)
+def _weight(d, layer, key):  # a layer's weight (a vector, a conv's taps) as a float32 NumPy array
+    return to_numpy(d.model.weights["layers"][layer][key]).astype(np.float32)
 
 
 def decay_from_a_log_as_stored(d):  # HF's A_log used as the decay's factor, not -exp(A_log)

@@ -128,8 +128,10 @@ class Evidence(NamedTuple):
     def close(self, x, y):
         return metrics(x, y)["nmse"] <= self.exact
 
-    def inputs(self):
-        return _inputs_of(self.stage, self.layer, self.bad_dump, self.positions, self.cfg)
+    def inputs(self):  # the side's own inputs of the stage, or REF's where it dumps none (upstream: equal within the
+        # tolerance, or an earlier stage would have diverged first)
+        return (_inputs_of(self.stage, self.layer, self.bad_dump, self.positions, self.cfg)
+                or _inputs_of(self.stage, self.layer, self.ref, self.positions, self.cfg))
 
 
 def scale_factor(e):
@@ -1080,9 +1082,8 @@ ACTIVATIONS = {  # what engines put where a gated unit's activation belongs
 # the hybrids' linear attention (Gated DeltaNet) and gated attention
 
 
-def _layer_weight(e, key):  # the layer's weight as float64 (numerics ggml keeps 2-D ones as matrices)
-    w = e.model.weights["layers"][e.layer][key]
-    return to_numpy(getattr(w, "w", w)).astype(np.float64)
+def _layer_weight(e, key):  # the layer's weight (a vector, a conv's taps) as float64
+    return to_numpy(e.model.weights["layers"][e.layer][key]).astype(np.float64)
 
 
 def linear_decay(e):
@@ -1113,13 +1114,15 @@ def conv_state(e):
     if e.stage != "conv_output_raw" or e.model is None:
         return
     w = _layer_weight(e, "ssm_conv1d")  # [C, CK]
-    here = _stages(e.bad_dump, [f"linear_attn_qkv_mixed-{e.layer}"], e.positions)
+    qkv = f"linear_attn_qkv_mixed-{e.layer}"
+    source = e.bad_dump if qkv in e.bad_dump else e.ref  # REF's input where MINE dumps none (upstream: equal)
+    here = _stages(source, [qkv], e.positions)
     later = (np.asarray(e.positions) >= len(e.bad_dump.prompt_ids))[:, None]  # the decode steps' rows
     if here and later.any() and e.close(np.where(later, here[0] * w[:, -1], e.want), e.bad):
         yield ("hint: matches the conv of each token alone: the conv state (its last CK - 1 inputs) is not carried "
                "from the call before (a decode step, or a prompt's next batch)")
         return
-    every = _stages(e.bad_dump, [f"linear_attn_qkv_mixed-{e.layer}"], list(range(max(e.positions) + 1)))
+    every = _stages(source, [qkv], list(range(max(e.positions) + 1)))
     if every:
         y = causal_conv(every[0], np.zeros((w.shape[1] - 1, w.shape[0])), w[:, ::-1])[0][e.positions]
         if e.close(y, e.bad):
@@ -1130,9 +1133,9 @@ def qk_not_l2_normed(e):
     inputs = e.inputs() if e.stage in ("q_conv_predelta", "k_conv_predelta") else None
     if not inputs:
         return
-    x = inputs[0]
-    if x.shape[-2] != e.bad.shape[-2]:  # the graph's names after q/k repeated to the v heads (grouped)
-        x = np.repeat(x, e.bad.shape[-2] // x.shape[-2], axis=-2)
+    x, r = inputs[0], e.bad.shape[-2] // inputs[0].shape[-2]
+    if r > 1:  # an engine dumping q/k repeated to the v heads, in the model's order
+        x = np.tile(x, (1, r, 1)) if e.cfg.linear_v_order == "tiled" else np.repeat(x, r, axis=-2)
     rms = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + e.cfg.rms_eps)
     if e.close(x, e.bad):
         yield f"hint: equals its input ({e.stage[:6]}): {e.stage[0]} is not L2-normalised before the delta rule"
@@ -1185,7 +1188,8 @@ def attention_output_gate(e):
         yield ("hint: equals attn_pregate: the attention output's gate, sigmoid of the second half of each head of "
                "q's projection (Qcur_full), is not applied")
         return
-    full = _stages(e.bad_dump, [f"Qcur_full-{e.layer}"], e.positions)
+    name = f"Qcur_full-{e.layer}"
+    full = _stages(e.bad_dump if name in e.bad_dump else e.ref, [name], e.positions)
     if full:
         H, HD = e.cfg.n_head, e.cfg.head_dim
         raw = full[0].reshape(-1, H, 2, HD)[:, :, 1].reshape(inputs[0].shape)

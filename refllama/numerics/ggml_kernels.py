@@ -334,7 +334,7 @@ def _ssm_conv(xs, w, fused):  # [CK-1+T, C], [C, CK] -> [T, C]: ggml_float.ssm_c
 
 def ssm_conv(x, state, w, path=AVX512):  # as ggml_float.ssm_conv, its channels in parallel
     xs = np.concatenate([state, x], axis=0).astype(np.float32, copy=False)  # [CK-1+T, C]
-    w = np.ascontiguousarray(getattr(w, "w", w), dtype=np.float32)  # the placement's F32 matrix: its values
+    w = np.ascontiguousarray(w, dtype=np.float32)
     return PATH_KERNELS[path]["ssm_conv"](xs, w, ggml_float.LANES[path].conv_fused), xs[len(x):]
 
 
