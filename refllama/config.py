@@ -54,6 +54,10 @@ class ModelConfig:
     expert_norm: bool = False  # the K routing weights divided by their sum (Mixtral, Qwen3-MoE)
     expert_scale: float = 1.0  # the routing weights times this (llama.cpp's expert_weights_scale)
     moe_layers: tuple | None = None  # per layer, whether its feed-forward is a mixture of experts
+    expert_gating: str = "softmax"  # how the router weighs the experts: "softmax" over all E, the K most probable
+    # kept (llama.cpp's SOFTMAX); "softmax_weight": the K largest logits kept, a softmax over those K (gpt-oss's)
+    oai_swiglu: tuple | None = None  # (alpha, limit): the experts' clamped SwiGLU, gpt-oss's: gate clamped above at
+    # limit, up to [-limit, limit], gate * sigmoid(alpha gate) * (up + 1); None: SwiGLU
     recurrent_layers: tuple | None = None  # per layer, whether it is linear attention with a recurrent state (Gated
     # DeltaNet: Qwen3.5's) in place of attention over a KV cache
     linear_k_heads: int = 0  # LK: a linear-attention layer's q/k heads (llama.cpp's ssm.group_count)
@@ -131,6 +135,11 @@ class ModelConfig:
                 isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
             raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "
                                 f"experts ({self.n_expert}) and an expert width (got {self.n_ff_exp!r})")
+        if self.expert_gating not in ("softmax", "softmax_weight"):
+            raise RefllamaError(f"{path}: unknown expert gating {self.expert_gating!r}")
+        if self.oai_swiglu is not None and not (len(self.oai_swiglu) == 2 and all(
+                isinstance(v, float) and math.isfinite(v) and v > 0 for v in self.oai_swiglu)):
+            raise RefllamaError(f"{path}: the clamped SwiGLU needs a positive alpha and limit, got {self.oai_swiglu!r}")
         if self.rope_yarn is not None and not (len(self.rope_yarn) == 3 and all(
                 isinstance(v, float) and math.isfinite(v) and v > 0 for v in self.rope_yarn[:2])
                 and isinstance(self.rope_yarn[2], bool) and self.rope_ctx_orig):

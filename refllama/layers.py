@@ -150,9 +150,18 @@ def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S] unscaled q.
     return (q @ k[:, None].transpose(0, 1, 3, 2)).reshape(H, T, S)  # [KVH, G, T, S] -> [H, T, S]
 
 
-def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S], rows sum to 1
-    """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale)."""
-    return softmax(kq * scale + mask)
+def attention_weights(kq, mask, scale, sinks=None):  # [H, T, S], [T, S], [H] -> [H, T, S], rows sum to 1
+    """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale). `sinks`: one
+    learned logit a head (gpt-oss's attention sinks) in each row's denominator as a key no value belongs to, so a
+    row may sum to less than 1."""
+    if sinks is None:
+        return softmax(kq * scale + mask)
+    xp = array_module(kq)
+    x = kq * scale + mask
+    sink = sinks.astype(xp.float32)[:, None, None]  # [H, 1, 1]
+    top = xp.maximum(x.max(axis=-1, keepdims=True), sink)
+    e = xp.exp(x - top)
+    return e / (e.sum(axis=-1, keepdims=True) + xp.exp(sink - top))
 
 
 def attention_mix(p, v):  # [H, T, S], [KVH, S, HD] -> [T, H*HD], the heads side by side
@@ -171,6 +180,15 @@ def silu(x):  # [...] -> [...]
 
 def swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: the gated unit of the feed-forward block
     return silu(gate) * up
+
+
+def swiglu_oai(gate, up, alpha, limit):  # [..., F], [..., F] -> [..., F]: gpt-oss's clamped SwiGLU
+    """gate clamped above at `limit`, up to [-limit, limit]; gate * sigmoid(alpha gate) * (up + 1) (OpenAI's
+    reference and transformers' GptOssExperts)."""
+    xp = array_module(gate)
+    x = xp.minimum(gate, xp.float32(limit))
+    y = xp.clip(up, xp.float32(-limit), xp.float32(limit))
+    return x * sigmoid(xp.float32(alpha) * x) * (y + xp.float32(1))
 
 
 def gelu_tanh(x):  # [...] -> [...]
@@ -254,7 +272,7 @@ class Ops(NamedTuple):
     rope: dict  # q/k pair layout ("interleaved", "half") -> (x [T, n, HD], cos, sin [T, R/2]) -> [T, n, HD]
     rope_cos_sin: Callable  # (n_ctx, R, base, scale, attn_factor, freq_factors [R/2] | None, yarn) -> cos, sin
     attention_scores: Callable  # (q [T, H, HD], k [KVH, S, HD]) -> [H, T, S]
-    attention_weights: Callable  # (kq [H, T, S], mask [T, S], scale) -> [H, T, S]
+    attention_weights: Callable  # (kq [H, T, S], mask [T, S], scale, sinks [H] | None) -> [H, T, S]
     attention_mix: Callable  # (p [H, T, S], v [KVH, S, HD]) -> [T, H*HD]
     swiglu: Callable  # (gate [T, F], up [T, F]) -> [T, F]
     gelu: Callable  # [...] -> [...]
@@ -270,6 +288,7 @@ class Ops(NamedTuple):
     softplus: Callable = softplus  # [...] -> [...] (Gated DeltaNet's decay)
     l2_norm: Callable = l2_norm  # (x [..., d], eps) -> [..., d] (its q and k)
     ssm_conv: Callable = causal_conv  # (x [T, C], state [CK-1, C], w [C, CK]) -> y [T, C], state
+    swiglu_oai: Callable = swiglu_oai  # (gate, up [..., F], alpha, limit) -> [..., F] (gpt-oss's experts)
     gated_delta_net: Callable = gated_delta_rule  # (q, k [T, H, dk], v [T, H, dv], g, beta [T, H], state [H, dv, dk])
     # -> out [T, H, dv], state
 

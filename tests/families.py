@@ -27,6 +27,7 @@ class Family(NamedTuple):
     gpu_graph: bool = False  # its decode step is one the GPU graph reproduces (refllama.numerics.gpu_decode)
     gelu_table: bool = False  # a GELU, which llama.cpp computes from a float16 table (docs/references.md)
     tanhf_ulps: int | None = 0  # soft-capped logits through tanhf: the ulps a last-bit tanhf leaves (None: carried)
+    mxfp4: bool = False  # gguf-NAME/NAME-mxfp4.gguf: llama.cpp's quantizer's MXFP4 experts, Q8_0 otherwise
 
     @property
     def dir(self):
@@ -58,6 +59,7 @@ GGUF = {f.name: f for f in (
     Family("qwen35", "qwen35", "half", recurrent=True, hf_model=True, q8_0_stages=True),
     Family("qwen35moe", "qwen35moe", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
     Family("qwen3next", "qwen3next", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
+    Family("gptoss", "gpt-oss", "half", experts=True, window=True, hf_model=True, q8_0_stages=True, mxfp4=True),
 )}
 
 HF = {  # tests/data/tiny-NAME -> its architecture, and whether the GPU graph reproduces its decode step

@@ -366,7 +366,7 @@ def test_a_wrong_softmax_scale_is_fitted_and_named_and_nothing_blames_the_positi
     factor = hd ** -0.5 if named else 1.37  # 1/sqrt(HD) * 1/sqrt(HD) = 1/HD
     weights = m.ops.attention_weights
     with monkeypatch.context() as mp:  # the engine's bug; refllama re-runs stages with its own scale
-        mp.setattr(m, "ops", m.ops._replace(attention_weights=lambda kq, mask, s: weights(kq, mask, s * factor)))
+        mp.setattr(m, "ops", m.ops._replace(attention_weights=lambda kq, mask, s, *sinks: weights(kq, mask, s * factor, *sinks)))
         mine = m.dump(ids, tmp_path / "mine")
     rep = compare(mine, ref, m)
     assert rep.first is not None and rep.first["name"] == "kq_soft_max-0", rep.first
@@ -517,7 +517,7 @@ def family_bug(tmp_path, monkeypatch, family, bug, n_tokens=9):
             replace["swiglu"] = lambda gate, up: ops.swiglu(up, gate)
         elif bug == "no_mask":
             weights = ops.attention_weights
-            replace["attention_weights"] = lambda kq, mask, s: weights(kq, np.zeros_like(mask), s)
+            replace["attention_weights"] = lambda kq, mask, s, *sinks: weights(kq, np.zeros_like(mask), s, *sinks)
         elif bug in ("positions_not_added", "position_rows_plus_1"):
             def embedding(tokens, w):
                 if w is not m.weights["position_embd"]:

@@ -108,11 +108,12 @@ def test_q8_0_logits_match_llamacpp(family, backend):
     tiny Gemma 3 amplifies it (embeddings times 8, four (1 + w) norms a block of w ~ 1, a float16 GELU): 8.9e-2,
     top-1 equal at 35 of 39 positions; its F32 file agrees at every stage (above). The tiny Gemma 2 likewise:
     2.4e-2. The tiny Qwen3.5-MoE and Qwen3-Next: the rounding flips some of their experts' near ties (1 to 6 of 117
-    slots a layer; 1 to 2 of 78): 3.8e-2 both, top-1 equal at 39 and 38 of 39 positions."""
+    slots a layer; 1 to 2 of 78): 3.8e-2 both, top-1 equal at 39 and 38 of 39 positions. The tiny gpt-oss likewise
+    (0 to 8 of 117 slots a layer, its experts' gates up to 30): 4.3e-2, top-1 equal at 35 of 39 positions."""
     m, r = load(family, "q8_0", backend), ref(family)
     logits = m.logits(r["token_ids"].tolist())
     tol, agree = {"gemma3": (0.1, 0.85), "gemma2": (0.1, 0.85), "qwen35moe": (5e-2, 0.9),
-                  "qwen3next": (5e-2, 0.9)}.get(family, (2e-2, 0.9))
+                  "qwen3next": (5e-2, 0.9), "gptoss": (5e-2, 0.85)}.get(family, (2e-2, 0.9))
     assert rel_err(logits, r["llamacpp_logits_q8_0"]) < tol
     assert (logits.argmax(-1) == r["llamacpp_logits_q8_0"].argmax(-1)).mean() >= agree
 

@@ -92,7 +92,11 @@ def capture(hf, ids, decode_steps=0):
             keep(f"kq_scaled_2-{i}", scores)
         if attention_mask is not None:
             scores = scores + attention_mask[:, :, :, :k.shape[-2]]
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        if kwargs.get("s_aux") is not None:  # gpt-oss: a sink logit a head in the softmax, its weight then dropped
+            sinks = kwargs["s_aux"].reshape(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+            weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         keep(f"kq_soft_max-{i}", weights)  # [H, T, S]
         out = (weights @ v).transpose(1, 2).contiguous()  # [1, T, H, HD]
         if module.q_proj.out_features == 2 * module.config.num_attention_heads * module.head_dim:
@@ -336,7 +340,8 @@ def linear_attention_hooks(a, i, keep, out_hook):
 
 def moe_hooks(f, i, keep, out_hook, hybrid=False):
     """A mixture of experts' stages that transformers exposes: the router's logits, its softmax, the chosen ids and
-    weights (renormalised where the family says so), the block's output; Qwen2-MoE's shared expert and its gate
+    weights (renormalised where the family says so; gpt-oss's softmaxed), the block's output; Qwen2-MoE's shared
+    expert and its gate
     (`hybrid`: Qwen3.5-MoE's, under llama.cpp's qwen35moe names).
     The per-slot expert products stay inside transformers' fused experts module: not dumped. The block flattens its
     tokens ([T, ...], no batch axis) before the router and the shared expert."""
@@ -373,7 +378,16 @@ def moe_hooks(f, i, keep, out_hook, hybrid=False):
         shexp["out"] = out
         keep_rows(f"ffn_shexp-{i}", out)
 
-    hooks = [f.gate.register_forward_hook(router)]
+    def oai_router(mod, inp, out):  # gpt-oss: its biased logits chosen from, the K of them softmaxed
+        logits, weights, ids = out  # [T, E], [T, K], [T, K]
+        keep_rows(f"ffn_moe_logits-{i}", logits - mod.bias)
+        keep_rows(f"ffn_moe_probs-{i}", logits)
+        keep_rows(f"ffn_moe_topk-{i}", ids.float())
+        keep_rows(f"ffn_moe_weights-{i}", logits.gather(1, ids))
+        keep_rows(f"ffn_moe_weights_softmax-{i}", weights)
+
+    hooks = [f.router.register_forward_hook(oai_router) if hasattr(f, "router") else
+             f.gate.register_forward_hook(router)]
     if hasattr(f, "shared_expert"):
         s = f.shared_expert
         hooks += [f.shared_expert_gate.register_forward_hook(shexp_gate),

@@ -80,6 +80,14 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             ("ffn_moe_out", "CONT"): "ffn_moe_out", ("ffn_shexp_gate_inp", "MUL_MAT"): "ffn_shexp_gate_inp",
             ("ffn_shexp_gate", "DIV"): "ffn_shexp_gate", ("ffn_shexp", "MUL_MAT"): "ffn_shexp",
             ("ffn_shexp_out", "MUL"): "ffn_shexp_out",
+            # gpt-oss's (openai-moe): the output projection's bias, the router's biased logits (named ffn_moe_probs:
+            # its SOFTMAX_WEIGHT router takes them as they are), the K weights' softmax, the experts' biases
+            ("attn_out", "ADD"): "attn_out", ("ffn_moe_probs", "ADD"): "ffn_moe_probs",
+            ("ffn_moe_weights_softmax", "RESHAPE"): "ffn_moe_weights_softmax",
+            ("ffn_moe_gate_biased", "ADD_ID"): "ffn_moe_gate_biased",
+            ("ffn_moe_up_biased", "ADD_ID"): "ffn_moe_up_biased",
+            ("ffn_moe_swiglu_oai", "SWIGLU_OAI"): "ffn_moe_swiglu_oai",
+            ("ffn_moe_down_biased", "ADD_ID"): "ffn_moe_down_biased",
             # the hybrids' (qwen35's): linear attention (the v view is named after its repeat, skipped by the fused
             # delta rule), gated attention, the rows of result_norm picked (every row: all of them)
             ("model.input_embed", "GET_ROWS"): "inp_embd",

@@ -45,6 +45,7 @@ from transformers import (
     Gemma2Config,
     Gemma3TextConfig,
     GPT2Config,
+    GptOssConfig,
     GraniteConfig,
     LlamaConfig,
     MixtralConfig,
@@ -161,11 +162,24 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                                                                           "full_attention", "full_attention"],
                                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0,
                                                          "partial_rotary_factor": 0.25})),
+    # gpt-oss: biased attention with sinks, a window of 4 on alternate layers, YaRN (4x from 64 positions, truncated:
+    # the one llama.cpp computes; reference.npz holds transformers' untruncated logits too), 3 of 6 biased experts
+    # under the clamped SwiGLU (SCALE: some gates and ups past its limit)
+    "gptoss": (GptOssConfig, dict(COMMON, head_dim=32, num_hidden_layers=4, intermediate_size=64, num_local_experts=6,
+                                  num_experts_per_tok=3, sliding_window=4, rope_parameters={
+                                      "rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": True, "original_max_position_embeddings": 64,
+                                      "rope_theta": 150000.0})),
 }
 KEPT_HF = names(hf_model=True)  # the catalogue's: kept as HF directories too
 Q8_0_STAGES = names(q8_0_stages=True)  # llama.cpp's every stage on the Q8_0 file (--ggml-stages)
-ROUTER = (".gate.weight", ".shared_expert_gate.weight")  # routers: transformers' init (std 0.02) nearly ties
-# the experts' probabilities, so that the last bit of a logit would choose; 0.5 separates them
+ROUTER = (".gate.weight", ".shared_expert_gate.weight", ".router.weight")  # routers: transformers' init (std 0.02)
+# nearly ties the experts' probabilities, so that the last bit of a logit would choose; 0.5 separates them
+# a family's tensors by name ending: the std of their random values (gpt-oss's: so that the sinks take weight, some
+# gates and ups pass the SwiGLU's limit of 7, and the tokens, not the biases, choose the experts)
+SCALE = {"gptoss": {".sinks": 2.0, ".gate_up_proj": 1.0, ".down_proj": 0.05, ".down_proj_bias": 0.05,
+                    ".o_proj.bias": 0.05, ".embed_tokens.weight": 1.0}}
+MXFP4 = ("gptoss",)  # also quantized by llama.cpp's own quantizer to MXFP4 (experts) and Q8_0 (the rest)
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
           "Hello world! It's a small model, isn't it? Ça va très bien. ") * 4
 TEXT = "The quick brown fox said: Paris is the capital, 2024! It's small."
@@ -183,6 +197,30 @@ convert_hf_to_gguf.main()
 
 # the hybrids: no multi-token-prediction head (their tiny models have none)
 CONVERT_ARGS = {"qwen35": ("--no-mtp",), "qwen35moe": ("--no-mtp",), "qwen3next": ("--no-mtp",)}
+
+
+def quantize_mxfp4(f32, out):
+    """llama.cpp's own quantizer (llama_model_quantize, LLAMA_FTYPE_MOSTLY_MXFP4_MOE): experts MXFP4, the other
+    matrices Q8_0, vectors F32."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 38  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+    if llama_cpp.llama_model_quantize(str(f32).encode(), str(out).encode(), ctypes.byref(params)) != 0:
+        sys.exit(f"{out}: llama_model_quantize failed")
+
+
+def untruncated_logits(model, ids):
+    """transformers' logits of the same weights with YaRN's `truncate: false` (gpt-oss's released config), which
+    llama.cpp cannot compute: the references' disagreement, kept to be shown."""
+    config = model.config.__class__(**{**model.config.to_dict(), "rope_parameters": {
+        **model.config.rope_parameters, "truncate": False}})
+    other = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    other.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        return other(torch.tensor([ids])).logits[0].numpy()
 
 
 def tiny_tokenizer():
@@ -205,6 +243,9 @@ def save_hf(name, d, tok, **shape):
         for n, p in model.named_parameters():
             if n.endswith(ROUTER):
                 p.copy_(0.5 * torch.randn_like(p))
+            for suffix, std in SCALE.get(name, {}).items():
+                if n.endswith(suffix):
+                    p.copy_(std * torch.randn_like(p))
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
@@ -243,6 +284,10 @@ def ggml_logits(families, arm=None):
         short = {}
         if arm is None:
             logits = dump_llamacpp.capture(str(model), ids, 2, kv_f32=False, n_ctx=N_CTX)[0]["result_output"]
+            if name in MXFP4:  # its MXFP4 file's logits, and greedy tokens, on this path too
+                mx = str(out / f"{name}-mxfp4.gguf")
+                short["mxfp4"] = dump_llamacpp.capture(mx, ids, 2, kv_f32=False, n_ctx=N_CTX)[0]["result_output"]
+                short["mxfp4_greedy"] = np.asarray(dump_llamacpp.greedy(mx, ids, GREEDY, 2, n_ctx=N_CTX))
         else:
             logits, info = arm_logits(arm, model, ids, N_CTX)
             short = {f"first{n}": arm_logits(arm, model, ids[:n], N_CTX)[0] for n in SHORT}
@@ -253,7 +298,7 @@ def ggml_logits(families, arm=None):
         if path not in REF_KEYS:
             sys.exit(f"that llama.cpp computes the {path} path; references are kept for {', '.join(REF_KEYS)}")
         refs[REF_KEYS[path]] = logits
-        refs.update({f"{REF_KEYS[path]}_{name}": rows for name, rows in short.items()})
+        refs.update({f"{REF_KEYS[path]}_{part}": rows for part, rows in short.items()})
         np.savez(out / "reference.npz", **refs)
         meta = json.loads((out / "reference.json").read_text())
         meta["q8_0_f16kv_paths"] = {**meta.get("q8_0_f16kv_paths", {}), REF_KEYS[path]: f"{path}: {producer} ({info})"}
@@ -316,6 +361,8 @@ def main():
                                         out=str(out / f"{name}-{outtype}.gguf"), extra=CONVERT_ARGS.get(name, ()))
                 subprocess.run([sys.executable, "-c", script], check=True, cwd=args.llama_cpp)
         f32, q8 = out / f"{name}-f32.gguf", out / f"{name}-q8_0.gguf"
+        if name in MXFP4:
+            quantize_mxfp4(f32, out / f"{name}-mxfp4.gguf")
         vocab = llama_cpp.Llama(str(f32), vocab_only=True, verbose=False)
         ids = vocab.tokenize(TEXT.encode(), add_bos=True, special=False)
         with torch.no_grad():
@@ -325,6 +372,8 @@ def main():
             return dump_llamacpp.capture(str(path), ids, 2, kv_f32=kv_f32, n_ctx=n_ctx)[0]["result_output"]
 
         long = {"llamacpp_logits_f32_long": logits(f32, N_CTX_LONG)} if name == "phi3" else {}
+        if name in MXFP4:
+            long["hf_logits_untruncated"] = untruncated_logits(model, ids)
         np.savez(out / "reference.npz", token_ids=np.asarray(ids), hf_logits=r.logits[0].numpy(),
                  hf_hidden_states=torch.stack(r.hidden_states)[:, 0].numpy(),
                  llamacpp_logits_f32=stages["result_output"], llamacpp_logits_q8_0=logits(q8),

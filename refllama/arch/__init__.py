@@ -25,6 +25,9 @@ imports another. Loaders, dump, compare and the harness read these.
                             position stream)         with a recurrent state, gated full-attention layers
     qwen35moe               NEOX (M-RoPE)            qwen35's forward, experts and a sigmoid-gated shared expert
     qwen3next               NEOX                     qwen35moe's forward, v heads grouped, beta and alpha fused
+    gpt-oss                 NEOX (YaRN)              llama's forward: q/k/v/o biases, a sink logit a head, a window
+                            (module gptoss)          on alternate layers, biased experts routed by a softmax over
+                                                     the K chosen, the clamped SwiGLU
 
 The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
@@ -48,12 +51,14 @@ The module interface (tests/test_structure.py holds every module to it):
             RECURRENT_WEIGHTS      a linear-attention layer's rows (ModelConfig.is_recurrent), in place of LAYER_WEIGHTS
             block_stages(cfg, i)   the stages block i taps, if not blocks.block_stages of STAGES (the hybrids')
             SHARED_EXPERT_STAGES   its shared expert's stages, if not Qwen2-MoE's (Qwen3.5-MoE's sigmoid gate)
+            MOE_STAGES             its mixture of experts' stages, if not blocks.MOE_STAGES (gpt-oss's)
             HF_MULTIMODAL          HF_ARCHITECTURES that are a multimodal checkpoint: the text model's config is its
                                    `text_config`, its tensors under `model.language_model.` (Qwen3.5's released ones)
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
             LOCAL_ROPE_BASE, CAPS  Gemma's local RoPE base, Gemma 2's soft-caps, where a file gives none
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
             FULL_ATTENTION_INTERVAL  the hybrids' full-attention period where a file lists no recurrent layers
+            OAI_SWIGLU             gpt-oss's clamped SwiGLU (alpha, limit) where a file gives none (llama.cpp's)
 """
 
 from functools import cache
@@ -65,6 +70,7 @@ from . import (
     gemma2,
     gemma3,
     gpt2,
+    gptoss,
     granite,
     llama,
     olmo2,
@@ -86,10 +92,11 @@ from .tables import Weight
 REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS", "INPUTS", "STAGES",
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
-            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES", "HF_MULTIMODAL")
+            "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES", "HF_MULTIMODAL",
+            "MOE_STAGES")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
-                                     smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next)}
+                                     smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next, gptoss)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",
@@ -107,7 +114,8 @@ def layer_stages(arch, cfg):  # -> one tuple of stage names per block
 def stage_order(arch):
     """Every stage a block of the family may tap, dense or mixture of experts, in forward order."""
     shared = getattr(arch, "SHARED_EXPERT_STAGES", blocks.SHARED_EXPERT_STAGES)
-    return moe_stage_order(arch.STAGES, shared) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
+    moe = getattr(arch, "MOE_STAGES", blocks.MOE_STAGES)
+    return moe_stage_order(arch.STAGES, shared, moe) if hasattr(arch, "MOE_WEIGHTS") else arch.STAGES
 
 
 @cache

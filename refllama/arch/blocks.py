@@ -32,6 +32,11 @@ def pre_norm_stages(qk_norm=False):  # -> the stages of pre_norm_block, with qk_
 ROUTING_STAGES = ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights")  # moe_ffn's, in order:
 NORM_W_STAGES = ("ffn_moe_weights_sum", "ffn_moe_weights_norm")  # where the K weights are renormalised
 EXPERT_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out")
+MOE_STAGES = (*ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES)  # every stage moe_ffn may tap, but gpt-oss's:
+# gpt-oss's (llama.cpp's SOFTMAX_WEIGHT router, biased experts, the clamped SwiGLU), in order
+OAI_MOE_STAGES = (*ROUTING_STAGES, "ffn_moe_weights_softmax", "ffn_moe_gate", "ffn_moe_gate_biased", "ffn_moe_up",
+                  "ffn_moe_up_biased", "ffn_moe_swiglu_oai", "ffn_moe_down", "ffn_moe_down_biased", "ffn_moe_weighted",
+                  "ffn_moe_out")
 # shared_expert's, as llama.cpp's qwen2moe graph names them (its build_ffn taps ffn_gate/up/swiglu inside)
 SHARED_EXPERT_STAGES = ("ffn_shexp_gate_inp", "ffn_shexp_gate", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_shexp",
                         "ffn_shexp_out", "ffn_out")
@@ -85,11 +90,17 @@ WIRING = {
     "ffn_moe_weights": Feed((("ffn_moe_probs",), ("ffn_moe_topk",))),
     "ffn_moe_weights_sum": Feed((("ffn_moe_weights",),)),
     "ffn_moe_weights_norm": Feed((("ffn_moe_weights",), ("ffn_moe_weights_sum",))),
+    "ffn_moe_weights_softmax": Feed((("ffn_moe_weights",),)),
     "ffn_moe_gate": Feed((("ffn_norm",), ("ffn_moe_topk",)), "product", "ffn_gate_exps"),
+    "ffn_moe_gate_biased": Feed((("ffn_moe_gate",), ("ffn_moe_topk",))),
     "ffn_moe_up": Feed((("ffn_norm",), ("ffn_moe_topk",)), "product", "ffn_up_exps"),
+    "ffn_moe_up_biased": Feed((("ffn_moe_up",), ("ffn_moe_topk",))),
     "ffn_moe_swiglu": Feed((("ffn_moe_gate",), ("ffn_moe_up",))),
-    "ffn_moe_down": Feed((("ffn_moe_swiglu",), ("ffn_moe_topk",)), "product", "ffn_down_exps"),
-    "ffn_moe_weighted": Feed((("ffn_moe_down",), ("ffn_moe_weights_norm", "ffn_moe_weights"))),
+    "ffn_moe_swiglu_oai": Feed((("ffn_moe_gate_biased",), ("ffn_moe_up_biased",))),
+    "ffn_moe_down": Feed((("ffn_moe_swiglu", "ffn_moe_swiglu_oai"), ("ffn_moe_topk",)), "product", "ffn_down_exps"),
+    "ffn_moe_down_biased": Feed((("ffn_moe_down",), ("ffn_moe_topk",))),
+    "ffn_moe_weighted": Feed((("ffn_moe_down_biased", "ffn_moe_down"),
+                              ("ffn_moe_weights_norm", "ffn_moe_weights_softmax", "ffn_moe_weights"))),
     "ffn_moe_out": Feed((("ffn_moe_weighted",),)),
     "ffn_shexp_gate_inp": Feed((("ffn_norm",),), "product", "ffn_gate_inp_shexp"),
     "ffn_shexp_gate": Feed((("ffn_shexp_gate_inp",),)),
@@ -119,21 +130,22 @@ def replaced(stages, part, new):  # -> stages with the run of stages `part` repl
     return (*stages[:at], *new, *stages[at + len(part):])
 
 
-def moe_stage_order(stages, shared=SHARED_EXPERT_STAGES):
+def moe_stage_order(stages, shared=SHARED_EXPERT_STAGES, moe=MOE_STAGES):
     """Every stage a block of a family with mixtures of experts may tap, dense or not, in forward order; `shared`: its
-    shared expert's stages (Qwen2-MoE's unless the family says)."""
-    return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES, *shared))
+    shared expert's stages (Qwen2-MoE's unless the family says), `moe` its mixture's (gpt-oss's: OAI_MOE_STAGES)."""
+    return replaced(stages, DENSE_FFN_STAGES, (*moe, *shared))
 
 
-def block_stages(stages, cfg, i, shared=SHARED_EXPERT_STAGES):
+def block_stages(stages, cfg, i, shared=SHARED_EXPERT_STAGES, moe=None):
     """The stages of block i, given the family's dense block `stages`: its feed-forward's replaced by moe_ffn's
-    (and the `shared` expert's) where layer i is a mixture of experts, no rotated q/k on a NoPE layer."""
+    (`moe`, where the family's differ from blocks'; and the `shared` expert's) where layer i is a mixture of
+    experts, no rotated q/k on a NoPE layer."""
     if cfg.is_nope(i):
         stages = tuple(s for s in stages if s not in ROPE_STAGES)
     if not cfg.is_moe(i):
         return stages
-    return replaced(stages, DENSE_FFN_STAGES, (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()),
-                                               *EXPERT_STAGES, *(shared if cfg.n_ff_shexp else ())))
+    moe = moe or (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()), *EXPERT_STAGES)
+    return replaced(stages, DENSE_FFN_STAGES, (*moe, *(shared if cfg.n_ff_shexp else ())))
 
 
 class At(NamedTuple):
@@ -187,13 +199,14 @@ def rope_qk(q, k, cfg, ops, at, i):  # [T, H, HD], [T, KVH, HD] -> same, rotated
 
 
 def attend(q, k, v, lw, cfg, ops, i, at):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, D]
-    """attention, then the output projection."""
-    attn = attention(q, k, v, cfg, ops, i, at)  # [T, H*HD]
+    """attention (with the layer's sinks, gpt-oss's, where it has them), then the output projection."""
+    attn = attention(q, k, v, cfg, ops, i, at, sinks=lw.get("attn_sinks"))  # [T, H*HD]
     return tap("attn_out", i, linear(attn, lw["attn_output"], lw.get("attn_output_bias")))  # [T, D]
 
 
-def attention(q, k, v, cfg, ops, i, at, name="kqv_out"):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, H*HD]
-    """Store k and v, then scores, softmax and the weighted values, the heads side by side (stage `name`)."""
+def attention(q, k, v, cfg, ops, i, at, name="kqv_out", sinks=None):  # q [T, H, HD], k, v [T, KVH, HD] -> [T, H*HD]
+    """Store k and v, then scores, softmax (a sink logit a head in its denominator where `sinks` [H] are given) and
+    the weighted values, the heads side by side (stage `name`)."""
     k_all, v_all = at.cache.store(i, at.start_pos, k, v)  # [KVH, S, HD] each
     scale = array_module(q).float32(cfg.kq_scale)
     if ops.q_first:  # llama.cpp's graph: q times the scale (float32), then q.k; the stage stays q.k unscaled
@@ -204,7 +217,7 @@ def attention(q, k, v, cfg, ops, i, at, name="kqv_out"):  # q [T, H, HD], k, v [
     if cfg.attn_softcap:  # Gemma 2: the scaled scores soft-capped (llama.cpp's kq_scaled_2), then the softmax
         kq = tap("kq_scaled_2", i, ops.softcap(kq if ops.q_first else kq * scale, cfg.attn_softcap))
     scaled = ops.q_first or cfg.attn_softcap
-    p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, 1.0 if scaled else cfg.kq_scale))  # [H, T, S]
+    p = tap("kq_soft_max", i, ops.attention_weights(kq, at.mask, 1.0 if scaled else cfg.kq_scale, sinks))  # [H, T, S]
     return tap(name, i, ops.attention_mix(p, v_all))  # [T, H*HD]
 
 
@@ -222,29 +235,47 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
     most probable kept (ties to the lower id, as ggml's argsort: std::sort, an insertion sort up to 16 experts; past
     16 its order on exact ties is std::sort's), their probabilities renormalised where the family says so, each token
     through its K experts' SwiGLU feed-forwards, the K outputs weighted and added in slot order.
+    gpt-oss's (expert_gating "softmax_weight"): the K largest of the router's biased logits kept, a softmax over those
+    K; each expert's products biased (llama.cpp's add_id), its unit the clamped SwiGLU (oai_swiglu).
     Slot k of a token is its k-th most probable expert; `ffn_moe_topk` says which."""
     xp = array_module(h)
     T, K = len(h), cfg.n_expert_used
     logits = tap("ffn_moe_logits", i, linear(h, lw["ffn_gate_inp"]))  # [T, E]
-    probs = tap("ffn_moe_probs", i, ops.softmax(logits))  # [T, E]
+    if "ffn_gate_inp_bias" in lw:  # gpt-oss's router bias
+        logits = logits + lw["ffn_gate_inp_bias"]
+    # [T, E]: what the experts are chosen by (gpt-oss: the biased logits themselves)
+    probs = tap("ffn_moe_probs", i, logits if cfg.expert_gating == "softmax_weight" else ops.softmax(logits))
     ids = xp.argsort(-probs, axis=1, kind="stable")[:, :K].astype(xp.float32)  # float32 as dumps hold it: exact
     topk = tap("ffn_moe_topk", i, ids).astype(xp.int64)  # [T, K] expert ids
     weights = tap("ffn_moe_weights", i, xp.take_along_axis(probs, topk, axis=1))  # [T, K]
+    if cfg.expert_gating == "softmax_weight":
+        weights = tap("ffn_moe_weights_softmax", i, ops.softmax(weights))  # [T, K]
     if cfg.expert_norm:
         total = tap("ffn_moe_weights_sum", i, weights.astype(xp.float64).cumsum(axis=1)[:, -1:].astype(xp.float32))
         # [T, 1]: added one by one in float64, as ggml_vec_sum_f32
         weights = tap("ffn_moe_weights_norm", i, weights / xp.maximum(total, xp.float32(MIN_WEIGHT_SUM)))
     if cfg.expert_scale != 1.0:
         weights = weights * xp.float32(cfg.expert_scale)
-    gate = tap("ffn_moe_gate", i, ops.mul_mat_id(h, lw["ffn_gate_exps"], topk))  # [T, K, FE]: each slot h's row
-    up = tap("ffn_moe_up", i, ops.mul_mat_id(h, lw["ffn_up_exps"], topk))  # [T, K, FE]
-    act = tap("ffn_moe_swiglu", i, ops.swiglu(gate.reshape(T * K, -1), up.reshape(T * K, -1)).reshape(T, K, -1))
-    down = tap("ffn_moe_down", i, ops.mul_mat_id(act, lw["ffn_down_exps"], topk))  # [T, K, D]
+    gate = expert_products(h, lw, "gate", topk, ops, i)  # [T, K, FE]: each slot h's row
+    up = expert_products(h, lw, "up", topk, ops, i)  # [T, K, FE]
+    if cfg.oai_swiglu:
+        act = tap("ffn_moe_swiglu_oai", i, ops.swiglu_oai(gate, up, *cfg.oai_swiglu))
+    else:
+        act = tap("ffn_moe_swiglu", i, ops.swiglu(gate.reshape(T * K, -1), up.reshape(T * K, -1)).reshape(T, K, -1))
+    down = expert_products(act, lw, "down", topk, ops, i)  # [T, K, D]
     weighted = tap("ffn_moe_weighted", i, down * weights[:, :, None])  # [T, K, D]
     out = weighted[:, 0]
     for k in range(1, K):  # slot by slot, as llama.cpp adds its K views
         out = out + weighted[:, k]
     return tap("ffn_moe_out", i, out)  # [T, D]
+
+
+def expert_products(x, lw, part, topk, ops, i):  # [T, D] or [T, K, FE], ids [T, K] -> [T, K, out]: ffn_moe_{part}
+    """Each slot's row times its expert's `part` matrix, plus the expert's bias where the layer has them (gpt-oss's:
+    llama.cpp's add_id, `ffn_moe_{part}_biased`)."""
+    y = tap(f"ffn_moe_{part}", i, ops.mul_mat_id(x, lw[f"ffn_{part}_exps"], topk))  # [T, K, out]
+    bias = lw.get(f"ffn_{part}_exps_bias")  # [E, out]
+    return y if bias is None else tap(f"ffn_moe_{part}_biased", i, y + bias[topk])
 
 
 def shared_expert(h, lw, ops, i):  # [T, D] -> [T, D]: Qwen2-MoE's shared expert, behind a sigmoid gate

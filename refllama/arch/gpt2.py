@@ -16,7 +16,7 @@ from ..formats.ggml_types import GGUFValueType
 from ..layers import embedding, linear
 from ..trace import tap
 from ..xp import array_module
-from . import blocks
+from . import blocks, tables
 from .hparams import block_count
 from .tables import Weight
 
@@ -40,7 +40,7 @@ LAYER_WEIGHTS = (
     Weight("attn_qkv_bias", "3*D", "attn_qkv.bias", "attn.c_attn.bias",
            split=(("attn_q_bias", "D"), ("attn_k_bias", "D"), ("attn_v_bias", "D"))),
     Weight("attn_output", "D, D", "attn_output.weight", "attn.c_proj.weight", hf_transpose=True),
-    Weight("attn_output_bias", "D", "attn_output.bias", "attn.c_proj.bias"),
+    tables.ATTN_OUTPUT_BIAS._replace(hf="attn.c_proj.bias"),
     Weight("ffn_norm", "D", "ffn_norm.weight", "ln_2.weight"),
     Weight("ffn_norm_bias", "D", "ffn_norm.bias", "ln_2.bias"),
     Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.c_fc.weight", hf_transpose=True),

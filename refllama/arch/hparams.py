@@ -113,26 +113,27 @@ def gguf_yarn(g, arch, rope, n_ctx):
     return yarn
 
 
-GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX, the only router refllama computes
+GATING = {"softmax": 1, "softmax_weight": 3}  # ModelConfig.expert_gating -> llama.cpp's expert_gating_func
 
 
-def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False):
+def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False, gating="softmax"):
     """The mixture-of-experts fields of a GGUF config ({} for a dense model), as llama.cpp reads them: `norm` is the
     family's renormalisation (llama.cpp's graph fixes it per architecture, no file key), `shared` the shared experts
     its graph computes (an expert_shared_count of another number is refused), `every_layer` whether its graph makes
     every layer a mixture (a layer without a router is then a missing tensor, not a dense layer); without an
     `expert_feed_forward_length` an expert is feed_forward_length wide, or (`split_ff`, Qwen's) that over K. A layer
-    is a mixture where it has a router (`ffn_gate_inp`), as llama.cpp's llama graph decides per layer. Routing options
+    is a mixture where it has a router (`ffn_gate_inp`), as llama.cpp's llama graph decides per layer; `gating` the
+    router's weighing (ModelConfig.expert_gating), which llama.cpp's graph fixes per architecture. Routing options
     refllama does not compute are refused by name."""
     arch = g.string("general.architecture", required=True)
     n_expert = int(g.integer(f"{arch}.expert_count", 0, low=0))
     if not n_expert:
         return {}
-    for key, allowed in ((f"{arch}.expert_gating_func", GATING_SOFTMAX), (f"{arch}.expert_group_count", 1),
+    for key, allowed in ((f"{arch}.expert_gating_func", GATING[gating]), (f"{arch}.expert_group_count", 1),
                          (f"{arch}.expert_shared_count", shared)):
         if g.has(key) and int(g.integer(key, low=0)) not in (0, allowed):
-            raise RefllamaError(f"{g.path}: unsupported {key} {g.integer(key, low=0)} (refllama routes by softmax "
-                                "over every expert, ungrouped)")
+            raise RefllamaError(f"{g.path}: unsupported {key} {g.integer(key, low=0)} (refllama routes this "
+                                f"architecture by {gating}, ungrouped)")
     biased = sorted(name for name in g.tensors if name.endswith("exp_probs_b.bias"))
     if biased:
         raise RefllamaError(f"{g.path}: unsupported tensor {shown(biased[0])} (an expert selection bias)")
@@ -143,7 +144,7 @@ def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False):
             "n_ff_exp": int(g.integer(f"{arch}.expert_feed_forward_length", n_ff // n_used if split_ff else n_ff)),
             "n_ff_shexp": int(g.integer(f"{arch}.expert_shared_feed_forward_length", low=1))
             if g.has(f"{arch}.expert_shared_feed_forward_length") else None,
-            "expert_norm": norm, "expert_scale": float(scale) if scale else 1.0,
+            "expert_norm": norm, "expert_scale": float(scale) if scale else 1.0, "expert_gating": gating,
             "moe_layers": tuple(every_layer or f"blk.{i}.ffn_gate_inp.weight" in g.tensors for i in range(n_layer))}
 
 

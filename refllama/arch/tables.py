@@ -35,6 +35,8 @@ class Weight(NamedTuple):
     hf_neg_exp: bool = False  # HF stores log(-w) (Gated DeltaNet's A_log): w = -exp(stored), as llama.cpp's converter
     product: bool = True  # a product's matrix (a placement may keep it in a matrix form); False: its values read
     # as an array (a conv's taps)
+    hf_interleaved: bool = False  # hf_fused's parts alternate along HF's last axis (gpt-oss's gate_up_proj
+    # [E, D, 2 FE]: gate in the even columns, up in the odd), a matrix stored [in, out] (transposed at load)
     hf_regroup: tuple = ()  # (groups, (part, ...)): HF's rows are `groups` runs of the parts side by side (Qwen3-Next's
     # q, k, v, z per q/k head): regrouped part by part (every group's first part, then second...) before `split`
 
@@ -53,6 +55,7 @@ ATTN_V_BIAS = Weight("attn_v_bias", "KVH*HD", "attn_v.bias", "self_attn.v_proj.b
 ATTN_Q_NORM = Weight("attn_q_norm", "HD", "attn_q_norm.weight", "self_attn.q_norm.weight")
 ATTN_K_NORM = Weight("attn_k_norm", "HD", "attn_k_norm.weight", "self_attn.k_norm.weight")
 ATTN_OUTPUT = Weight("attn_output", "D, H*HD", "attn_output.weight", "self_attn.o_proj.weight")
+ATTN_OUTPUT_BIAS = Weight("attn_output_bias", "D", "attn_output.bias", "self_attn.o_proj.bias")
 FFN_NORM = Weight("ffn_norm", "D", "ffn_norm.weight", "post_attention_layernorm.weight")
 FFN_GATE = Weight("ffn_gate", "F, D", "ffn_gate.weight", "mlp.gate_proj.weight")
 FFN_UP = Weight("ffn_up", "F, D", "ffn_up.weight", "mlp.up_proj.weight")
@@ -84,6 +87,27 @@ SHARED_EXPERT = (  # Qwen2-MoE's shared expert and its gate
     Weight("ffn_up_shexp", "FS, D", "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
     Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"),
 )
+
+# gpt-oss's: biased attention with a sink logit a head; a biased router whose softmax is over the K it chooses;
+# biased experts, stored by HF as one gate_up tensor (interleaved columns) and one down tensor, each [E, in, out]
+_GATE_UP, _DOWN = "mlp.experts.gate_up_proj", "mlp.experts.down_proj"
+GPT_OSS_LAYER = (
+    ATTN_NORM, ATTN_Q, ATTN_K, ATTN_V, ATTN_Q_BIAS, ATTN_K_BIAS, ATTN_V_BIAS, ATTN_OUTPUT, ATTN_OUTPUT_BIAS,
+    Weight("attn_sinks", "H", "attn_sinks.weight", "self_attn.sinks"),
+    Weight("ffn_norm", "D", "post_attention_norm.weight", "post_attention_layernorm.weight"))
+GPT_OSS_MOE = (
+    Weight("ffn_gate_inp", "E, D", "ffn_gate_inp.weight", "mlp.router.weight"),
+    Weight("ffn_gate_inp_bias", "E", "ffn_gate_inp.bias", "mlp.router.bias"),
+    Weight("ffn_gate_exps", "E, FE, D", "ffn_gate_exps.weight", _GATE_UP, hf_fused=(_GATE_UP, 0, 2),
+           hf_interleaved=True),
+    Weight("ffn_up_exps", "E, FE, D", "ffn_up_exps.weight", _GATE_UP, hf_fused=(_GATE_UP, 1, 2), hf_interleaved=True),
+    Weight("ffn_down_exps", "E, D, FE", "ffn_down_exps.weight", _DOWN, hf_fused=(_DOWN, 0, 1), hf_interleaved=True),
+    Weight("ffn_gate_exps_bias", "E, FE", "ffn_gate_exps.bias", _GATE_UP + "_bias", hf_fused=(_GATE_UP + "_bias", 0, 2),
+           hf_interleaved=True, product=False),
+    Weight("ffn_up_exps_bias", "E, FE", "ffn_up_exps.bias", _GATE_UP + "_bias", hf_fused=(_GATE_UP + "_bias", 1, 2),
+           hf_interleaved=True, product=False),
+    Weight("ffn_down_exps_bias", "E, D", "ffn_down_exps.bias", _DOWN + "_bias", hf_fused=(_DOWN + "_bias", 0, 1),
+           hf_interleaved=True, product=False))
 
 # the hybrids' (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): their (1 + w) norms stored as w in HF
 QWEN35_FFN_NORM = Weight("ffn_norm", "D", "post_attention_norm.weight", "post_attention_layernorm.weight", hf_add=1.0)
@@ -171,6 +195,14 @@ def read_weights(arch, cfg, side, fetch, has, place):
                             and not (row.hf_fused and has(prefix + row.hf_fused[0]))):
             return
         shape = shape_of(row, d)
+        if side == "hf" and row.hf_interleaved:  # part `part` of every n_parts columns; a matrix [in, out] as stored
+            fused, part, n_parts = row.hf_fused
+            whole = fetch(prefix + fused, (shape[0], shape[2], n_parts * shape[1]) if len(shape) == 3 else
+                          (*shape[:-1], n_parts * shape[-1]))
+            t = (whole.to_float32() if isinstance(whole, QuantizedTensor) else whole)[..., part::n_parts]
+            t = np.ascontiguousarray(t.swapaxes(1, 2) if len(shape) == 3 else t)
+            out[row.key] = tuple(map(place, t)) if len(shape) == 3 else place.array(t)
+            return
         if len(shape) == 3:  # experts: one tensor (GGUF, transformers 5's fused form), or one per expert (HF)
             E, N, K = shape
             if "{e}" in name and (has(prefix + name.format(e=0)) or not row.hf_fused):

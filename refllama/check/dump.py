@@ -256,7 +256,8 @@ def numerics_of(manifest):
     return "ggml" if "llama.cpp" in producer and "f32 weights and kv cache" not in producer else "float32"
 
 
-ROUTED_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted")  # [T, K, X]
+ROUTED_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted",  # [T, K, X]
+                 "ffn_moe_gate_biased", "ffn_moe_up_biased", "ffn_moe_swiglu_oai", "ffn_moe_down_biased")
 
 
 def stage_ndim(stage):

@@ -48,6 +48,9 @@ SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; 
     "ffn_moe_weights_norm": "kq_soft_max", "ffn_shexp_gate": "kq_soft_max",
     "ffn_moe_gate": "ffn_gate", "ffn_moe_up": "ffn_up", "ffn_moe_swiglu": "ffn_swiglu", "ffn_moe_down": "ffn_out",
     "ffn_moe_weighted": "ffn_out", "ffn_moe_out": "ffn_out", "ffn_shexp": "ffn_out", "ffn_shexp_out": "ffn_out",
+    # gpt-oss's: the K weights' softmax as a softmax's, each expert product's bias as the product's, its SwiGLU's
+    "ffn_moe_weights_softmax": "kq_soft_max", "ffn_moe_gate_biased": "ffn_gate", "ffn_moe_up_biased": "ffn_up",
+    "ffn_moe_swiglu_oai": "ffn_swiglu", "ffn_moe_down_biased": "ffn_out",
     # the hybrids': projections of attn_norm as q's or the gate's; elementwise steps as the SwiGLU's; the conv as up's;
     # L2 norms as a norm's; the delta rule's and the attention's outputs before their gates as kqv_out's
     "Qcur_full": "Qcur", "linear_attn_qkv_mixed": "Qcur", "z": "ffn_gate", "beta": "ffn_gate", "alpha": "ffn_gate",

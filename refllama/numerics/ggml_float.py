@@ -211,18 +211,34 @@ def layer_norm(x, w, b, eps, path=AVX512):  # [T, D], [D], [D] -> [T, D]: ggml_n
     return y * (np.float32(1) / np.sqrt(variance + np.float32(eps))) * w + b
 
 
-def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H, T, S]: ggml's soft_max of kq * scale
-    """+ mask. x = kq * float32(scale) + mask; e = expf(x - max); the sum of e a vector at a time (each vector's
-    sum in float32) accumulated in float64; e times float32(1 / sum). Rows are padded with zeros to whole vectors,
-    as llama.cpp's masked padding is."""
+def attention_weights(kq, mask, scale, sinks=None, path=AVX512):  # [H, T, S], [T, S], [H] -> [H, T, S]
+    """ggml's soft_max of kq * scale + mask. x = kq * float32(scale) + mask; e = expf(x - max); the sum of e a vector
+    at a time (each vector's sum in float32) accumulated in float64; e times float32(1 / sum). Rows are padded with
+    zeros to whole vectors, as llama.cpp's masked padding is. `sinks` (gpt-oss's): the max taken over the row and
+    the head's sink, the sink's expf (the C library's) added to the float64 sum."""
     lanes = LANES[path]
     x = kq * np.float32(scale) + mask
     S = x.shape[-1]
-    e = lanes.expf(x - x.max(axis=-1, keepdims=True))
+    top = x.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks.astype(np.float32)[:, None, None])
+    e = lanes.expf(x - top)
     pad = np.zeros((*e.shape[:-1], -S % lanes.width), np.float32)
     groups = lanes.hsum(np.concatenate([e, pad], axis=-1).reshape(*e.shape[:-1], -1, lanes.width))
-    inv = (1.0 / groups.astype(np.float64).sum(axis=-1, keepdims=True)).astype(np.float32)
-    return e * inv
+    total = groups.astype(np.float64).sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total = total + libm_expf(sinks.astype(np.float32)[:, None, None] - top).astype(np.float64)
+    return e * (1.0 / total).astype(np.float32)
+
+
+def swiglu_oai(gate, up, alpha, limit):  # [..., F], [..., F] -> [..., F]: ggml_compute_forward_swiglu_oai_f32
+    """x = min(gate, limit), y = clamp(up, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1), in float32, expf the
+    C library's (CUDA's on cupy)."""
+    xp = array_module(gate)
+    x = xp.minimum(gate, np.float32(limit))
+    y = xp.clip(up, np.float32(-limit), np.float32(limit))
+    z = np.float32(alpha) * -x
+    return x / (np.float32(1) + (libm_expf(z) if xp is np else xp.exp(z))) * (y + np.float32(1))
 
 
 def f16_dots(a, b, tokens, padded, path=AVX512):  # [..., n] f32, [..., n] f32 (float16 values) -> [...]: sum

@@ -81,13 +81,13 @@ def _swiglu(gate, up):  # [T, F], [T, F] -> [T, F]: x / (1 + expf(-x)) * up, as 
     return out
 
 
-def _softmax(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml_float.attention_weights
+def _softmax(kq, mask, scale, sinks):  # [H, T, S], [T, S], [H] or [0] -> [H, T, S]: ggml_float.attention_weights
     H, T, S = kq.shape
     out = np.empty_like(kq)
     for ht in prange(H * T):
         h, t = ht // T, ht % T
         w = np.empty(S, np.float32)
-        mx = np.float32(-np.inf)
+        mx = sinks[h] if len(sinks) else np.float32(-np.inf)
         for s in range(S):
             w[s] = kq[h, t, s] * scale + mask[t, s]
             mx = max(mx, w[s])
@@ -100,6 +100,8 @@ def _softmax(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: ggml_float.att
             if s % PW == PW - 1 or s == S - 1:  # a vector (the last padded with zeros)
                 total += _halves(lanes, PW)
                 lanes[:] = 0.0
+        if len(sinks):  # the C library's expf, as ggml's soft_max adds a sink
+            total += np.float32(math.exp(np.float32(sinks[h] - mx)))
         inv = np.float32(1.0 / total)
         for s in range(S):
             out[h, t, s] *= inv
@@ -402,8 +404,9 @@ def swiglu(gate, up, path=AVX512):  # [T, F], [T, F] -> [T, F]
     return PATH_KERNELS[path]["swiglu"](gate, up)
 
 
-def attention_weights(kq, mask, scale, path=AVX512):  # [H, T, S], [T, S] -> [H, T, S]
-    return PATH_KERNELS[path]["softmax"](kq, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
+def attention_weights(kq, mask, scale, sinks=None, path=AVX512):  # [H, T, S], [T, S], [H] -> [H, T, S]
+    sinks = np.zeros(0, np.float32) if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
+    return PATH_KERNELS[path]["softmax"](kq, np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale), sinks)
 
 
 def attention_scores(q, k, path=AVX512):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values) -> [H, T, S]
@@ -424,7 +427,8 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
           softcap=softcap, kv_f16=True, q_first=True,
           softmax=router_softmax, silu=silu, layer_norm=layer_norm,  # GPT-2's norms: NumPy's
           mul_mat_id=partial(mul_mat_id, product=id_product), sigmoid=sigmoid, softplus=softplus, l2_norm=l2_norm,
-          ssm_conv=ssm_conv, gated_delta_net=gated_delta_net)  # the linear attention's sigmoid, softplus: NumPy's
+          ssm_conv=ssm_conv, gated_delta_net=gated_delta_net,  # the linear attention's sigmoid, softplus: NumPy's
+          swiglu_oai=ggml_float.swiglu_oai)  # gpt-oss's: NumPy's, expf Numba's vectorized C library call
 
 
 def path_ops(path):

@@ -51,6 +51,7 @@ from .ggml_float import (
     softplus,
     ssm_conv,
     swiglu,
+    swiglu_oai,
 )
 from .ggml_quantize import GROUP, VEC_DOT_TYPE, IntWeights, block_sums, dequantize, int_weights
 from .ggml_tables import round_f16
@@ -227,7 +228,8 @@ OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_sco
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
           softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
           silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product), layer_norm=layer_norm, sigmoid=sigmoid,
-          softplus=softplus, l2_norm=l2_norm, ssm_conv=ssm_conv, gated_delta_net=gated_delta_net)
+          softplus=softplus, l2_norm=l2_norm, ssm_conv=ssm_conv, gated_delta_net=gated_delta_net,
+          swiglu_oai=swiglu_oai)
 
 
 def path_ops(path):

@@ -226,7 +226,10 @@ def gated(unit):
     return product
 
 
-def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]: layers.attention_weights as one kernel
+def attention_weights(kq, mask, scale, sinks=None):  # [H, T, S], [T, S], [H] -> [H, T, S]
+    """layers.attention_weights as one kernel (with gpt-oss's sinks: its array operations)."""
+    if sinks is not None:
+        return layers.attention_weights(kq, mask, scale, sinks)
     kq = contiguous(kq)
     out = array_module(kq).empty_like(kq)
     kernels(array_module(kq)).softmax_rows(kq, contiguous(mask), scale, out)

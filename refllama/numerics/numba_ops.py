@@ -288,9 +288,9 @@ def attention_scores(q, k):  # [T, H, HD], [KVH, S, HD] -> [H, T, S]
     return _scores1(np.ascontiguousarray(q), k)
 
 
-def attention_weights(kq, mask, scale):  # [H, T, S], [T, S] -> [H, T, S]
-    if kq.shape[1] > 1:
-        return layers.attention_weights(kq, mask, scale)
+def attention_weights(kq, mask, scale, sinks=None):  # [H, T, S], [T, S], [H] -> [H, T, S]
+    if kq.shape[1] > 1 or sinks is not None:  # a prefill, or gpt-oss's sinks: NumPy's
+        return layers.attention_weights(kq, mask, scale, sinks)
     return _softmax1(np.ascontiguousarray(kq), np.ascontiguousarray(mask, dtype=np.float32), np.float32(scale))
 
 
