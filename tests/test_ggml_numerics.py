@@ -48,7 +48,12 @@ def activations(T, K):
 
 def random_blocks(qtype, N, K):
     """Raw GGUF bytes of a [N, K] matrix: gguf-py's quantizer where it has one, else random bits with sane
-    float16 scales (every bit pattern of a K-quant block is a valid block)."""
+    float16 scales (every bit pattern of a K-quant block is a valid block); MXFP4's every nibble and some of its
+    subnormal exponents (0, 1)."""
+    if qtype == QT.MXFP4:
+        raw = RNG.integers(0, 256, byte_shape((N, K), qtype), dtype=np.uint8).reshape(N, K // 32, 17)
+        raw[..., 0] = RNG.choice([0, 1, 2, 100, 120, 127, 128, 135], raw.shape[:2])
+        return raw.reshape(N, -1)
     if qtype in LEGACY:
         return gguf.quants.quantize(RNG.standard_normal((N, K)).astype(np.float32), gguf.GGMLQuantizationType(qtype))
     raw = RNG.integers(0, 256, byte_shape((N, K), qtype), dtype=np.uint8).reshape(-1, byte_shape((1, 256), qtype)[1])
@@ -59,7 +64,7 @@ def random_blocks(qtype, N, K):
     return raw.reshape(N, -1)
 
 
-@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", (*LEGACY, *K_QUANTS, QT.MXFP4), ids=lambda t: t.name)
 def test_integer_form_dequantizes_as_gguf_py_does(qtype):
     raw = random_blocks(qtype, 6, 512)
     w = gz.int_weights(raw, qtype, (6, 512))
@@ -67,7 +72,7 @@ def test_integer_form_dequantizes_as_gguf_py_does(qtype):
     np.testing.assert_array_equal(gz.dequantize(w), dequantize(raw, gguf.GGMLQuantizationType(qtype)))
 
 
-@pytest.mark.parametrize("qtype", LEGACY + K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", (*LEGACY, *K_QUANTS, QT.MXFP4), ids=lambda t: t.name)
 def test_a_product_is_the_dequantized_activations_times_the_dequantized_weights(qtype):
     """ggml's integer-then-scale product is the exact product of the two quantized operands, up to float32
     rounding: checks every scale, minimum and block sum of the integer form."""
@@ -217,11 +222,13 @@ def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T):
     """Both kernel forms (8-token tiles and single tokens) against the NumPy lanes, in each instruction set the
     CPU has."""
     compiles_here(isa)
-    raw = random_blocks(qtype, 37, 256)
+    N = 40 if qtype == QT.MXFP4 else 37  # MXFP4's kernel: its repacked form's (rows a multiple of 8)
+    raw = random_blocks(qtype, N, 256)
     x = activations(T, 256)
-    want = x @ gn.GgmlMatrix(raw, qtype, (37, 256)).T
+    slow = gn.GgmlMatrix(raw, qtype, (N, 256))
+    want = x @ slow.T
     fast = gb.NumbaGgmlMatrix([raw], qtype, 256)
-    fast.isa = isa
+    fast.isa, fast.repacked = isa, slow.repacked
     np.testing.assert_array_equal(x @ fast.T, want)
 
 

@@ -288,6 +288,8 @@ def ggml_logits(families, arm=None):
                 mx = str(out / f"{name}-mxfp4.gguf")
                 short["mxfp4"] = dump_llamacpp.capture(mx, ids, 2, kv_f32=False, n_ctx=N_CTX)[0]["result_output"]
                 short["mxfp4_greedy"] = np.asarray(dump_llamacpp.greedy(mx, ids, GREEDY, 2, n_ctx=N_CTX))
+                short["mxfp4_norepack"] = dump_llamacpp.capture(mx, ids, 2, kv_f32=False, n_ctx=N_CTX,
+                                                                repack=False)[0]["result_output"]  # its vec_dot
         else:
             logits, info = arm_logits(arm, model, ids, N_CTX)
             short = {f"first{n}": arm_logits(arm, model, ids[:n], N_CTX)[0] for n in SHORT}

@@ -10,7 +10,8 @@ from .ggml_tables import LAYOUT
 from .ir import F32, I8, I32, I64, V32F32, V32I8, load, load_f16, prefetch, splat
 
 V16I8 = ir.VectorType(I8, 16)
-GROUPS = {QT.Q4_0: 1, QT.Q4_1: 1, QT.Q5_0: 1, QT.Q8_0: 1, QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}  # 32s per block
+GROUPS = {QT.Q4_0: 1, QT.Q4_1: 1, QT.Q5_0: 1, QT.Q8_0: 1, QT.MXFP4: 1,  # 32s per block
+          QT.Q4_K: 8, QT.Q5_K: 8, QT.Q6_K: 8}
 
 
 def field_at(builder, blk, qtype, name, plus=0):  # the address of a field of the block at blk, plus `plus` bytes
@@ -44,6 +45,24 @@ def q5_0_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nib
     high = builder.shl(builder.trunc(builder.and_(bits, ir.Constant(v32, [1] * 32)), V32I8), const8(4))
     codes = builder.or_(nibbles16(builder, field_at(builder, blk, QT.Q5_0, "qs")), high)
     return builder.sub(codes, const8(16))
+
+
+def mxfp4_codes(builder, blk):  # an MXFP4 block -> <32 x i8>: ggml_tables.KVALUES_MXFP4 of each nibble
+    """0 1 2 3 4 6 8 12 by its low 3 bits m (m, plus m - 4 past 4, plus 2 at 7), negative where its high bit is set."""
+    codes = nibbles16(builder, field_at(builder, blk, QT.MXFP4, "qs"))
+    m = builder.and_(codes, const8(7))
+    above = builder.select(builder.icmp_signed(">", m, const8(4)), builder.sub(m, const8(4)), const8(0))
+    seven = builder.select(builder.icmp_signed("==", m, const8(7)), const8(2), const8(0))
+    v = builder.add(builder.add(m, above), seven)
+    neg = builder.icmp_signed("!=", builder.and_(codes, const8(8)), const8(0))
+    return builder.select(neg, builder.sub(const8(0), v), v)
+
+
+def e8m0_half(builder, blk):  # an MXFP4 block -> its float scale, ggml_tables.e8m0_half of its exponent byte
+    e = builder.zext(load(builder, field_at(builder, blk, QT.MXFP4, "e"), I8), I32)
+    small = builder.shl(ir.Constant(I32, 0x00200000), e)  # e < 2: the subnormals
+    normal = builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
+    return builder.bitcast(builder.select(builder.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal), F32)
 
 
 def k_scales_mins(builder, blk, qtype):
@@ -131,6 +150,9 @@ def groups(builder, qtype, blk):
     """IR of the block at blk, a group of 32 values at a time: ([(codes <32 x float>, scale <32 x float>)], offsets),
     value = scale * code + offsets[g], each product as ggml's dequantize_row_* takes it (d * sc of the K-quants is
     exact in float32, as is -8 d of Q4_0). offsets: a vector of one per group, or None for the types without."""
+    if qtype == QT.MXFP4:  # its codes twice E2M1's values, its scale half the E8M0 power of two
+        scale = splat(builder, e8m0_half(builder, blk), V32F32)
+        return [(builder.sitofp(mxfp4_codes(builder, blk), V32F32), scale)], None
     d = load_f16(builder, field_at(builder, blk, qtype, "d"))
     if qtype in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0):
         if qtype == QT.Q8_0:

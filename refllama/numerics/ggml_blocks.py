@@ -22,7 +22,9 @@ from ..formats.ggml_types import BLOCK_SIZES
 from ..formats.ggml_types import GGMLType as QT
 from .block_ir import (
     const8,
+    e8m0_half,
     field_at,
+    mxfp4_codes,
     nibbles16,
     prefetch_block,
     q5_0_codes,
@@ -44,7 +46,9 @@ def kernel_isa():
 
 
 ISA = kernel_isa()
-BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0)}  # the types with IR kernels
+BLOCK_BYTES = {t: BLOCK_SIZES[t][1] for t in (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.MXFP4)}  # the types with IR
+# kernels (MXFP4: its repacked form's only; a matrix llama.cpp multiplies by vec_dot, rows not a multiple of 8, is
+# numerics.ggml_x86's)
 V8I32, V8F32 = ir.VectorType(I32, 8), ir.VectorType(F32, 8)
 V16I32, V16F32 = ir.VectorType(I32, 16), ir.VectorType(F32, 16)
 MAGIC = 0x4B400000  # 1.5 * 2^23 as float32 bits: adding an int n (|n| < 2^22) to them gives the bits of 1.5 * 2^23 + n
@@ -127,9 +131,8 @@ def _make_dot(qtype, isa, repacked):
             blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
             prefetch_block(builder, blk, qtype, ahead)
             y = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
-            if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
-                q = load(builder, field_at(builder, blk, qtype, "qs"), V32I8) if qtype == QT.Q8_0 else \
-                    q5_0_codes(builder, blk)
+            if qtype in (QT.Q8_0, QT.Q5_0, QT.MXFP4):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+                q = _signed_codes(builder, blk, qtype)
                 neg = builder.icmp_signed("<", q, zero)
                 u = builder.select(neg, builder.sub(zero, q), q)
                 is_zero = builder.icmp_signed("==", q, zero)
@@ -137,8 +140,7 @@ def _make_dot(qtype, isa, repacked):
             else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
                 u = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
             at = builder.mul(i, ir.Constant(I64, 4))
-            d = builder.fmul(load_f16(builder, field_at(builder, blk, qtype, "d")), load(builder, builder.add(xd, at),
-                                                                                         F32))  # d_w * d_x
+            d = builder.fmul(_block_scale(builder, blk, qtype), load(builder, builder.add(xd, at), F32))  # d_w * d_x
             if qtype == QT.Q4_1:
                 summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
                                             load(builder, builder.add(xs, at), F32), summs])
@@ -222,13 +224,19 @@ def quantize_q8(X, xq, xd, xs):  # [T, K] f32 -> xq [T, K] i8, xd, xs [K/32, T] 
 BLOCK_TILE_N = {False: 2, True: 4}  # rows a block tile multiplies at once: 8 float32 sums a row (4 if repacked: one)
 
 
-def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0 block -> <32 x i8>: the integers ggml multiplies
-    if qtype == QT.Q8_0:
+def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0/MXFP4 block -> <32 x i8>: the integers ggml
+    if qtype == QT.Q8_0:  # multiplies
         return load(builder, field_at(builder, blk, qtype, "qs"), V32I8)
     if qtype == QT.Q5_0:
         return q5_0_codes(builder, blk)
+    if qtype == QT.MXFP4:
+        return mxfp4_codes(builder, blk)
     codes = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
     return builder.sub(codes, const8(8)) if qtype == QT.Q4_0 else codes
+
+
+def _block_scale(builder, blk, qtype):  # a block's float scale: its float16 d, or MXFP4's half E8M0
+    return e8m0_half(builder, blk) if qtype == QT.MXFP4 else load_f16(builder, field_at(builder, blk, qtype, "d"))
 
 
 def _make_block_codes(qtype):
@@ -290,8 +298,7 @@ def _make_block_tile(qtype, isa, repacked):
             ds, isums = [], [ir.Constant(V16I32, None)] * n_rows
             for r, w in enumerate(rows):
                 blk = builder.add(w, builder.mul(i, ir.Constant(I64, size)))
-                ds.append(builder.fmul(splat(builder, load_f16(builder, field_at(builder, blk, qtype, "d")), V16F32),
-                                       dx))  # d_w * d_x
+                ds.append(builder.fmul(splat(builder, _block_scale(builder, blk, qtype), V16F32), dx))  # d_w * d_x
                 if qtype == QT.Q4_1:  # m_w * s_x, summed apart
                     m = splat(builder, load_f16(builder, field_at(builder, blk, qtype, "m")), V16F32)
                     accs[r * (per + 1) + per] = builder.call(fma, [m, vec(st, i, V16F32), accs[r * (per + 1) + per]])

@@ -12,6 +12,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from ..formats.ggml_types import GGMLType as QT
 from ..formats.ggml_types import QuantizedTensor, byte_shape
 from ..layers import Ops
 from . import ggml_float
@@ -465,9 +466,12 @@ class GgmlNumbaPlacement(GgmlPlacement):
         release_loader_pages()
 
     def __call__(self, a):
-        if isinstance(a, QuantizedTensor) and a.qtype in {*BLOCK_BYTES, *K_QUANTS}:
+        repack = self.repack and repacked(a.qtype, a.shape, self.path) is not None if isinstance(
+            a, QuantizedTensor) else False
+        if isinstance(a, QuantizedTensor) and a.qtype in {*BLOCK_BYTES, *K_QUANTS} and (
+                repack or a.qtype != QT.MXFP4):  # MXFP4's vec_dot: numerics.ggml_x86's
             m = (NumbaGgmlMatrix if a.qtype in BLOCK_BYTES else NumbaKQuantMatrix)([a.raw], a.qtype, a.shape[1])
-            m.repacked = self.repack and repacked(a.qtype, a.shape, self.path) is not None
+            m.repacked = repack
             return m
         m = super().__call__(a)
         if isinstance(m, F16Matrix):

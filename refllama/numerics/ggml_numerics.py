@@ -65,7 +65,8 @@ REPACK = {QT.Q4_0: {AVX512: ("q4_0_8x8_q8_0", 8), "avx2": ("q4_0_8x8_q8_0", 8), 
                     I8MM: ("q4_K_8x8_q8_K", 8)},
           QT.Q5_K: {NEON: ("q5_K_8x4_q8_K", 8), I8MM: ("q5_K_8x8_q8_K", 8)},
           QT.Q6_K: {NEON: ("q6_K_8x4_q8_K", 8), I8MM: ("q6_K_8x8_q8_K", 8)},
-          QT.Q2_K: {AVX512: ("q2_K_8x8_q8_K", 8)}, QT.Q8_0: {NEON: ("q8_0_4x4_q8_0", 4), I8MM: ("q8_0_4x8_q8_0", 4)}}
+          QT.Q2_K: {AVX512: ("q2_K_8x8_q8_K", 8)}, QT.Q8_0: {NEON: ("q8_0_4x4_q8_0", 4), I8MM: ("q8_0_4x8_q8_0", 4)},
+          QT.MXFP4: {AVX512: ("mxfp4_8x8_q8_0", 8), "avx2": ("mxfp4_8x8_q8_0", 8)}}
 
 
 def repacked(qtype, shape, path=AVX512):

@@ -11,11 +11,11 @@ import numpy as np
 
 from ..formats.ggml_types import GGMLType as QT
 from ..xp import array_module
-from .ggml_tables import blocks, codes, f16, field, k_scales, q3_k_scales, round_f16
+from .ggml_tables import blocks, codes, e8m0_half, f16, field, k_scales, q3_k_scales, round_f16
 
 Q8_0, Q8_1, Q8_K = "Q8_0", "Q8_1", "Q8_K"
-VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.Q4_1: Q8_1, QT.Q5_1: Q8_1,  # ggml-cpu.c
-                QT.Q2_K: Q8_K, QT.Q3_K: Q8_K, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
+VEC_DOT_TYPE = {QT.Q4_0: Q8_0, QT.Q5_0: Q8_0, QT.Q8_0: Q8_0, QT.MXFP4: Q8_0,  # ggml-cpu.c
+                QT.Q4_1: Q8_1, QT.Q5_1: Q8_1, QT.Q2_K: Q8_K, QT.Q3_K: Q8_K, QT.Q4_K: Q8_K, QT.Q5_K: Q8_K, QT.Q6_K: Q8_K}
 GROUP = {QT.Q2_K: 16, QT.Q3_K: 16, QT.Q6_K: 16}  # values per integer sum: 32, but sub-blocks of 16 in these
 SUPER = {QT.Q2_K: 256, QT.Q3_K: 256, QT.Q4_K: 256, QT.Q5_K: 256, QT.Q6_K: 256}  # values per d: 32, the K-quants' 256
 
@@ -71,7 +71,7 @@ class IntWeights(NamedTuple):
     """A quantized [N, K] matrix as ggml's dot product reads it: w = d * sc * code - dmin * m per group.
 
     codes: [N, K] int8, the integers multiplied by the activation's codes (Q4_0: nibble - 8, Q5_0: 5 bits - 16,
-        Q6_K: 6 bits - 32, Q4_1/Q5_1/Q4_K/Q5_K: as stored, Q8_0: as stored);
+        Q6_K: 6 bits - 32, Q4_1/Q5_1/Q4_K/Q5_K: as stored, Q8_0: as stored, MXFP4: twice its E2M1 values);
     d: [N, K/SUPER] f32, the float scale of each block (32 values; the K-quants' 256);
     sc: [N, K/GROUP] f32 integers, the K-quants' sub-block scales (None elsewhere);
     m: Q4_1/Q5_1: [N, K/32] f32, the offset of each block; Q4_K/Q5_K: [N, K/32] f32 integers, each sub-block's min;
@@ -91,6 +91,8 @@ def int_weights(raw, qtype, shape):
     N, K = shape
     b = blocks(raw, qtype, shape)  # [N, K/block, block bytes]
     q = codes(b, qtype).reshape(N, K)
+    if qtype == QT.MXFP4:  # its scale: half its E8M0 exponent's power of two
+        return IntWeights(qtype, q, e8m0_half(field(b, qtype, "e")[..., 0]))
     d = f16(field(b, qtype, "d"))  # [N, K/block]
     if qtype in (QT.Q4_0, QT.Q5_0, QT.Q8_0):
         return IntWeights(qtype, q, d)

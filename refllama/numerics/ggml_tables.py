@@ -18,7 +18,9 @@ LAYOUT = {  # type -> field -> (first byte, end) within one block
     QT.Q4_K: {"d": (0, 2), "dmin": (2, 4), "scales": (4, 16), "qs": (16, 144)},  # 8 six-bit scales and mins
     QT.Q5_K: {"d": (0, 2), "dmin": (2, 4), "scales": (4, 16), "qh": (16, 48), "qs": (48, 176)},
     QT.Q6_K: {"ql": (0, 128), "qh": (128, 192), "scales": (192, 208), "d": (208, 210)},  # 16 int8 scales
+    QT.MXFP4: {"e": (0, 1), "qs": (1, 17)},  # e: an E8M0 exponent; qs: 32 E2M1 nibbles, laid out as Q4_0's
 }
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.int8)  # twice E2M1's values
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)  # bits -> value
 # ggml_v_expf's constants (ggml-cpu/vec.h): rounding shift, log2(e), ln 2 in two parts, the polynomial's c5 .. c1
 EXPF_R, EXPF_LOG2E, EXPF_LN2_LO, EXPF_LN2_HI, EXPF_C5, EXPF_C4, EXPF_C3, EXPF_C2, EXPF_C1 = (
@@ -60,6 +62,12 @@ def f16(a):  # [..., 2] bytes -> [...] f32
     return F16_TABLE[f16_bits(a)]
 
 
+def e8m0_half(e):  # [...] uint8 -> [...] f32: 2^(e - 128), half the E8M0 scale (KVALUES_MXFP4 are twice E2M1's)
+    """ggml_e8m0_to_fp32_half: e < 2 the subnormals 2^-128, 2^-127; else the float32 of exponent e - 1."""
+    e = np.asarray(e, np.uint32)
+    return np.where(e < 2, np.uint32(0x00200000) << e, (e - 1) << 23).astype(np.uint32).view(np.float32)
+
+
 def nibbles(qs):  # [..., 16] bytes -> [..., 32] codes: byte j holds value j (low nibble) and j + 16 (high)
     return np.concatenate([qs & 15, qs >> 4], axis=-1)
 
@@ -97,13 +105,15 @@ def q3_k_scales(scales):  # Q3_K [..., 12] bytes -> [..., 16] f32: six-bit scale
 
 
 def codes(b, qtype):  # [..., block bytes] -> [..., values per block] int8: the integers ggml's dot product multiplies
-    """Q4_0: nibble - 8, Q5_0: 5 bits - 16, Q6_K: 6 bits - 32, Q3_K: 3 bits - 4 (its high bit: hmask); Q4_1,
-    Q5_1, Q2_K, Q4_K, Q5_K and Q8_0 as stored."""
+    """Q4_0: nibble - 8, Q5_0: 5 bits - 16, Q6_K: 6 bits - 32, Q3_K: 3 bits - 4 (its high bit: hmask), MXFP4: the
+    nibble's KVALUES_MXFP4; Q4_1, Q5_1, Q2_K, Q4_K, Q5_K and Q8_0 as stored."""
     qs = field(b, qtype, "qs") if "qs" in LAYOUT[qtype] else None
     if qtype == QT.Q8_0:
         return np.ascontiguousarray(qs).view(np.int8)
     if qtype in (QT.Q4_0, QT.Q4_1):
         return nibbles(qs).astype(np.int8) - np.int8(8 if qtype == QT.Q4_0 else 0)
+    if qtype == QT.MXFP4:
+        return KVALUES_MXFP4[nibbles(qs)]
     if qtype in (QT.Q5_0, QT.Q5_1):
         fifth = (high_bits(field(b, qtype, "qh"), 32) << 4).astype(np.uint8)
         return (nibbles(qs) | fifth).astype(np.int8) - np.int8(16 if qtype == QT.Q5_0 else 0)

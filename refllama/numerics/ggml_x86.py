@@ -44,7 +44,9 @@ def product(m, x, form):  # [T, K] f32, one form -> [T, N] f32
         xq, dx, sx = quantize_q8_1(x)
         return dot_lanes(m, xq, dx, sx)
     xq, _, dx = quantize_q8_0(x)
-    return m.dot_blocks(xq, dx) if m.repacked else dot_lanes(m, xq, dx, None)
+    if m.repacked:
+        return m.dot_blocks(xq, dx)
+    return mxfp4_lanes(m, xq, dx) if m.qtype == QT.MXFP4 else dot_lanes(m, xq, dx, None)
 
 
 def k_steps(m, xq, dx, bsums, path):  # Q8_K x [T, K] -> [T, N]
@@ -136,3 +138,22 @@ def dot_lanes(m, xq, dx, sx):  # blocks of 32 x Q8_0 or Q8_1 (sx), in ggml's x86
             summs = fma(w.m[None, :, b], sx[:, b, None], summs)
     r4 = acc[4:] + acc[:4]  # hsum_float_8: high half + low half, then pairs, then the two left
     return ((r4[0] + r4[2]) + (r4[1] + r4[3])) + summs
+
+
+def mxfp4_lanes(m, xq, dx):  # MXFP4 x Q8_0 [T, K] -> [T, N]: ggml_vec_dot_mxfp4_q8_0 on x86 (its AVX2 code)
+    """Blocks in pairs: each block's 32 products summed in 8 lanes of 4 (exact), the even blocks' lanes accumulated
+    by fma(d_x * d_w, lane, acc1), the odd blocks' into acc2; hsum_float_8(acc1 + acc2); an odd last block's exact
+    sum then added as fma(d_x * d_w, sum, total) (GCC contracts the scalar loop's multiply and add)."""
+    xp, w = m.xp, m.w
+    T, N = len(xq), m.shape[0]
+    lanes = block_sums(xq, m.codes_t.reshape(-1, 4, N), 4)  # [K/4, T, N]: lane j of block b is 8b + j
+    nb = len(lanes) // 8
+    acc = xp.zeros((2, 8, T, N), np.float32)
+    for b in range(nb - nb % 2):
+        acc[b % 2] = fma(dx[:, b, None] * w.d[None, :, b], lanes[8 * b:8 * b + 8], acc[b % 2])
+    both = acc[0] + acc[1]
+    r4 = both[4:] + both[:4]  # hsum_float_8: high half + low half, then pairs, then the two left
+    total = (r4[0] + r4[2]) + (r4[1] + r4[3])
+    if nb % 2:
+        total = fma(dx[:, nb - 1, None] * w.d[None, :, nb - 1], lanes[8 * nb - 8:].sum(axis=0), total)
+    return total
