@@ -366,7 +366,8 @@ def test_a_wrong_softmax_scale_is_fitted_and_named_and_nothing_blames_the_positi
     factor = hd ** -0.5 if named else 1.37  # 1/sqrt(HD) * 1/sqrt(HD) = 1/HD
     weights = m.ops.attention_weights
     with monkeypatch.context() as mp:  # the engine's bug; refllama re-runs stages with its own scale
-        mp.setattr(m, "ops", m.ops._replace(attention_weights=lambda kq, mask, s, *sinks: weights(kq, mask, s * factor, *sinks)))
+        mp.setattr(m, "ops", m.ops._replace(
+            attention_weights=lambda kq, mask, s, *sinks: weights(kq, mask, s * factor, *sinks)))
         mine = m.dump(ids, tmp_path / "mine")
     rep = compare(mine, ref, m)
     assert rep.first is not None and rep.first["name"] == "kq_soft_max-0", rep.first
