@@ -45,6 +45,10 @@ WORDS = {  # where a hint names several bugs: the words of the line each must ge
     "window_not_applied": "is not applied", "window_one_key_wide": "a window of",
     "position_embeddings_not_added": "are not added", "position_rows_plus_1": "p + 1",
     "attention_not_soft_capped": "without their soft-cap", "soft_cap_before_scale": "before the softmax scale",
+    "window_on_the_other_layers": "this model's local layers are", "sinks_missing": "without the layer's sinks",
+    "sinks_in_the_numerator": "numerator too", "router_bias_missing": "bias (ffn_gate_inp.bias) is not added",
+    "softmax_over_every_expert": "softmax over all E experts", "swiglu_clamp_missing": "without its clamp",
+    "swiglu_alpha_1": "alpha = 1",
 }
 
 

@@ -38,7 +38,8 @@ IDS = [1, 5, 9, 14, 22, 31, 40, 47, 3, 11, 28, 19]  # 12 positions: tinyBLAS's b
 HASHED = ("attn_norm", "attn_out", "ffn_inp", "sa_out", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_geglu",
           "ffn_gelu", "ffn_out", "l_out", "result_norm", "result_output", "final_output", "linear_attn_out")  # [T, X]:
 # one layout in every engine (the hybrids' delta rule read through its gated norm, final_output)
-F32_KEPT = (".ffn_gate_inp.", ".ssm_conv1d.")  # routers, and the conv ggml's SSM_CONV takes in F32 only
+F32_KEPT = (".ffn_gate_inp.", ".ssm_conv1d.")  # routers, and the conv ggml's SSM_CONV takes in F32 only (biases too,
+# gpt-oss's experts' [E, FE] among them, as llama.cpp's quantizer keeps them)
 N_CTX = 64
 FAMILIES = list(GGUF.values())
 
@@ -64,7 +65,7 @@ def cut(src, out, width):
         if experts:  # [E, FE, D] gate and up, [E, D, FE] down
             if ".ffn_gate_exps." in t.name or ".ffn_up_exps." in t.name:
                 a = np.ascontiguousarray(a[:, :width])
-            elif ".ffn_down_exps." in t.name:
+            elif ".ffn_down_exps.weight" in t.name:  # (gpt-oss's down bias [E, D] keeps its width)
                 a = np.ascontiguousarray(a[:, :, :width])
         elif ".ffn_up." in t.name and a.shape[0] == 2 * ff:  # Phi-3's gate and up in one matrix, gate first
             a = np.concatenate([a[:width], a[ff:ff + width]])
@@ -72,7 +73,7 @@ def cut(src, out, width):
             a = a[:width]  # rows (or a bias)
         elif ".ffn_down.weight" in t.name:
             a = np.ascontiguousarray(a[:, :width])
-        kept = any(k in t.name for k in F32_KEPT)
+        kept = any(k in t.name for k in F32_KEPT) or t.name.endswith(".bias")
         if a.ndim >= 2 and a.shape[-1] % 32 == 0 and not kept:
             w.add_tensor(t.name, gguf.quants.quantize(a, QT.Q8_0),
                          raw_shape=gguf.quants.quant_shape_to_byte_shape(a.shape, QT.Q8_0), raw_dtype=QT.Q8_0)

@@ -6,9 +6,11 @@ speed and memory work at the sizes people port (its text is noise: say "syntheti
     python tools/make_synthetic_model.py llama-3.1-8b hf-bf16 -o ~/.cache/refllama/synthetic    # an HF directory
     python tools/make_synthetic_model.py qwen3-30b-a3b q4_k_m -o ~/.cache/refllama/synthetic    # a mixture of experts
     python tools/make_synthetic_model.py qwen3.5-9b q4_k_m -o ~/.cache/refllama/synthetic       # a hybrid
+    python tools/make_synthetic_model.py gpt-oss-20b mxfp4 -o ~/.cache/refllama/synthetic       # MXFP4 experts
 
 Types: f16, bf16 (every matrix 16-bit), q8_0, q4_0, q4_k_m (Q4_K, with Q6_K where llama-quantize's Q4_K_M puts it:
-the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between);
+the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between),
+mxfp4 (llama-quantize's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0);
 hf-bf16 and hf-f16: the GGUF of that type (written first, and kept) exported as an HF directory by refllama.convert
 (safetensors in 5 GB shards with their index, config.json, tokenizer.json; the Llama, Qwen2 and Phi-3 shapes).
 Norms and biases are F32. Quantized blocks hold random codes and finite scales chosen so that weights spread about
@@ -67,9 +69,14 @@ SHAPES = {
                             head_dim=256, n_ff=512, n_ctx_train=262144, rms_eps=1e-6, rope_base=10000000.0,
                             rope_dim=64, linear_k_heads=16, linear_v_heads=32, linear_head_dim=128, conv_kernel=4,
                             n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, expert_norm=True),
+    # gpt-oss: o200k_harmony's 201088 tokens (no llama.cpp vocabulary file: a synthetic one of its size), YaRN 32x
+    "gpt-oss-20b": dict(arch="gpt-oss", vocab=201088, n_layer=24, n_embd=2880, n_head=64, n_head_kv=8, head_dim=64,
+                        n_ff=2880, n_ctx_train=131072, rms_eps=1e-5, rope_base=150000.0, sliding_window=128,
+                        rope_scale=32.0, rope_ctx_orig=4096, rope_yarn=(32.0, 1.0, True), n_expert=32,
+                        n_expert_used=4, n_ff_exp=2880, expert_gating="softmax_weight", oai_swiglu=(1.702, 7.0)),
 }
 FULL_ATTENTION_INTERVAL = 4  # the hybrids': every 4th layer full attention
-TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K}
+TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K, "mxfp4": QT.MXFP4}
 SPREAD = 0.02  # the weights' standard deviation
 
 
@@ -111,8 +118,10 @@ def more_bits(i, n):  # llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K 
 
 
 def tensor_type(name, layer, n_layer, kind, is_matrix):
-    if not is_matrix or name in ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d"):  # llama-quantize keeps routers
-        return QT.F32  # and the conv in F32
+    if not is_matrix or name in ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d") or name.endswith("_bias"):
+        return QT.F32  # llama-quantize keeps routers, the conv and biases (gpt-oss's experts' [E, FE]) in F32
+    if kind == "mxfp4":  # llama-quantize's MXFP4_MOE: the experts MXFP4, every other matrix Q8_0
+        return QT.MXFP4 if name.endswith("_exps") else QT.Q8_0
     if kind != "q4_k_m":
         return TYPES[kind]
     if name == "output" or (name in ("attn_v", "ffn_down", "ffn_down_exps") and more_bits(layer, n_layer)):
@@ -147,6 +156,8 @@ def random_tensor(rng, qtype, shape, role):  # numpy shape [..., K] -> what GGUF
     elif qtype == QT.Q6_K:  # w = d * sc * (q - 32), sc int8 kept in 1..31 here, q 0..63: spread ~300 d
         b[:, 192:208] = rng.integers(1, 32, (n_blocks, 16), dtype=np.uint8)
         b[:, 208:210] = f16_of(SPREAD / 300)
+    elif qtype == QT.MXFP4:  # w = 2^(e - 128) * kvalue, kvalues' spread 5.9: e = 120 gives 0.023
+        b[:, 0] = 120
     return b.reshape(*shape[:-1], -1)
 
 
@@ -162,6 +173,10 @@ def metadata(w, cfg, name):
         add(value)
     if cfg.sliding_window:
         w.add_uint32(f"{cfg.arch}.attention.sliding_window", cfg.sliding_window)
+    if cfg.rope_yarn:  # as the converter writes gpt-oss's
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(cfg.rope_scale)
+        w.add_rope_scaling_orig_ctx_len(cfg.rope_ctx_orig)
     if cfg.n_expert:
         w.add_expert_count(cfg.n_expert)
         w.add_expert_used_count(cfg.n_expert_used)
@@ -203,6 +218,7 @@ def plan(name, kind, n_layer, n_vocab):
 def write(name, kind, out, n_layer=None, seed=0, n_vocab=None):
     """`n_vocab`: a synthetic vocabulary of that size instead of the real one (synthetic_vocabulary)."""
     spec = SHAPES[name]
+    n_vocab = n_vocab or (spec["vocab"] if isinstance(spec["vocab"], int) else None)  # a size: no vocabulary file
     fields = synthetic_vocabulary(n_vocab) if n_vocab else vocabulary(spec["vocab"])
     n_vocab = len(next(v for k, v, *_ in fields if k == "tokenizer.ggml.tokens"))
     cfg, tensors = plan(name, kind, n_layer or spec["n_layer"], n_vocab)

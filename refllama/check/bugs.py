@@ -60,17 +60,24 @@ class Correct(NamedTuple):
     def block_input(self, layer):  # the residual stream entering block `layer`
         return archs.block_input(archs.get(self.cfg.arch).INPUTS, layer)
 
-    def attend(self, kq, layer, shift=0, window="model", cap="model"):  # -> [H, T, S] the model's softmax of kq
-        """Over keys up to the query's own (`shift` past it), inside `window` (default: the layer's), soft-capped
-        with `cap` (default: the model's attention cap)."""
+    def attend(self, kq, layer, shift=0, window="model", cap="model", sinks="model"):  # -> [H, T, S] the model's
+        """softmax of kq over keys up to the query's own (`shift` past it), inside `window` (default: the layer's),
+        soft-capped with `cap` (default: the model's attention cap), a sink logit a head in the denominator
+        (default: the layer's, where it has them)."""
         cfg = self.cfg
         window = (cfg.sliding_window if cfg.is_windowed(layer) else None) if window == "model" else window
         cap = cfg.attn_softcap if cap == "model" else cap
+        sinks = self.weights(layer).get("attn_sinks") if isinstance(sinks, str) else sinks
         gap = np.arange(kq.shape[1])[:, None] - np.arange(kq.shape[2])[None, :]
         seen = (gap >= -shift) & (True if window is None else gap < window)
         s = kq.astype(np.float64) * cfg.kq_scale
-        s = cap * np.tanh(s / cap) if cap else s
-        return softmax(np.where(seen, s, -np.inf)).astype(np.float32)
+        s = np.where(seen, cap * np.tanh(s / cap) if cap else s, -np.inf)
+        if sinks is None:
+            return softmax(s).astype(np.float32)
+        sink = sinks.astype(np.float64)[:, None, None]
+        top = np.maximum(s.max(axis=-1, keepdims=True), sink)
+        e = np.exp(s - top)
+        return (e / (e.sum(axis=-1, keepdims=True) + np.exp(sink - top))).astype(np.float32)
 
     def kv(self):  # query head h's kv head
         return np.arange(self.cfg.n_head) // (self.cfg.n_head // self.cfg.n_head_kv)
@@ -182,6 +189,24 @@ def window_not_applied(d):
     if layer is None or d.n <= d.cfg.sliding_window:
         return None
     return {f"kq_soft_max-{layer}": d.attend(d[f"kq-{layer}"], layer, window=None)}
+
+
+def window_on_the_other_layers(d):  # the local and global layers swapped: the first layer computed as the other kind
+    cfg = d.cfg
+    if not cfg.sliding_window or cfg.swa_layers is None or d.n <= cfg.sliding_window:
+        return None
+    return {"kq_soft_max-0": d.attend(d["kq-0"], 0, window=None if cfg.is_windowed(0) else cfg.sliding_window)}
+
+
+def sinks_missing(d):  # gpt-oss's softmax without its sink logits
+    return {"kq_soft_max-0": d.attend(d["kq-0"], 0, sinks=None)} if "attn_sinks" in d.weights(0) else None
+
+
+def sinks_in_the_numerator(d):  # exp(sink) added to every key's weight as well as to the denominator
+    if "attn_sinks" not in d.weights(0):
+        return None
+    p = d.attend(d["kq-0"], 0)
+    return {"kq_soft_max-0": np.where(p > 0, p + (1 - p.sum(axis=-1, keepdims=True)), 0)}
 
 
 def mask_one_key_late(d):  # each query also sees the key after its own
@@ -452,6 +477,37 @@ def one_token_routed_elsewhere(d):  # one token's least weighted expert swapped 
 
 
 # the hybrids' linear attention (Gated DeltaNet) and gated attention
+
+
+def _oai(d):  # gpt-oss's mixture (its router softmaxes the K chosen logits)
+    return d.cfg.expert_gating == "softmax_weight"
+
+
+def router_bias_missing(d):
+    return {"ffn_moe_probs-0": d["ffn_moe_logits-0"]} if _oai(d) else None
+
+
+def softmax_over_every_expert(d):  # Mixtral's router on gpt-oss's biased logits
+    return {"ffn_moe_probs-0": softmax(d["ffn_moe_probs-0"])} if _oai(d) else None
+
+
+def _oai_unit(d, alpha=None, clamp=True):  # gpt-oss's unit on layer 0's biased gate and up
+    a, limit = d.cfg.oai_swiglu
+    x, y = d["ffn_moe_gate_biased-0"], d["ffn_moe_up_biased-0"]
+    g, u = (np.minimum(x, limit), np.clip(y, -limit, limit)) if clamp else (x, y)
+    return {"ffn_moe_swiglu_oai-0": g / (1 + np.exp(-(alpha or a) * g)) * (u + 1)}
+
+
+def swiglu_clamp_missing(d):
+    return _oai_unit(d, clamp=False) if d.cfg.oai_swiglu else None
+
+
+def swiglu_alpha_1(d):  # SiLU's sigmoid(x) where the unit takes sigmoid(1.702 x)
+    return _oai_unit(d, alpha=1.0) if d.cfg.oai_swiglu else None
+
+
+def expert_biases_missing(d):
+    return {"ffn_moe_gate_biased-0": d["ffn_moe_gate-0"]} if "ffn_moe_gate_biased-0" in d else None
 
 
 def _linear_layer(d):  # the first linear-attention layer, or None

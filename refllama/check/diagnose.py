@@ -284,7 +284,8 @@ def another_softmax_scale(e):
     if not slopes.size:
         return
     s, scale = float(np.median(slopes)), e.cfg.kq_scale
-    if abs(s / scale - 1) < 1e-3 or e.cfg.attn_softcap or not e.close(_attention(kq, s, vis)[e.valid], e.b):
+    if abs(s / scale - 1) < 1e-3 or e.cfg.attn_softcap or not e.close(
+            _attention(kq, s, vis, sinks=_sinks(e))[e.valid], e.b):
         return
     hd, d_h = e.cfg.head_dim, e.cfg.n_embd / e.cfg.n_head
     usual = {"1/sqrt(HD)": hd ** -0.5, "1/sqrt(D/H)": d_h ** -0.5, "1/HD": 1 / hd, "1 (no scale)": 1.0}
@@ -423,9 +424,11 @@ def sliding_window(e):
 
     def weights(window):  # the model's softmax of MINE's kq, a query seeing its last `window` keys (None: all)
         return _attention(kq, e.cfg.kq_scale, vis & (True if window is None else gap < window),
-                          e.cfg.attn_softcap)[e.valid]
+                          e.cfg.attn_softcap, _sinks(e))[e.valid]
 
-    pattern = "or the pattern of local and global layers is off"
+    local_layers = [i for i in range(e.cfg.n_layer) if e.cfg.is_windowed(i)]
+    pattern = (f"or the pattern of local and global layers is off: this model's local layers are "
+               f"{', '.join(map(str, local_layers))} of {e.cfg.n_layer}")
     tries = {f"matches attention over every earlier key: this local layer's sliding window ({W}) is not applied "
              f"({pattern})": None,
              f"matches a window of {W + 1} keys; the model's is {W} (a query sees keys j > p - {W})": W + 1,
@@ -603,7 +606,7 @@ def mask_off_by_one(e):
                         (-1, "does not see its own key (keys 0..p-1)")):
         use = e.valid & rows if shift < 0 else e.valid
         with np.errstate(invalid="ignore"):  # a first query sees no key at all
-            weights = _attention(kq, cfg.kq_scale, _model_mask(e, kq, shift), cfg.attn_softcap)
+            weights = _attention(kq, cfg.kq_scale, _model_mask(e, kq, shift), cfg.attn_softcap, _sinks(e))
         if use.any() and e.close(weights[use], e.bad[use]):
             yield f"hint: matches the causal mask one key off: each query {what}; it sees keys up to its own"
             return
@@ -794,7 +797,7 @@ def missing_mask(e):
     inputs = e.inputs() if e.stage == "kq_soft_max" and e.cfg is not None else None
     if inputs:
         kq = inputs[0]
-        if e.close(_attention(kq, e.cfg.kq_scale, np.isfinite(kq), e.cfg.attn_softcap)[e.valid], e.b):
+        if e.close(_attention(kq, e.cfg.kq_scale, np.isfinite(kq), e.cfg.attn_softcap, _sinks(e))[e.valid], e.b):
             yield "hint: matches the softmax over every key, later ones too: the causal mask is missing"
 
 
@@ -886,7 +889,7 @@ def routing_weights(e):
                 return
     if e.stage == "ffn_moe_probs":
         logits = _stages(e.bad_dump, [f"ffn_moe_logits-{e.layer}"], e.positions)
-        if logits:
+        if logits and (e.cfg is None or e.cfg.expert_gating == "softmax"):  # gpt-oss's: oai_router's
             for label, f in (("a sigmoid", lambda x: 1 / (1 + np.exp(-x))), ("no softmax (the logits)", lambda x: x)):
                 if e.close(f(logits[0]), e.bad):
                     yield f"hint: matches {label} of ffn_moe_logits; the router's probabilities are a softmax"
@@ -1040,6 +1043,7 @@ def _inputs_of(stage, layer, dump, positions, cfg=None):
 
 
 INPUTS_READ = ("ffn_swiglu", "ffn_geglu", "ffn_gelu", "attn_norm", "ffn_norm", "Qcur_rope", "Kcur_rope", "gate",
+               "ffn_moe_swiglu_oai", "ffn_moe_gate_biased", "ffn_moe_up_biased", "ffn_moe_down_biased",
                "a_softplus", "q_conv_predelta", "k_conv_predelta", "final_output", "beta_sigmoid", "attn_gated")  # the
 # stages whose hints re-run them from their inputs (_inputs_of)
 
@@ -1051,10 +1055,22 @@ def _stages(dump, names, positions):
     return [take(dump, n, positions).astype(np.float64) for n in names]
 
 
-def _attention(kq, scale, seen, cap=None):  # softmax(kq * scale) over the keys `seen` marks (kq may be NaN elsewhere)
-    """The scaled scores soft-capped first where the model caps them (`cap`: Gemma 2's attn_logit_softcapping)."""
+def _attention(kq, scale, seen, cap=None, sinks=None):  # softmax(kq * scale) over the keys `seen` marks (kq may be NaN
+    """elsewhere). The scaled scores soft-capped first where the model caps them (`cap`: Gemma 2's
+    attn_logit_softcapping); `sinks` [H]: a logit a head in the denominator (gpt-oss's)."""
     s = np.nan_to_num(kq) * scale
-    return _softmax(np.where(seen, cap * np.tanh(s / cap) if cap else s, -np.inf))
+    x = np.where(seen, cap * np.tanh(s / cap) if cap else s, -np.inf)
+    if sinks is None:
+        return _softmax(x)
+    sink = np.asarray(sinks, np.float64)[:, None, None]
+    top = np.maximum(x.max(axis=-1, keepdims=True), sink)
+    ex = np.exp(x - top)
+    return ex / (ex.sum(axis=-1, keepdims=True) + np.exp(sink - top))
+
+
+def _sinks(e):  # the layer's sink logits [H] (gpt-oss's attn_sinks), or None (none, or no model to read them from)
+    lw = e.model.weights["layers"][e.layer] if e.model is not None and e.layer is not None else {}
+    return to_numpy(lw["attn_sinks"]).astype(np.float64) if "attn_sinks" in lw else None
 
 
 def _softmax(x):
@@ -1197,6 +1213,106 @@ def attention_output_gate(e):
             yield "hint: matches attn_pregate times the gate's raw values: the gate's sigmoid is missing"
 
 
+def attention_sinks(e):
+    """gpt-oss's sink logits (attn_sinks, one a head) left out of the softmax, or their term added to every key's
+    weight as well as to the denominator: re-run as the model's softmax of the side's kq."""
+    sinks = _sinks(e)
+    inputs = e.inputs() if e.stage == "kq_soft_max" and sinks is not None else None
+    if not inputs:
+        return
+    (kq,) = inputs
+    cfg, seen = e.cfg, _model_mask(e, inputs[0])
+    if e.close(_attention(kq, cfg.kq_scale, seen, cfg.attn_softcap)[e.valid], e.b):
+        yield ("hint: matches the softmax without the layer's sinks (attn_sinks): each head's sink logit belongs in "
+               "the denominator, as a key without a value (a row then sums to less than 1)")
+        return
+    p = _attention(kq, cfg.kq_scale, seen, cfg.attn_softcap, sinks)
+    numerator = np.where(seen, p + (1 - p.sum(axis=-1, keepdims=True)), 0.0)  # (e_j + e_sink) / Z
+    if e.close(numerator[e.valid], e.b):
+        yield ("hint: matches exp(sink) added to every key's numerator too: the sink's term belongs in the "
+               "denominator only, p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink))")
+
+
+def oai_router(e):
+    """gpt-oss's router (llama.cpp's SOFTMAX_WEIGHT): the experts chosen by the router's biased logits, a softmax over
+    the K chosen. Its bias not added, a softmax over all E experts (Mixtral's router), or the K weights not
+    softmaxed."""
+    if e.cfg is None or e.cfg.expert_gating != "softmax_weight":
+        return
+    if e.stage == "ffn_moe_probs":
+        logits = _stages(e.bad_dump if f"ffn_moe_logits-{e.layer}" in e.bad_dump else e.ref,
+                         [f"ffn_moe_logits-{e.layer}"], e.positions)
+        if logits and e.close(logits[0], e.bad):
+            yield ("hint: equals ffn_moe_logits: the router's bias (ffn_gate_inp.bias) is not added before the "
+                   "experts are chosen")
+        elif e.close(_softmax(e.want), e.bad) or (logits and e.close(_softmax(logits[0]), e.bad)):
+            yield ("hint: matches a softmax over all E experts: this router chooses by its biased logits and "
+                   "softmaxes only the K chosen (ffn_moe_weights_softmax)")
+    elif e.stage == "ffn_moe_weights_softmax":
+        parts = _stages(e.good, [f"ffn_moe_weights-{e.layer}"], e.positions)
+        if parts and e.close(parts[0], e.bad):
+            yield "hint: equals ffn_moe_weights: the K chosen logits are not softmaxed"
+            return
+        every = _stages(e.good, [f"ffn_moe_probs-{e.layer}", f"ffn_moe_topk-{e.layer}"], e.positions)
+        if every:
+            probs, ids = every
+            if e.close(np.take_along_axis(_softmax(probs), ids.astype(np.int64), axis=1), e.bad):
+                yield ("hint: matches the K chosen experts' probabilities of a softmax over all E: the softmax "
+                       "belongs over the K chosen logits only (they then sum to 1)")
+
+
+def clamped_swiglu(e):
+    """gpt-oss's unit, gate * sigmoid(alpha gate) * (up + 1), gate clamped above at the limit and up to +-limit:
+    re-run on the side's own inputs without a clamp, as plain SwiGLU, without the + 1, or with the alpha that fits."""
+    inputs = e.inputs() if e.stage == "ffn_moe_swiglu_oai" and e.cfg is not None and e.cfg.oai_swiglu else None
+    if not inputs:
+        return
+    x, y = inputs
+    alpha, limit = e.cfg.oai_swiglu
+
+    def unit(a=alpha, gate=True, up=True, plus=1.0):
+        g = np.minimum(x, limit) if gate else x
+        return g / (1 + np.exp(-a * g)) * ((np.clip(y, -limit, limit) if up else y) + plus)
+
+    clamp = f"gate clamped above at {limit:g} and up to [-{limit:g}, {limit:g}] before the unit"
+    tries = {f"matches the unit without its clamp: {clamp}": unit(gate=False, up=False),
+             f"matches the unit without the gate's clamp: {clamp}": unit(gate=False),
+             f"matches the unit without up's clamp: {clamp}": unit(up=False),
+             f"matches SwiGLU, silu(gate) up: this model's unit is gate sigmoid({alpha:g} gate) (up + 1), {clamp}":
+                 silu(x) * y,
+             "matches the unit without up's + 1: gate sigmoid(alpha gate) (up + 1)": unit(plus=0.0)}
+    for line, value in tries.items():
+        if e.close(value, e.bad):
+            yield f"hint: {line}"
+            return
+    grid = np.arange(0.05, 4.0, 0.05)
+    coarse = grid[np.argmin([metrics(unit(a), e.bad)["nmse"] for a in grid])]
+    fine = np.arange(coarse - 0.05, coarse + 0.05, 0.0005)
+    a = float(fine[np.argmin([metrics(unit(a), e.bad)["nmse"] for a in fine])])
+    if abs(a / alpha - 1) > 1e-3 and e.close(unit(a), e.bad):
+        yield f"hint: matches the clamped SwiGLU with alpha = {a:.4g}: the model's alpha is {alpha:g}"
+
+
+def expert_biases(e):
+    """gpt-oss's experts' biases (llama.cpp's add_id: expert e's bias row added to each slot that chose e) left out,
+    or indexed by the slot rather than by the expert's id."""
+    part = e.stage[len("ffn_moe_"):-len("_biased")] if e.stage in EXPERT_BIASED else None
+    inputs = e.inputs() if part else None
+    if not inputs:
+        return
+    y, ids = inputs[0], inputs[1].astype(np.int64)
+    if e.close(y, e.bad):
+        yield f"hint: equals ffn_moe_{part}: the experts' biases (ffn_{part}_exps.bias) are not added"
+    elif e.model is not None:
+        bias = _layer_weight(e, f"ffn_{part}_exps_bias")  # [E, out]
+        if e.close(y + bias[np.arange(ids.shape[1])][None], e.bad):
+            yield (f"hint: matches ffn_moe_{part} plus the bias of expert k in slot k: each slot takes the bias of "
+                   "the expert it chose (ffn_moe_topk), as llama.cpp's add_id")
+
+
+EXPERT_BIASED = ("ffn_moe_gate_biased", "ffn_moe_up_biased", "ffn_moe_down_biased")
+
+
 def partial_rope(e):
     """RoPE over a head's every dim where the model rotates only its first rope_dim, or the rotated dims at a full
     head's frequencies (base^(-2i/HD) for base^(-2i/R))."""
@@ -1235,6 +1351,10 @@ class Hint(NamedTuple):
 
 def _moe(cfg):
     return bool(cfg.n_expert)
+
+
+def _oai(cfg):  # gpt-oss's mixture: its router, its biased experts, its clamped SwiGLU
+    return cfg.expert_gating == "softmax_weight" or bool(cfg.oai_swiglu)
 
 
 def _linear(cfg):
@@ -1292,7 +1412,8 @@ HINTS = (  # in the order their lines are listed
     Hint(missing_embedding_scale, ("attn_norm",), bugs.embeddings_unscaled, reads=("inp_embd",), model=True),
     Hint(swapped_rope_bases, ROPED, bugs.rope_local_base_for_global, model=True, unless=("rope_frequencies",),
          when=lambda c: bool(c.rope_base_swa)),
-    Hint(sliding_window, ("kq_soft_max",), (bugs.window_not_applied, bugs.window_one_key_wide), reads=("kq",),
+    Hint(sliding_window, ("kq_soft_max",), (bugs.window_not_applied, bugs.window_one_key_wide,
+                                            bugs.window_on_the_other_layers), reads=("kq",),
          unless=("attention_softcap", "another_softmax_scale"), when=lambda c: bool(c.sliding_window)),
     Hint(learned_positions, ("pos_embd", "inpL"), (bugs.position_embeddings_not_added, bugs.position_rows_plus_1),
          model=True, when=lambda c: "pos_embd" in archs.get(c.arch).INPUTS),
@@ -1312,6 +1433,12 @@ HINTS = (  # in the order their lines are listed
     Hint(beta_without_sigmoid, ("beta_sigmoid",), bugs.beta_without_sigmoid, when=_linear),
     Hint(attention_output_gate, ("attn_gated",), bugs.attention_output_gate_missing, when=_linear),
     Hint(partial_rope, ROPED, bugs.rope_over_every_dim, model=True, when=lambda c: 0 < c.rope_dim < c.head_dim),
+    Hint(attention_sinks, ("kq_soft_max",), (bugs.sinks_missing, bugs.sinks_in_the_numerator), reads=("kq",),
+         model=True),
+    Hint(oai_router, ("ffn_moe_probs", "ffn_moe_weights_softmax"),
+         (bugs.router_bias_missing, bugs.softmax_over_every_expert), reads=("ffn_moe_logits",), when=_oai),
+    Hint(clamped_swiglu, ("ffn_moe_swiglu_oai",), (bugs.swiglu_clamp_missing, bugs.swiglu_alpha_1), when=_oai),
+    Hint(expert_biases, EXPERT_BIASED, bugs.expert_biases_missing, when=_oai),
     Hint(rounded, None, bugs.rounded_to_bfloat16),
     Hint(scale_factor, None, bugs.scaled, fallback=True),
     Hint(sign_flip, None, bugs.signs_flipped, fallback=True),
