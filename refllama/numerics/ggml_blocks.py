@@ -111,6 +111,20 @@ def _dpbusd16(builder, acc, u, y, isa, pairs_fit=True):  # <16 x i32> + 4 unsign
     return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
+V4F32 = ir.VectorType(F32, 4)
+
+
+def _row_totals(builder, rows):  # 4 x <8 x i32> -> <4 x i32>: lane r the sum of rows[r]'s lanes (exact integers)
+    assert len(rows) == 4
+    halves = [builder.add(lanes(builder, v, 0, 4), lanes(builder, v, 4, 4)) for v in rows]  # 4 x <4 x i32>
+
+    def pairs(a, b):  # [a0 + a1, a2 + a3, b0 + b1, b2 + b3]
+        even, odd = (ir.Constant(ir.VectorType(I32, 4), [k, k + 2, k + 4, k + 6]) for k in (0, 1))
+        return builder.add(builder.shuffle_vector(a, b, even), builder.shuffle_vector(a, b, odd))
+
+    return pairs(pairs(halves[0], halves[1]), pairs(halves[2], halves[3]))
+
+
 def _make_dot(qtype, isa, repacked):
     """An intrinsic (ws, x, xd, xs, nb) -> N_READ floats: one token's dot products with the rows at addresses ws,
     nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
@@ -124,19 +138,19 @@ def _make_dot(qtype, isa, repacked):
         ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, BLOCK_BYTES[qtype])), N_READ)
         fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=fma8_type)
         fma1 = builder.module.declare_intrinsic("llvm.fma.f32", fnty=fma1_type)
-        reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32", fnty=ir.FunctionType(I32, [V8I32]))
         zero = ir.Constant(V32I8, None)
 
-        def row_block(w, i, acc, summs):  # one row's block i added to its sums and its Q4_1 offset sums
+        def row_block(w, i, y, offset, acc, summs):  # one row's block i added to its sums and its Q4_1 offset sums
             blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
             prefetch_block(builder, blk, qtype, ahead)
-            y = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
-            if qtype in (QT.Q8_0, QT.Q5_0, QT.MXFP4):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+            if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
                 q = _signed_codes(builder, blk, qtype)
                 neg = builder.icmp_signed("<", q, zero)
                 u = builder.select(neg, builder.sub(zero, q), q)
                 is_zero = builder.icmp_signed("==", q, zero)
                 y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
+            elif qtype == QT.MXFP4:  # its codes plus OFFSET[MXFP4] (unsigned), the offset's products taken off below
+                u = _mxfp4_unsigned(builder, blk, isa)
             else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
                 u = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
             at = builder.mul(i, ir.Constant(I64, 4))
@@ -145,24 +159,35 @@ def _make_dot(qtype, isa, repacked):
                 summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
                                             load(builder, builder.add(xs, at), F32), summs])
             dots = _lanes(builder, u, y, isa)
-            if qtype == QT.Q4_0:  # (code - 8) * y = code * y - 8 * y, lane by lane
-                dots = builder.sub(dots, _lanes(builder, ir.Constant(V32I8, [8] * 32), y, isa))
-            if repacked:
-                return builder.call(fma1, [builder.sitofp(builder.call(reduce8, [dots]), F32), d, acc]), summs
+            if offset is not None:  # (code - c) * y = code * y - c * y, lane by lane
+                dots = builder.sub(dots, offset)
+            if repacked:  # the block's exact sum and scale: block() takes the float step for every row at once
+                return dots, d
             return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(dots, V8F32), acc]), summs
 
-        def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum
+        def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum (repacked:
+            # one vector of the rows' sums)
+            y = load(builder, builder.add(x, builder.mul(i, ir.Constant(I64, 32))), V32I8)
+            offset = _lanes(builder, const8(OFFSET[qtype]), y, isa) if qtype in OFFSET else None  # the rows' alike
+            if repacked:  # fma(isum, d_w * d_x, acc) of the N_READ rows in the lanes of one vector
+                parts = [row_block(builder.extract_value(ws, r), i, y, offset, None, None) for r in range(N_READ)]
+                ds = ir.Constant(V4F32, None)
+                for r, (_, d) in enumerate(parts):
+                    ds = builder.insert_element(ds, d, ir.Constant(I32, r))
+                isums = builder.sitofp(_row_totals(builder, [dots for dots, _ in parts]), V4F32)
+                return [builder.call(fma4, [isums, ds, sums[0]])]
             return [v for r in range(N_READ)
-                    for v in row_block(builder.extract_value(ws, r), i, sums[2 * r], sums[2 * r + 1])]
+                    for v in row_block(builder.extract_value(ws, r), i, y, offset, sums[2 * r], sums[2 * r + 1])]
 
-        acc0 = ir.Constant(F32 if repacked else V8F32, None)
-        sums = counted_loop(builder, nb, [acc0, ir.Constant(F32, 0.0)] * N_READ, block)
+        if repacked:
+            fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(V4F32, [V4F32] * 3))
+            acc = counted_loop(builder, nb, [ir.Constant(V4F32, None)], block)[0]
+            results = [builder.extract_element(acc, ir.Constant(I32, r)) for r in range(N_READ)]
+            return context.make_tuple(builder, signature.return_type, results)
+        sums = counted_loop(builder, nb, [ir.Constant(V8F32, None), ir.Constant(F32, 0.0)] * N_READ, block)
         results = []
         for r in range(N_READ):
             acc, summs = sums[2 * r], sums[2 * r + 1]
-            if repacked:
-                results.append(acc)
-                continue
             r4 = builder.fadd(lanes(builder, acc, 4, 4), lanes(builder, acc, 0, 4))
             lane = [builder.extract_element(r4, ir.Constant(I32, j)) for j in range(4)]  # hsum_float_8's order
             total = builder.fadd(builder.fadd(lane[0], lane[2]), builder.fadd(lane[1], lane[3]))
@@ -233,6 +258,19 @@ def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0/MXFP4 block -> 
         return mxfp4_codes(builder, blk)
     codes = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
     return builder.sub(codes, const8(8)) if qtype == QT.Q4_0 else codes
+
+
+OFFSET = {QT.Q4_0: 8, QT.MXFP4: 12}  # what the one-token kernel adds to a type's codes to make them unsigned
+KVALUES_PLUS_12 = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0]  # ggml_tables.KVALUES_MXFP4 + 12
+
+
+def _mxfp4_unsigned(builder, blk, isa):  # an MXFP4 block -> <32 x i8>: its codes + 12, 0 .. 24
+    """A table lookup of each nibble (vpshufb, as ggml's x86 code looks its values up) where the CPU has AVX2."""
+    if isa == "generic":
+        return builder.add(mxfp4_codes(builder, blk), const8(12))
+    shuffle = builder.module.declare_intrinsic("llvm.x86.avx2.pshuf.b", fnty=ir.FunctionType(V32I8, [V32I8] * 2))
+    return builder.call(shuffle, [ir.Constant(V32I8, KVALUES_PLUS_12 * 2),
+                                  nibbles16(builder, field_at(builder, blk, QT.MXFP4, "qs"))])
 
 
 def _block_scale(builder, blk, qtype):  # a block's float scale: its float16 d, or MXFP4's half E8M0
