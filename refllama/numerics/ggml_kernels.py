@@ -22,7 +22,7 @@ from .ggml_float import AVX512, cos_sin, geglu, gelu, l2_norm, layer_norm, rope_
 from .ggml_kquants import K_QUANTS, NumbaKQuantMatrix
 from .ggml_numerics import F16Matrix, F32Matrix, GgmlPlacement, id_product, repacked
 from .ir import I64, counted_loop, load, specialize, splat
-from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
+from .kernel_pages import compile_notice, map_experts, release_loader_pages, warm_up_steps
 from .matrices import fuse_layer, mul_mat_id
 from .numba_ops import ROPE, V64F32, _kq_dot, expf, expf_avx2, fma32, kq_dot16, rms_norm
 from .quant import concat_blocks
@@ -480,3 +480,4 @@ class GgmlNumbaPlacement(GgmlPlacement):
 
     def layer(self, lw):
         fuse_layer(lw, concat_blocks)
+        map_experts(lw)

@@ -24,7 +24,7 @@ from ..formats.ggml_types import GGMLType as QT
 from . import numba_ops
 from .block_ir import GROUPS, broadcast_lane, groups, prefetch_block, rows_ahead
 from .ir import F32, I64, V32F32, compile_features, counted_loop, hsum, load, prefetch, specialize, splat
-from .kernel_pages import compile_notice, release_loader_pages, warm_up_steps
+from .kernel_pages import compile_notice, map_experts, release_loader_pages, warm_up_steps
 from .matrices import FILE_FORMS, FileMatrix, FilePlacement, WeightMatrix, fuse_layer
 
 KERNEL_TYPES = frozenset(GROUPS)  # the GGUF types with kernels here
@@ -417,6 +417,7 @@ class NumbaPlacement(FilePlacement):
 
     def layer(self, lw):
         fuse_layer(lw, concat_blocks)
+        map_experts(lw)
 
 
 def warm_up(qtypes):
