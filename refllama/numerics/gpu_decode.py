@@ -20,13 +20,13 @@ QKV, GATE_UP = ("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up")
 def eligible(model):
     """Whether the graph reproduces this model's decode step: float32 arithmetic, a pre-norm forward (Llama,
     Mistral, Qwen2, Qwen3, Phi-3) without Granite's multipliers or Gemma 3's, no experts, q/k norms (if any) per
-    head."""
+    head, no attention sinks."""
     cfg, lw = model.config, model.weights["layers"][0]
     per_head = "attn_q_norm" not in lw or lw["attn_q_norm"].shape[0] == cfg.head_dim
     gemma = model.arch.forward is gemma3.forward
     unscaled = cfg.residual_scale == cfg.logit_scale == 1.0 and (cfg.embedding_scale is None or gemma)
     return (model.numerics == "float32" and (model.arch.forward is blocks.pre_norm_forward or gemma) and unscaled
-            and not cfg.nope_layers and per_head and cfg.head_dim <= 1024
+            and not cfg.nope_layers and per_head and cfg.head_dim <= 1024 and "attn_sinks" not in lw
             and not any(cfg.is_moe(i) for i in range(cfg.n_layer)))
 
 
