@@ -14,13 +14,10 @@ from gguf.quants import dequantize
 from tiers import param
 
 import refllama
-from refllama.api import Model
 from refllama.check.dump import Dump
 from refllama.check.references import notes
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.gguf_loader import GGUFFile
-from refllama.loader import load_gguf
-from refllama.numerics import gpu
 from refllama.numerics.matrices import FileMatrix, FilePlacement
 from refllama.numerics.quant import QuantMatrix
 
@@ -92,25 +89,6 @@ def test_a_large_models_mxfp4_matrix_stays_in_the_file():
     x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
     want = x @ dequantize(np.asarray(first.raw), gguf.GGMLQuantizationType.MXFP4).reshape(64, 64).T
     np.testing.assert_allclose(x @ w.T, want, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("qtype", ["mxfp4", "q8_0"])
-def test_the_gpu_placement_computes_the_float32_values(qtype):
-    """The cupy backend's weights (here on NumPy: its CPU mirror; MXFP4 kept in its blocks, dequantized by the
-    mirror of its CUDA kernel) give float32's logits, prefill and decode steps; the GPU's decode graph does not take
-    gpt-oss (its sinks, its experts)."""
-    from refllama.numerics.gpu_decode import eligible
-
-    path = FAMILY.gguf(qtype)
-    loaded = load_gguf(path, gpu.GpuPlacement(np))
-    assert all(isinstance(e, gpu.GpuMatrix) for e in loaded.weights["layers"][0]["ffn_up_exps"])
-    m = Model(str(path), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, N_CTX)
-    want = refllama.load(path, n_ctx=N_CTX)
-    ids = [1, 5, 9, 2, 7, 3, 11, 4]
-    np.testing.assert_allclose(m.logits(ids), want.logits(ids), rtol=0, atol=1e-5)
-    for k, t in enumerate([8, 6]):
-        np.testing.assert_allclose(m.forward([t], len(ids) + k), want.forward([t], len(ids) + k), rtol=0, atol=1e-5)
-    assert not eligible(m)
 
 
 def untruncated(tmp_path):  # the tiny model's HF directory with the released config's `truncate: false`

@@ -247,6 +247,26 @@ def test_a_quantized_gguf_on_the_gpu_placement_computes_its_float32_values(name)
     assert max(rel(g, w) for g, w in zip(got_logits, want_logits, strict=True)) < 1e-5
 
 
+UNGRAPHED = [(f, "q8_0") for f in names(recurrent=True)] + [("gptoss", "q8_0"), ("gptoss", "mxfp4")]
+
+
+@pytest.mark.parametrize("family, qtype", UNGRAPHED)
+def test_families_the_graph_does_not_take_compute_their_float32_values_on_the_placement(family, qtype):
+    """The cupy backend's weights for the hybrids' and gpt-oss's quantized files (here on NumPy: its CPU mirror;
+    MXFP4 experts kept in their blocks) give float32's logits, prefill and decode steps without the decode graph
+    (whose kernels have no recurrence, no sinks, no experts)."""
+    path = GGUF[family].gguf(qtype)
+    loaded = load_gguf(path, gpu.GpuPlacement(np))
+    assert any(isinstance(w, gpu.GpuMatrix) for w in loaded.weights["layers"][0].values())
+    m = Model(str(path), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, 64)
+    want = refllama.load(path, n_ctx=64)
+    ids = [1, 5, 9, 2, 7, 3, 11, 4]
+    np.testing.assert_allclose(m.logits(ids), want.logits(ids), rtol=0, atol=1e-5)
+    for k, t in enumerate([8, 6]):
+        np.testing.assert_allclose(m.forward([t], len(ids) + k), want.forward([t], len(ids) + k), rtol=0, atol=1e-5)
+    assert not eligible(m)
+
+
 def bf16_copy(name, tmp_path):  # a tiny family's HF directory with its tensors in bfloat16
     d = tmp_path / f"{name}-bf16"
     shutil.copytree(DATA / f"tiny-{name}", d)

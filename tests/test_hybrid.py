@@ -1,16 +1,13 @@
 """The hybrids (Qwen3.5, Qwen3.5-MoE, Qwen3-Next): linear attention's recurrent state in the unified cache (a prompt
 in pieces, then decode steps, equals one prefill; a sequence from position 0 starts from a zero state), HF's weights
 turned into llama.cpp's at load (grouped v heads tiled, A_log, the norms, Qwen3-Next's fused q/k/v/z regrouped), the
-v head orders a dump may declare, and the GPU placement's float32 arithmetic on NumPy (its CPU mirror)."""
+v head orders a dump may declare (the GPU placement's float32 arithmetic on NumPy: tests/test_gpu.py)."""
 
 import numpy as np
 import pytest
 from families import GGUF, names
 
 import refllama
-from refllama.api import Model
-from refllama.loader import load_gguf
-from refllama.numerics import gpu
 from refllama.pairs import V_HEAD_STAGES, reorder_v_heads, tiled_order
 
 HYBRIDS = names(recurrent=True)
@@ -71,23 +68,6 @@ def test_the_tiled_order_is_the_converters():
         there = reorder_v_heads(stage, a, n_k, n_v)
         assert not np.array_equal(there, a)
         np.testing.assert_array_equal(reorder_v_heads(stage, there, n_k, n_v, to="grouped"), a)
-
-
-@pytest.mark.parametrize("family", HYBRIDS)
-def test_the_gpu_placement_computes_the_float32_values(family):
-    """The cupy backend's weights for the Q8_0 file (here on NumPy: its CPU mirror) give float32's logits, prefill
-    and decode steps; the GPU's decode graph does not take a hybrid (its kernels have no recurrence)."""
-    from refllama.numerics.gpu_decode import eligible
-
-    path = GGUF[family].gguf("q8_0")
-    loaded = load_gguf(path, gpu.GpuPlacement(np))
-    m = Model(str(path), loaded.config, loaded.weights, loaded.tokenizer, None, "numpy", np, N_CTX)
-    want = refllama.load(path, n_ctx=N_CTX)
-    ids = [1, 5, 9, 2, 7, 3, 11, 4]
-    np.testing.assert_allclose(m.logits(ids), want.logits(ids), rtol=0, atol=1e-5)
-    for k, t in enumerate([8, 6]):
-        np.testing.assert_allclose(m.forward([t], len(ids) + k), want.forward([t], len(ids) + k), rtol=0, atol=1e-5)
-    assert not eligible(m)
 
 
 @pytest.mark.parametrize("family", ["qwen35", "qwen35moe"])
