@@ -16,6 +16,7 @@ from tiers import param
 import refllama
 from refllama.check.dump import Dump
 from refllama.check.references import notes
+from refllama.errors import RefllamaError
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.gguf_loader import GGUFFile
 from refllama.numerics.matrices import FileMatrix, FilePlacement
@@ -145,3 +146,15 @@ def test_the_tiny_model_exercises_what_gpt_oss_adds():
         assert (t[f"ffn_moe_gate_biased-{i}"] > 7).any() and (np.abs(t[f"ffn_moe_up_biased-{i}"]) > 7).any()
         assert len(set(t[f"ffn_moe_topk-{i}"][:, 0].tolist())) > 2
     assert (t["kq_soft_max-0"][:, -1, :-4] == 0).all() and (t["kq_soft_max-1"][:, -1, :-4] > 0).all()
+
+
+def test_the_released_checkpoints_packed_experts_are_refused_by_name(tmp_path):
+    """gpt-oss's released HF checkpoints hold their experts as MXFP4 blocks and scales (config.json's
+    quantization_config): one line naming it and the way to read them (llama.cpp's converter keeps them MXFP4)."""
+    d = tmp_path / "hf"
+    shutil.copytree(FAMILY.dir / "hf-model", d)
+    config = json.loads((d / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router"]}
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RefllamaError, match="unsupported quantization_config 'mxfp4'.*convert_hf_to_gguf"):
+        refllama.load(d)

@@ -214,6 +214,11 @@ def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu",
     rope() computes the RoPE tensors {name: float32 array} the config describes: the loader calls it once the
     weights have confirmed the head dimension, so that no allocation is sized by the config alone. Unsupported
     options are refused by name, every value read is checked for its type and range."""
+    packed = c.get("quantization_config", kind=(dict,))
+    if packed is not None:  # gpt-oss's released checkpoints: MXFP4 blocks and scales in place of its experts
+        raise RefllamaError(f"{c.path}: unsupported quantization_config {shown(packed.get('quant_method'))} (weights "
+                            "packed by a quantizer; refllama reads an HF directory's float weights: convert it with "
+                            "llama.cpp's convert_hf_to_gguf.py, which keeps MXFP4 experts in MXFP4)")
     D, H = c.need("hidden_size", int), c.need("num_attention_heads", int)
     if H < 1:
         raise RefllamaError(f"{c.path}: field 'num_attention_heads' must be at least 1, got {H}")
