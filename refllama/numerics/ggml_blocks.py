@@ -111,7 +111,24 @@ def _dpbusd16(builder, acc, u, y, isa, pairs_fit=True):  # <16 x i32> + 4 unsign
     return builder.add(acc, builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3])))
 
 
-V4F32 = ir.VectorType(F32, 4)
+V4F32, V4I32 = ir.VectorType(F32, 4), ir.VectorType(I32, 4)
+
+
+def _block_scales(builder, blks, qtype):  # 4 rows' blocks -> <4 x float>: each block's scale, as _block_scale's
+    if qtype != QT.MXFP4:
+        v = ir.Constant(ir.VectorType(ir.HalfType(), 4), None)
+        for r, blk in enumerate(blks):
+            h = builder.bitcast(load(builder, field_at(builder, blk, qtype, "d"), I16), ir.HalfType())
+            v = builder.insert_element(v, h, ir.Constant(I32, r))
+        return builder.fpext(v, V4F32)
+    e = ir.Constant(V4I32, None)
+    for r, blk in enumerate(blks):
+        e = builder.insert_element(e, builder.zext(load(builder, field_at(builder, blk, qtype, "e"), I8), I32),
+                                   ir.Constant(I32, r))
+    small = builder.shl(ir.Constant(V4I32, [0x00200000] * 4), e)  # e < 2: the subnormals
+    normal = builder.shl(builder.sub(e, ir.Constant(V4I32, [1] * 4)), ir.Constant(V4I32, [23] * 4))
+    return builder.bitcast(builder.select(builder.icmp_unsigned("<", e, ir.Constant(V4I32, [2] * 4)), small, normal),
+                           V4F32)
 
 
 def _row_totals(builder, rows):  # 4 x <8 x i32> -> <4 x i32>: lane r the sum of rows[r]'s lanes (exact integers)
@@ -153,16 +170,16 @@ def _make_dot(qtype, isa, repacked):
                 u = _mxfp4_unsigned(builder, blk, isa)
             else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
                 u = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
+            dots = _lanes(builder, u, y, isa)
+            if repacked:  # the block's exact sum (the offset's products not yet taken off) and its address:
+                return dots, blk  # block() takes the rest for every row at once
             at = builder.mul(i, ir.Constant(I64, 4))
             d = builder.fmul(_block_scale(builder, blk, qtype), load(builder, builder.add(xd, at), F32))  # d_w * d_x
             if qtype == QT.Q4_1:
                 summs = builder.call(fma1, [load_f16(builder, field_at(builder, blk, qtype, "m")),
                                             load(builder, builder.add(xs, at), F32), summs])
-            dots = _lanes(builder, u, y, isa)
             if offset is not None:  # (code - c) * y = code * y - c * y, lane by lane
                 dots = builder.sub(dots, offset)
-            if repacked:  # the block's exact sum and scale: block() takes the float step for every row at once
-                return dots, d
             return builder.call(fma8, [splat(builder, d, V8F32), builder.sitofp(dots, V8F32), acc]), summs
 
         def block(i, sums):  # every row's block i: sums holds each row's sum and then its offset sum (repacked:
@@ -171,16 +188,19 @@ def _make_dot(qtype, isa, repacked):
             offset = _lanes(builder, const8(OFFSET[qtype]), y, isa) if qtype in OFFSET else None  # the rows' alike
             if repacked:  # fma(isum, d_w * d_x, acc) of the N_READ rows in the lanes of one vector
                 parts = [row_block(builder.extract_value(ws, r), i, y, offset, None, None) for r in range(N_READ)]
-                ds = ir.Constant(V4F32, None)
-                for r, (_, d) in enumerate(parts):
-                    ds = builder.insert_element(ds, d, ir.Constant(I32, r))
-                isums = builder.sitofp(_row_totals(builder, [dots for dots, _ in parts]), V4F32)
-                return [builder.call(fma4, [isums, ds, sums[0]])]
+                isums = _row_totals(builder, [dots for dots, _ in parts])
+                if offset is not None:  # (code - c) * y summed: the code's products less c times y's sum
+                    isums = builder.sub(isums, splat(builder, builder.call(reduce8, [offset]), V4I32))
+                dx = load(builder, builder.add(xd, builder.mul(i, ir.Constant(I64, 4))), F32)
+                ds = builder.fmul(_block_scales(builder, [blk for _, blk in parts], qtype), splat(builder, dx, V4F32))
+                return [builder.call(fma4, [builder.sitofp(isums, V4F32), ds, sums[0]])]
             return [v for r in range(N_READ)
                     for v in row_block(builder.extract_value(ws, r), i, y, offset, sums[2 * r], sums[2 * r + 1])]
 
         if repacked:
             fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(V4F32, [V4F32] * 3))
+            reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32",
+                                                       fnty=ir.FunctionType(I32, [V8I32]))
             acc = counted_loop(builder, nb, [ir.Constant(V4F32, None)], block)[0]
             results = [builder.extract_element(acc, ir.Constant(I32, r)) for r in range(N_READ)]
             return context.make_tuple(builder, signature.return_type, results)
