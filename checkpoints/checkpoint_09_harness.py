@@ -79,6 +79,7 @@ def test_swapped_pair_layout_on_a_neox_family_is_named_at_qcur_rope(tmp_path, mo
     assert not any("position" in h for h in rep.hints), rep.hints
 
 
+@pytest.mark.slow  # two interpreters started (~10 s): the fast tier's compare runs in-process (tests/test_compare.py)
 def test_compare_cli_exit_code_message_and_plot(model, tmp_path, monkeypatch):
     with monkeypatch.context() as mp:
         BREAKS["rope_layout_swapped"][0](mp, model)

@@ -332,12 +332,12 @@ def test_attention_kernels_equal_the_numpy_emulation_to_the_bit(T, S, HD, path):
     p = gf.attention_weights(kq, mask, 0.125, path=path)
     np.testing.assert_array_equal(gk.attention_weights(kq, mask, 0.125, path=path), p)
     np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-6)
-    sinks = (RNG.standard_normal(H) * 2).astype(np.float32)  # gpt-oss's: a logit a head in the denominator
+    sinks = RNG.uniform(2, 4, H).astype(np.float32)  # gpt-oss's: a logit a head in the denominator, taking weight
     with_sinks = gf.attention_weights(kq, mask, 0.125, sinks, path=path)
     np.testing.assert_array_equal(gk.attention_weights(kq, mask, 0.125, sinks, path=path), with_sinks)
     np.testing.assert_allclose(with_sinks, refllama.layers.attention_weights(kq, mask, 0.125, sinks), rtol=1e-5,
                                atol=1e-7)
-    assert (with_sinks.sum(-1) < 1 - 1e-5).all()
+    assert (with_sinks.sum(-1) < p.sum(-1)).all()
     np.testing.assert_array_equal(gk.attention_mix(p, v, path), gf.attention_mix(p, v, path))
     gate, up = (RNG.standard_normal((T, 50)) * 4).astype(np.float32), RNG.standard_normal((T, 50)).astype(np.float32)
     np.testing.assert_array_equal(gk.swiglu(gate, up, path), gf.swiglu(gate, up, path))

@@ -38,6 +38,7 @@ def test_a_cut_down_synthetic_model_says_so_and_has_the_q4_k_m_mix(phi3):
     assert g.tensors["token_embd.weight"].shape[1] == 32064  # Phi-3's vocabulary, its width 3072
 
 
+@pytest.mark.slow  # Numba's Q4_K and Q6_K kernels compiled (a cold cache: the fast tier compiles none)
 def test_a_cut_down_synthetic_model_runs_finite_and_alike_on_numpy_and_numba(phi3):
     ids = [1, 450, 3186, 310, 278]
     a = refllama.load(phi3, backend="numpy", n_ctx=64).logits(ids)
