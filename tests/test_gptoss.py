@@ -25,6 +25,7 @@ from refllama.numerics.quant import QuantMatrix
 FAMILY = GGUF["gptoss"]
 N_CTX = 256
 KEYS = {"avx512-vnni": "llamacpp_logits_q8_0_f16kv_mxfp4", "avx2": "llamacpp_logits_q8_0_f16kv_avx2_mxfp4"}
+ODD_KEYS = {"avx512-vnni": "llamacpp_logits_mxfp4_f16kv", "avx2": "llamacpp_logits_mxfp4_f16kv_avx2"}  # d96's
 
 
 def ref():
@@ -46,6 +47,19 @@ def test_mxfp4_logits_in_ggml_numerics_are_llamacpps(backend, path, repack):
     m = refllama.load(FAMILY.gguf("mxfp4"), n_ctx=N_CTX, backend=backend, numerics="ggml", cpu_path=path,
                       repack=repack)
     key = KEYS[path] + ("" if repack else "_norepack")
+    np.testing.assert_array_equal(m.logits(r["token_ids"].tolist()), r[key])
+
+
+@pytest.mark.parametrize("repack", [True, False], ids=["repacked", "vec_dot"])
+@pytest.mark.parametrize("path", list(KEYS))
+@pytest.mark.parametrize("backend", ["numpy", param("numba", fast=False)])
+def test_an_odd_number_of_blocks_a_row_is_llamacpps(backend, path, repack):
+    """The tiny gpt-oss 96 wide (3 MXFP4 blocks a row): the vec_dot's last block, outside its pairs, added by a
+    fused multiply-add (GCC contracts the scalar loop) after hsum_float_8; the repacked form's blocks one by one."""
+    r = np.load(FAMILY.dir / "gptoss-d96.npz")
+    m = refllama.load(FAMILY.dir / "gptoss-d96-mxfp4.gguf", n_ctx=N_CTX, backend=backend, numerics="ggml",
+                      cpu_path=path, repack=repack)
+    key = ODD_KEYS[path] + ("" if repack else "_norepack")
     np.testing.assert_array_equal(m.logits(r["token_ids"].tolist()), r[key])
 
 

@@ -15,6 +15,7 @@ Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary
     PYTHONPATH=DIR python tools/make_tiny_gguf.py --ggml-logits   # llama.cpp's Q8_0 logits on another CPU path
     python tools/make_tiny_gguf.py --ggml-logits --arm OUT_DIR   # on an ARM path, under qemu-user (~10 s)
     python tools/make_tiny_gguf.py --ggml-stages   # llama.cpp's every stage on the 2025 families' Q8_0 files
+    PYTHONPATH=DIR python tools/make_tiny_gguf.py --odd-blocks --llama-cpp ...   # gpt-oss 96 wide in MXFP4
 Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
 
 --ggml-logits adds to each family's reference.npz the logits on the Q8_0 file with llama.cpp's default float16 cache
@@ -308,6 +309,36 @@ def ggml_logits(families, arm=None):
         print(f"{out}: {REF_KEYS[path]}")
 
 
+ODD = OUT / "gguf-gptoss" / "gptoss-d96-mxfp4.gguf"  # gpt-oss 96 wide: 3 MXFP4 blocks a row, the vec_dot's odd one
+ODD_IDS = [1, 5, 9, 14, 22, 31, 40, 47, 3, 11]
+
+
+def odd_blocks(llama_cpp_dir):
+    """The tiny gpt-oss 96 wide (hidden and experts) in MXFP4, where llama.cpp's vec_dot (its --no-repack form) ends
+    on an odd block, and its logits with the float16 cache, repacked and not, from the llama.cpp installed, into
+    gptoss-d96.npz under the CPU path's key (the file is made first where it is missing: needs `llama_cpp_dir`)."""
+    import llama_cpp
+
+    from refllama.numerics.cpu_paths import llamacpp_path
+
+    if not ODD.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            hf, f32 = Path(tmp) / "hf", Path(tmp) / "f32.gguf"
+            save_hf("gptoss", hf, tiny_tokenizer(), hidden_size=96, intermediate_size=96)
+            script = CONVERT.format(src=llama_cpp_dir, model=str(hf), outtype="f32", out=str(f32), extra=())
+            subprocess.run([sys.executable, "-c", script], check=True, cwd=llama_cpp_dir)
+            quantize_mxfp4(f32, ODD)
+    path = llamacpp_path(llama_cpp.llama_print_system_info().decode())
+    refs_file = ODD.with_name("gptoss-d96.npz")
+    refs = dict(np.load(refs_file)) if refs_file.exists() else {"token_ids": np.asarray(ODD_IDS)}
+    for repack in (True, False):
+        key = REF_KEYS[path].replace("q8_0", "mxfp4") + ("" if repack else "_norepack")
+        refs[key] = dump_llamacpp.capture(str(ODD), ODD_IDS, 2, kv_f32=False, n_ctx=N_CTX,
+                                          repack=repack)[0]["result_output"]
+    np.savez(refs_file, **refs)
+    print(f"{refs_file}: {path}")
+
+
 def ggml_stages(families):
     """llama.cpp's every stage on the Q8_0 file with its default float16 cache (what numerics ggml reproduces to the
     bit, stage by stage) from the llama.cpp installed, into each family's llamacpp-q8_0/, naming its CPU path."""
@@ -338,12 +369,15 @@ def main():
     p.add_argument("--ggml-logits", action="store_true", help="only llama.cpp's Q8_0 logits on its CPU path")
     p.add_argument("--arm", metavar="OUT_DIR", help="with --ggml-logits: the ARM build of tools/build_llamacpp_arm.sh")
     p.add_argument("--ggml-stages", action="store_true", help="only llama.cpp's every stage on the Q8_0 file")
+    p.add_argument("--odd-blocks", action="store_true", help="only the 96-wide MXFP4 gpt-oss and its logits")
     p.add_argument("families", nargs="*", choices=[[], *FAMILIES], help="the families to make (default: all)")
     args = p.parse_args()
     if args.ggml_logits:
         return ggml_logits(args.families or FAMILIES, args.arm)
     if args.ggml_stages:
         return ggml_stages(args.families or Q8_0_STAGES)
+    if args.odd_blocks:
+        return odd_blocks(args.llama_cpp)
     if not args.llama_cpp:
         p.error("--llama-cpp is needed to make the models")
     import llama_cpp
