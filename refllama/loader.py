@@ -72,7 +72,8 @@ def load_hf(directory, placement=None):
         return prefix + name.removeprefix("model.") if prefix and name.startswith("model.") else name
 
     weights = read_weights(arch, cfg, "hf", lambda name, shape: ck.tensor(named(name), shape, place.keep),
-                           lambda name: named(name) in ck, place)
+                           lambda name: named(name) in ck, place,
+                           lambda name, shape: ck.tensor(named(name), shape, packed=True))
     weights.update(rope())
     tokenizer, template = from_hf_dir(d, eos_ids(c, d))
     return Loaded(cfg, weights, tokenizer, template, [])

@@ -19,8 +19,10 @@ from refllama.check.references import notes
 from refllama.errors import RefllamaError
 from refllama.formats.ggml_types import GGMLType as QT
 from refllama.formats.gguf_loader import GGUFFile
+from refllama.loader import load_hf
 from refllama.numerics.matrices import FileMatrix, FilePlacement
 from refllama.numerics.quant import QuantMatrix
+from refllama.xp import Placement
 
 FAMILY = GGUF["gptoss"]
 N_CTX = 256
@@ -162,13 +164,39 @@ def test_the_tiny_model_exercises_what_gpt_oss_adds():
     assert (t["kq_soft_max-0"][:, -1, :-4] == 0).all() and (t["kq_soft_max-1"][:, -1, :-4] > 0).all()
 
 
-def test_the_released_checkpoints_packed_experts_are_refused_by_name(tmp_path):
-    """gpt-oss's released HF checkpoints hold their experts as MXFP4 blocks and scales (config.json's
-    quantization_config): one line naming it and the way to read them (llama.cpp's converter keeps them MXFP4)."""
+def test_the_released_checkpoints_packed_experts_are_read_as_llamacpps_converter_repacks_them():
+    """gpt-oss's released HF checkpoints hold their experts as MXFP4 blocks and scales (quantization_config
+    "mxfp4", HF's nibble order): read in their blocks, the bytes llama.cpp's converter writes for them (its GGUF of
+    the same directory) and the float32 logits of that GGUF to the bit; numba multiplies them in their blocks."""
+    packed, converted = FAMILY.dir / "hf-mxfp4", FAMILY.gguf("hf-mxfp4")
+
+    class Stored(Placement):  # the tensors as the loader reads them
+        keep = frozenset({QT.MXFP4})
+
+        def __call__(self, a):
+            return a
+
+    experts = load_hf(packed, Stored(np)).weights["layers"]
+    g = GGUFFile(converted)
+    for i, lw in enumerate(experts):
+        for key in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+            theirs = g.tensor(f"blk.{i}.{key}.weight", (6, 64, 64), keep_quantized={QT.MXFP4})
+            assert theirs.qtype == QT.MXFP4 and all(e.qtype == QT.MXFP4 for e in lw[key])
+            np.testing.assert_array_equal(np.concatenate([np.asarray(e.raw) for e in lw[key]]),
+                                          np.asarray(theirs.raw).reshape(6 * 64, -1))
+    ids = [1, 5, 9, 2, 7, 3, 11, 4]
+    want = refllama.load(converted, n_ctx=N_CTX).logits(ids)
+    np.testing.assert_array_equal(refllama.load(packed, n_ctx=N_CTX).logits(ids), want)
+    m = refllama.load(packed, n_ctx=N_CTX, backend="numba")
+    assert isinstance(m.weights["layers"][0]["ffn_up_exps"][0], QuantMatrix)
+
+
+def test_another_quantizers_packed_checkpoint_is_refused_by_name(tmp_path):
+    """A quantization_config refllama does not read (bitsandbytes', GPTQ's): one line naming it."""
     d = tmp_path / "hf"
     shutil.copytree(FAMILY.dir / "hf-model", d)
     config = json.loads((d / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router"]}
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     (d / "config.json").write_text(json.dumps(config))
-    with pytest.raises(RefllamaError, match="unsupported quantization_config 'mxfp4'.*convert_hf_to_gguf"):
+    with pytest.raises(RefllamaError, match="unsupported quantization_config 'bitsandbytes'"):
         refllama.load(d)

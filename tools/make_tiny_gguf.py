@@ -16,6 +16,7 @@ Phi-3 takes the converter's GPT2Tokenizer path (Phi-4's) for the same vocabulary
     python tools/make_tiny_gguf.py --ggml-logits --arm OUT_DIR   # on an ARM path, under qemu-user (~10 s)
     python tools/make_tiny_gguf.py --ggml-stages   # llama.cpp's every stage on the 2025 families' Q8_0 files
     PYTHONPATH=DIR python tools/make_tiny_gguf.py --odd-blocks --llama-cpp ...   # gpt-oss 96 wide in MXFP4
+    python tools/make_tiny_gguf.py --hf-mxfp4 --llama-cpp ...   # gpt-oss's HF directory with MXFP4-packed experts
 Needs torch==2.13.0, transformers, llama-cpp-python 0.3.36 and the same version's sdist (README).
 
 --ggml-logits adds to each family's reference.npz the logits on the Q8_0 file with llama.cpp's default float16 cache
@@ -339,6 +340,46 @@ def odd_blocks(llama_cpp_dir):
     print(f"{refs_file}: {path}")
 
 
+PACKED = OUT / "gguf-gptoss" / "hf-mxfp4"  # the tiny gpt-oss as the released checkpoints pack their experts
+
+
+def hf_mxfp4(llama_cpp_dir):
+    """The tiny gpt-oss's HF directory with its experts packed as the released checkpoints pack them (MXFP4 blocks
+    and scales, quantization_config "mxfp4"; gguf-py's MXFP4 quantizer on the float experts, its blocks written in
+    HF's nibble order), and llama.cpp's converter's F32 GGUF of it (its experts repacked to GGUF's MXFP4 by the
+    converter): what refllama reads from the packed directory is held to the converter's bytes."""
+    import gguf
+    from safetensors.numpy import load_file, save_file
+
+    src = OUT / "gguf-gptoss" / "hf-model"
+    shutil.rmtree(PACKED, ignore_errors=True)
+    shutil.copytree(src, PACKED)
+    tensors = load_file(src / "model.safetensors")
+
+    def pack(w):  # [E, N, K] float32 -> blocks [E, N, K/32, 16], scales [E, N, K/32] in HF's layout
+        E, N, K = w.shape
+        raw = gguf.quants.quantize(np.ascontiguousarray(w.reshape(E * N, K)), gguf.GGMLQuantizationType.MXFP4)
+        raw = raw.reshape(E, N, K // 32, 17)
+        qs = raw[..., 1:]
+        values = np.concatenate([qs & 15, qs >> 4], axis=-1)  # GGUF's order: byte j holds values j and j + 16
+        blocks = values[..., 0::2] | (values[..., 1::2] << 4)  # HF's: byte j holds values 2j and 2j + 1
+        return np.ascontiguousarray(blocks.astype(np.uint8)), np.ascontiguousarray(raw[..., 0])
+
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = pack(tensors.pop(name).transpose(0, 2, 1))  # HF's [E, in, out] -> [E, out, in]
+        tensors[name + "_blocks"], tensors[name + "_scales"] = blocks, scales
+    save_file(tensors, PACKED / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((PACKED / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    (PACKED / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    out = OUT / "gguf-gptoss" / "gptoss-hf-mxfp4.gguf"
+    script = CONVERT.format(src=llama_cpp_dir, model=str(PACKED), outtype="f32", out=str(out), extra=())
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=llama_cpp_dir)
+    print(f"wrote {PACKED}, {out}")
+
+
 def ggml_stages(families):
     """llama.cpp's every stage on the Q8_0 file with its default float16 cache (what numerics ggml reproduces to the
     bit, stage by stage) from the llama.cpp installed, into each family's llamacpp-q8_0/, naming its CPU path."""
@@ -370,6 +411,7 @@ def main():
     p.add_argument("--arm", metavar="OUT_DIR", help="with --ggml-logits: the ARM build of tools/build_llamacpp_arm.sh")
     p.add_argument("--ggml-stages", action="store_true", help="only llama.cpp's every stage on the Q8_0 file")
     p.add_argument("--odd-blocks", action="store_true", help="only the 96-wide MXFP4 gpt-oss and its logits")
+    p.add_argument("--hf-mxfp4", action="store_true", help="only the tiny gpt-oss packed as its released checkpoints")
     p.add_argument("families", nargs="*", choices=[[], *FAMILIES], help="the families to make (default: all)")
     args = p.parse_args()
     if args.ggml_logits:
@@ -378,6 +420,8 @@ def main():
         return ggml_stages(args.families or Q8_0_STAGES)
     if args.odd_blocks:
         return odd_blocks(args.llama_cpp)
+    if args.hf_mxfp4:
+        return hf_mxfp4(args.llama_cpp)
     if not args.llama_cpp:
         p.error("--llama-cpp is needed to make the models")
     import llama_cpp

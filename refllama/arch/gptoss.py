@@ -48,14 +48,15 @@ def config_from_gguf(g):
 
 def config_from_hf(c):
     """GptOssForCausalLM's config.json: layer_types (sliding or full), the experts' counts, swiglu_alpha and
-    swiglu_limit; its rope_parameters' YaRN, `truncate` included."""
+    swiglu_limit; its rope_parameters' YaRN, `truncate` included; the released checkpoints' MXFP4-packed experts
+    (quantization_config "mxfp4": tables.mxfp4_from_hf)."""
     n_layer = c.need("num_hidden_layers", int)
     window, swa = hf_swa(c, n_layer, SWA_PATTERN)
     moe = {**hf_moe(c, norm_default=False), "moe_layers": (True,) * n_layer}
     alpha, limit = (float(c.get(k, d, kind=(int, float))) for k, d in zip(("swiglu_alpha", "swiglu_limit"),
                                                                           OAI_SWIGLU, strict=True))
     return hf_config(c, NAME, ROPE_LAYOUT, sliding_window=window, swa_layers=swa, expert_gating="softmax_weight",
-                     oai_swiglu=(alpha, limit), **moe)
+                     oai_swiglu=(alpha, limit), packed="mxfp4", **moe)
 
 
 forward = blocks.pre_norm_forward

@@ -206,19 +206,20 @@ def llama3_freq_factors(theta, rope_dim, s, where):
 
 
 def hf_config(c, arch, rope_layout, rope=None, act_key="hidden_act", act="silu", tied_default=False,
-              partial_default=1.0, n_ff=None, **fields):
+              partial_default=1.0, n_ff=None, packed=None, **fields):
     """(ModelConfig, rope) from the config.json fields every family shares; `fields` are the family's own,
     `rope` the family's (theta, scaling dict) where its config nests them, `act` the activation it computes,
     `partial_default` the share of a head RoPE rotates where the config does not say, `n_ff` the feed-forward's
-    width where the config has no intermediate_size (a mixture of experts in every layer).
+    width where the config has no intermediate_size (a mixture of experts in every layer), `packed` the
+    quantization_config method whose packed tensors the family's table reads (gpt-oss's "mxfp4").
     rope() computes the RoPE tensors {name: float32 array} the config describes: the loader calls it once the
     weights have confirmed the head dimension, so that no allocation is sized by the config alone. Unsupported
     options are refused by name, every value read is checked for its type and range."""
-    packed = c.get("quantization_config", kind=(dict,))
-    if packed is not None:  # gpt-oss's released checkpoints: MXFP4 blocks and scales in place of its experts
-        raise RefllamaError(f"{c.path}: unsupported quantization_config {shown(packed.get('quant_method'))} (weights "
-                            "packed by a quantizer; refllama reads an HF directory's float weights: convert it with "
-                            "llama.cpp's convert_hf_to_gguf.py, which keeps MXFP4 experts in MXFP4)")
+    quantized = c.get("quantization_config", kind=(dict,))
+    if quantized is not None and quantized.get("quant_method") != packed:  # weights packed in a form not read
+        raise RefllamaError(f"{c.path}: unsupported quantization_config {shown(quantized.get('quant_method'))} "
+                            "(weights packed by a quantizer; refllama reads an HF directory's float weights, and "
+                            "gpt-oss's MXFP4 experts)")
     D, H = c.need("hidden_size", int), c.need("num_attention_heads", int)
     if H < 1:
         raise RefllamaError(f"{c.path}: field 'num_attention_heads' must be at least 1, got {H}")

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..formats.ggml_types import QuantizedTensor
+from ..formats.ggml_types import GGMLType, QuantizedTensor
 from ..pairs import permute_rows, tiled_order
 
 GGUF_LAYER, HF_LAYER = "blk.{i}.", "model.layers.{i}."  # prefixes of a block's tensor names
@@ -178,11 +178,22 @@ def shape_of(w, d):
     return tuple(size(e, d) for e in w.shape.split(","))
 
 
-def read_weights(arch, cfg, side, fetch, has, place):
+def mxfp4_from_hf(blocks, scales):  # [N, K/32, 16], [N, K/32] uint8 (HF's MXFP4) -> QuantizedTensor MXFP4 [N, K]
+    """HF's packing (transformers' and OpenAI's: byte j of a block holds values 2j, low nibble, and 2j + 1) as GGUF's
+    MXFP4 blocks (the exponent byte, then byte j holding values j and j + 16), as llama.cpp's converter repacks them:
+    the same codes and exponents, in GGUF's order."""
+    N, nb = scales.shape
+    values = np.stack([blocks & 15, blocks >> 4], axis=-1).reshape(N, nb, 32)  # in order
+    qs = values[..., :16] | (values[..., 16:] << 4)
+    raw = np.concatenate([scales[..., None], qs], axis=-1).astype(np.uint8).reshape(N, nb * 17)
+    return QuantizedTensor(raw, GGMLType.MXFP4, (N, nb * 32))
+
+
+def read_weights(arch, cfg, side, fetch, has, place, packed=None):
     """refllama's weight dict from an architecture's tables: `side` "gguf" or "hf" picks the name column,
     `fetch(name, shape)` returns a checked tensor (or raises naming it), `has(name)` says whether it is stored,
     `place(tensor)` puts each final tensor where the backend computes (refllama.xp.Placement; `place.array` those
-    no product reads).
+    no product reads), `packed(name, shape)` returns a quantizer's bytes (HF's MXFP4 experts) as stored.
 
     Layout transforms, all of them: HF's per-head q/k rows (and biases) reordered to llama.cpp's NORM pairs where
     the table says `hf_permute` (llama only: llama.cpp's converter does the same); fused tensors split by rows."""
@@ -197,6 +208,13 @@ def read_weights(arch, cfg, side, fetch, has, place):
         shape = shape_of(row, d)
         if side == "hf" and row.hf_interleaved:  # part `part` of every n_parts columns; a matrix [in, out] as stored
             fused, part, n_parts = row.hf_fused
+            if len(shape) == 3 and has(prefix + fused + "_blocks"):  # the released checkpoints: MXFP4 blocks, [out,
+                E, N, K = shape  # in] already, the parts' rows interleaved
+                blocks = packed(prefix + fused + "_blocks", (E, n_parts * N, K // 32, 16))
+                scales = packed(prefix + fused + "_scales", (E, n_parts * N, K // 32))
+                out[row.key] = tuple(place(mxfp4_from_hf(blocks[e, part::n_parts], scales[e, part::n_parts]))
+                                     for e in range(E))
+                return
             whole = fetch(prefix + fused, (shape[0], shape[2], n_parts * shape[1]) if len(shape) == 3 else
                           (*shape[:-1], n_parts * shape[-1]))
             t = (whole.to_float32() if isinstance(whole, QuantizedTensor) else whole)[..., part::n_parts]

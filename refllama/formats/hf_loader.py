@@ -80,6 +80,14 @@ class SafeTensors:
     def __contains__(self, name):
         return name in self.entries
 
+    def packed(self, name):  # -> uint8 array: a quantizer's bytes (gpt-oss's MXFP4 blocks and scales), as stored
+        e = self.entries[name]
+        if e["dtype"] != "U8":
+            raise RefllamaError(f"{self.path}: tensor {shown(name)} has dtype {shown(e['dtype'])}, expected U8 "
+                                "(a quantizer's packed bytes)")
+        begin, end = e["data_offsets"]
+        return self.buf[self.base + begin:self.base + end].reshape(tuple(e["shape"]))
+
     def tensor(self, name, keep=frozenset()):
         """Tensor `name` in float32, or in its stored form (QuantizedTensor) if it is an F16/BF16 matrix whose type is
         in `keep`; F32 matrices stay a view of the memory map."""
@@ -137,10 +145,11 @@ class Checkpoint:
         for name, st in self.where.items():
             e = st.entries.get(name)
             if e is not None and not (len(e["shape"]) == 2 and _FORMS.get(e["dtype"]) in keep):
-                total += 4 * math.prod(e["shape"])
+                total += (1 if e["dtype"] == "U8" else 4) * math.prod(e["shape"])  # packed bytes stay packed
         return total
 
-    def tensor(self, name, shape, keep=frozenset()):
+    def tensor(self, name, shape, keep=frozenset(), packed=False):
+        """Tensor `name` of numpy shape `shape` (`packed`: a quantizer's uint8 bytes, as stored)."""
         if name not in self.where:
             raise RefllamaError(f"{self.dir}: missing tensor {shown(name)}")
         st = self.where[name]
@@ -149,7 +158,7 @@ class Checkpoint:
         if tuple(st.entries[name]["shape"]) != tuple(shape):
             got = st.entries[name]["shape"]
             raise RefllamaError(f"{st.path}: tensor {shown(name)} has shape {list(got)}, expected {list(shape)}")
-        return st.tensor(name, keep)
+        return st.packed(name) if packed else st.tensor(name, keep)
 
 
 def eos_ids(c, directory):
