@@ -127,6 +127,9 @@ def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False, gating="softm
     refllama does not compute are refused by name."""
     arch = g.string("general.architecture", required=True)
     n_expert = int(g.integer(f"{arch}.expert_count", 0, low=0))
+    if not n_expert and every_layer:  # a graph of experts only: no dense feed-forward to fall back on
+        raise RefllamaError(f"{g.path}: missing metadata field '{arch}.expert_count' (every layer of {arch} is a "
+                            "mixture of experts)")
     if not n_expert:
         return {}
     for key, allowed in ((f"{arch}.expert_gating_func", GATING[gating]), (f"{arch}.expert_group_count", 1),
