@@ -154,11 +154,15 @@ def attention_weights(kq, mask, scale, sinks=None):  # [H, T, S], [T, S], [H] ->
     """softmax(scale * q.k + mask); scale is 1/sqrt(HD) but for Gemma 3 (ModelConfig.kq_scale). `sinks`: one
     learned logit a head (gpt-oss's attention sinks) in each row's denominator as a key no value belongs to, so a
     row may sum to less than 1."""
-    if sinks is None:
-        return softmax(kq * scale + mask)
-    xp = array_module(kq)
     x = kq * scale + mask
-    sink = sinks.astype(xp.float32)[:, None, None]  # [H, 1, 1]
+    return softmax(x) if sinks is None else sink_softmax(x, sinks)
+
+
+def sink_softmax(x, sinks):  # [H, T, S], [H] -> [H, T, S]: softmax with head h's sink logit in each denominator
+    """exp(x_j - m) / (sum_k exp(x_k - m) + exp(sink_h - m)), m the larger of the row's max and the sink: as if the
+    sink were one more key, its weight dropped (gpt-oss's attention sinks). In the dtype of x."""
+    xp = array_module(x)
+    sink = sinks.astype(x.dtype)[:, None, None]  # [H, 1, 1]
     top = xp.maximum(x.max(axis=-1, keepdims=True), sink)
     e = xp.exp(x - top)
     return e / (e.sum(axis=-1, keepdims=True) + xp.exp(sink - top))

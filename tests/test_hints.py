@@ -48,7 +48,8 @@ WORDS = {  # where a hint names several bugs: the words of the line each must ge
     "window_on_the_other_layers": "this model's local layers are", "sinks_missing": "without the layer's sinks",
     "sinks_in_the_numerator": "numerator too", "router_bias_missing": "bias (ffn_gate_inp.bias) is not added",
     "softmax_over_every_expert": "softmax over all E experts", "swiglu_clamp_missing": "without its clamp",
-    "swiglu_alpha_1": "alpha = 1",
+    "swiglu_alpha_1": "alpha = 1", "expert_biases_missing": "are not added",
+    "experts_dumped_biased": "dumped with its bias added",
 }
 
 

@@ -258,21 +258,26 @@ def test_each_routing_bug_is_named_at_its_stage_with_its_hint(family, bug, stage
     assert not any(contradicts in h for h in report.hints), report.hints  # no hint against the model's config
 
 
-def test_experts_are_compared_by_id_not_by_slot(tmp_path, monkeypatch):
-    """An engine that keeps a token's K experts in another order (here reversed) passes: slots are matched by id."""
+@pytest.mark.parametrize("family", ["qwen3moe", "gptoss"])
+def test_experts_are_compared_by_id_not_by_slot(family, tmp_path, monkeypatch):
+    """An engine that keeps a token's K experts in another order (here reversed) passes: slots are matched by id. Its
+    every stage of a token's K slots reversed (gpt-oss's softmaxed weights and biased products among them)."""
     from refllama.check.compare import compare
     from refllama.check.dump import Dump
-    from refllama.check.metrics import SLOT_STAGES
 
-    path = DATA / "gguf-qwen3moe" / "qwen3moe-f32.gguf"
-    m, ids = refllama.load(path, n_ctx=N_CTX), ref("qwen3moe")["token_ids"].tolist()
+    path = DATA / f"gguf-{family}" / f"{family}-f32.gguf"
+    m, ids = refllama.load(path, n_ctx=N_CTX), ref(family)["token_ids"].tolist()
+    K = m.config.n_expert_used
     mine = Path(m.dump(ids, tmp_path / "mine"))
-    d = Dump(mine)
-    for name in d.names:
-        if name.split("-")[0] in SLOT_STAGES:
-            f = mine / f"{name}.npy"
-            np.save(f, np.load(f)[:, ::-1])
-    report = compare(mine, DATA / "gguf-qwen3moe" / "llamacpp-f32", refllama.load(path, n_ctx=N_CTX))
+    reversed_ = set()
+    for name in Dump(mine).names:
+        f = mine / f"{name}.npy"
+        a = np.load(f)
+        if name.startswith("ffn_moe_") and a.ndim >= 2 and a.shape[1] == K:  # [T, K, ...]: a token's slots
+            np.save(f, a[:, ::-1])
+            reversed_.add(name.rsplit("-", 1)[0])
+    assert {"ffn_moe_topk", "ffn_moe_weights", "ffn_moe_down"} <= reversed_
+    report = compare(mine, DATA / f"gguf-{family}" / "llamacpp-f32", refllama.load(path, n_ctx=N_CTX))
     assert report.first is None, report.first["name"]
 
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import arch as archs
-from ..layers import ROPE, causal_conv, linear, rms_norm, rope_cos_sin, silu, softcap, softmax, softplus
+from ..layers import ROPE, causal_conv, linear, rms_norm, rope_cos_sin, silu, sink_softmax, softcap, softmax, softplus
 from ..pairs import reorder_v_heads
 from ..xp import to_numpy
 from .dump import Dump
@@ -72,12 +72,7 @@ class Correct(NamedTuple):
         seen = (gap >= -shift) & (True if window is None else gap < window)
         s = kq.astype(np.float64) * cfg.kq_scale
         s = np.where(seen, cap * np.tanh(s / cap) if cap else s, -np.inf)
-        if sinks is None:
-            return softmax(s).astype(np.float32)
-        sink = sinks.astype(np.float64)[:, None, None]
-        top = np.maximum(s.max(axis=-1, keepdims=True), sink)
-        e = np.exp(s - top)
-        return (e / (e.sum(axis=-1, keepdims=True) + np.exp(sink - top))).astype(np.float32)
+        return (softmax(s) if sinks is None else sink_softmax(s, sinks)).astype(np.float32)
 
     def kv(self):  # query head h's kv head
         return np.arange(self.cfg.n_head) // (self.cfg.n_head // self.cfg.n_head_kv)
@@ -508,6 +503,10 @@ def swiglu_alpha_1(d):  # SiLU's sigmoid(x) where the unit takes sigmoid(1.702 x
 
 def expert_biases_missing(d):
     return {"ffn_moe_gate_biased-0": d["ffn_moe_gate-0"]} if "ffn_moe_gate_biased-0" in d else None
+
+
+def experts_dumped_biased(d):  # an engine whose expert product adds its bias, dumped under the product's name
+    return {"ffn_moe_gate-0": d["ffn_moe_gate_biased-0"]} if "ffn_moe_gate_biased-0" in d else None
 
 
 def _linear_layer(d):  # the first linear-attention layer, or None

@@ -8,12 +8,23 @@ import numpy as np
 
 from .. import arch as archs
 from ..arch.blocks import IN, RESIDUAL, WIRING, block_input
-from ..layers import ROPE, causal_conv, embedding, linear, rms_norm, silu, softplus, yarn_dims, yarn_mscale
+from ..layers import (
+    ROPE,
+    causal_conv,
+    embedding,
+    linear,
+    rms_norm,
+    silu,
+    sink_softmax,
+    softplus,
+    yarn_dims,
+    yarn_mscale,
+)
 from ..pairs import V_HEAD_STAGES, reorder_v_heads
 from ..xp import to_numpy
 from . import bugs
-from .dump import INPUT_STAGES, ROUTED_STAGES, Dump, split_name
-from .metrics import ATTENTION, metrics, spans, take, visible
+from .dump import INPUT_STAGES, Dump, split_name
+from .metrics import ATTENTION, SLOT_STAGES, metrics, spans, take, visible
 from .rerun import ROUND, Forced
 from .tolerances import rounding_bands
 
@@ -47,7 +58,7 @@ def _error_by(diff, scale, axis):
     return np.nanmean(diff ** 2, axis=other) / scale
 
 
-ROUTED = (*ROUTED_STAGES, "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm")  # [T, K, ...]: a token's experts
+ROUTED = SLOT_STAGES  # [T, K, ...]: a token's experts
 
 
 def breakdown(stage, positions, bad, want, tol, cfg, ids=None):
@@ -1060,12 +1071,7 @@ def _attention(kq, scale, seen, cap=None, sinks=None):  # softmax(kq * scale) ov
     attn_logit_softcapping); `sinks` [H]: a logit a head in the denominator (gpt-oss's)."""
     s = np.nan_to_num(kq) * scale
     x = np.where(seen, cap * np.tanh(s / cap) if cap else s, -np.inf)
-    if sinks is None:
-        return _softmax(x)
-    sink = np.asarray(sinks, np.float64)[:, None, None]
-    top = np.maximum(x.max(axis=-1, keepdims=True), sink)
-    ex = np.exp(x - top)
-    return ex / (ex.sum(axis=-1, keepdims=True) + np.exp(sink - top))
+    return _softmax(x) if sinks is None else sink_softmax(x, np.asarray(sinks))
 
 
 def _sinks(e):  # the layer's sink logits [H] (gpt-oss's attn_sinks), or None (none, or no model to read them from)
@@ -1295,22 +1301,37 @@ def clamped_swiglu(e):
 
 def expert_biases(e):
     """gpt-oss's experts' biases (llama.cpp's add_id: expert e's bias row added to each slot that chose e) left out,
-    or indexed by the slot rather than by the expert's id."""
-    part = e.stage[len("ffn_moe_"):-len("_biased")] if e.stage in EXPERT_BIASED else None
-    inputs = e.inputs() if part else None
+    or indexed by the slot rather than by the expert's id; or, at a product's own stage, the product dumped with its
+    bias already added (llama.cpp dumps the product, then `ffn_moe_{part}_biased`)."""
+    biased = e.stage in EXPERT_BIASED
+    part = e.stage[len("ffn_moe_"):].removesuffix("_biased")
+    if e.stage not in (*EXPERT_BIASED, *EXPERT_PRODUCTS) or e.model is None or \
+            f"ffn_{part}_exps_bias" not in e.model.weights["layers"][e.layer]:
+        return
+    bias = _layer_weight(e, f"ffn_{part}_exps_bias")  # [E, out]
+    topk = f"ffn_moe_topk-{e.layer}"
+    found = _stages(e.bad_dump if topk in e.bad_dump else e.ref, [topk], e.positions)
+    if not found:
+        return
+    ids = found[0].astype(np.int64)  # [T, K]: each slot's expert, in the order the compared stages take
+    if not biased:
+        if e.close(e.want + bias[ids], e.bad):
+            yield (f"hint: equals the expected {e.stage} plus each expert's bias (ffn_{part}_exps.bias): the product "
+                   f"is dumped with its bias added; llama.cpp dumps it before, and the sum as ffn_moe_{part}_biased")
+        return
+    inputs = e.inputs()
     if not inputs:
         return
-    y, ids = inputs[0], inputs[1].astype(np.int64)
+    y = inputs[0]
     if e.close(y, e.bad):
         yield f"hint: equals ffn_moe_{part}: the experts' biases (ffn_{part}_exps.bias) are not added"
-    elif e.model is not None:
-        bias = _layer_weight(e, f"ffn_{part}_exps_bias")  # [E, out]
-        if e.close(y + bias[np.arange(ids.shape[1])][None], e.bad):
-            yield (f"hint: matches ffn_moe_{part} plus the bias of expert k in slot k: each slot takes the bias of "
-                   "the expert it chose (ffn_moe_topk), as llama.cpp's add_id")
+    elif e.close(y + bias[np.arange(ids.shape[1])][None], e.bad):
+        yield (f"hint: matches ffn_moe_{part} plus the bias of expert k in slot k: each slot takes the bias of "
+               "the expert it chose (ffn_moe_topk), as llama.cpp's add_id")
 
 
 EXPERT_BIASED = ("ffn_moe_gate_biased", "ffn_moe_up_biased", "ffn_moe_down_biased")
+EXPERT_PRODUCTS = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_down")
 
 
 def partial_rope(e):
@@ -1438,7 +1459,8 @@ HINTS = (  # in the order their lines are listed
     Hint(oai_router, ("ffn_moe_probs", "ffn_moe_weights_softmax"),
          (bugs.router_bias_missing, bugs.softmax_over_every_expert), reads=("ffn_moe_logits",), when=_oai),
     Hint(clamped_swiglu, ("ffn_moe_swiglu_oai",), (bugs.swiglu_clamp_missing, bugs.swiglu_alpha_1), when=_oai),
-    Hint(expert_biases, EXPERT_BIASED, bugs.expert_biases_missing, when=_oai),
+    Hint(expert_biases, (*EXPERT_BIASED, *EXPERT_PRODUCTS), (bugs.expert_biases_missing, bugs.experts_dumped_biased),
+         model=True, when=_oai),
     Hint(rounded, None, bugs.rounded_to_bfloat16),
     Hint(scale_factor, None, bugs.scaled, fallback=True),
     Hint(sign_flip, None, bugs.signs_flipped, fallback=True),

@@ -51,7 +51,8 @@ def visible(stage, positions, shape):
     return np.broadcast_to((np.arange(shape[-1])[None, :] <= np.asarray(positions)[:, None])[None], shape)
 
 
-SLOT_STAGES = ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", *ROUTED_STAGES)  # [T, K, ...]: per slot
+SLOT_STAGES = ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_softmax",  # [T, K, ...]:
+               *ROUTED_STAGES)  # per slot
 
 
 def take(dump_or_trace, name, positions, slots=None):

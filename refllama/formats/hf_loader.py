@@ -18,6 +18,7 @@ from .safety import check_regular, inside, parse_json, read_json
 PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "consolidated.00.pth")
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 _FORMS = {"F16": GGMLType.F16, "BF16": GGMLType.BF16}  # safetensors dtypes a matrix can stay in
+# a U8 tensor is packed MXFP4 (blocks and scales, 17 bytes a 32 values): kept as is, or 128/17 float32 bytes a byte
 
 
 NUMBER = (int, float)
@@ -145,8 +146,9 @@ class Checkpoint:
         for name, st in self.where.items():
             e = st.entries.get(name)
             if e is not None and not (len(e["shape"]) == 2 and _FORMS.get(e["dtype"]) in keep):
-                total += (1 if e["dtype"] == "U8" else 4) * math.prod(e["shape"])  # packed bytes stay packed
-        return total
+                total += (4 if e["dtype"] != "U8" else 1 if GGMLType.MXFP4 in keep else 128 / 17
+                          ) * math.prod(e["shape"])
+        return int(total)
 
     def tensor(self, name, shape, keep=frozenset(), packed=False):
         """Tensor `name` of numpy shape `shape` (`packed`: a quantizer's uint8 bytes, as stored)."""
