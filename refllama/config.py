@@ -36,6 +36,9 @@ class ModelConfig:
     rope_yarn: tuple | None = None  # YaRN: (beta_fast, beta_slow, truncate): frequencies blend from unscaled to
     # divided by rope_scale between the dims these give (layers.yarn_dims); cos and sin times yarn_mscale(rope_scale)
     # besides rope_attn_factor
+    rope_mscale_in_kq: bool = False  # DeepSeek's YaRN (mscale_all_dim): its mscale squared is in attn_scale, cos and
+    # sin times rope_attn_factor alone (llama.cpp's deepseek2 graph cancels yarn_mscale out of them)
+    latent_eps: float | None = None  # the q/kv latents' RMSNorm epsilon where it is not rms_eps (transformers' MLA)
     tied_output: bool = False  # output projection reuses token_embd
     sliding_window: int | None = None  # a query sees only the last `sliding_window` keys (Mistral)
     swa_layers: tuple | None = None  # per layer, whether the window applies (Gemma 3); None: every layer, if set
@@ -55,7 +58,13 @@ class ModelConfig:
     expert_scale: float = 1.0  # the routing weights times this (llama.cpp's expert_weights_scale)
     moe_layers: tuple | None = None  # per layer, whether its feed-forward is a mixture of experts
     expert_gating: str = "softmax"  # how the router weighs the experts: "softmax" over all E, the K most probable
-    # kept (llama.cpp's SOFTMAX); "softmax_weight": the K largest logits kept, a softmax over those K (gpt-oss's)
+    # kept (llama.cpp's SOFTMAX); "softmax_weight": the K largest logits kept, a softmax over those K (gpt-oss's);
+    # "sigmoid": each expert's own sigmoid (DeepSeek-V3's, GLM-4.5's)
+    expert_bias: bool = False  # a selection bias (llama.cpp's exp_probs_b) added to the scores to choose the experts,
+    # not to weigh them (DeepSeek-V3's, GLM-4.5's)
+    expert_groups: int = 1  # DeepSeek-V3's expert groups: the experts in this many equal groups, a group scored by
+    # the sum of its two best selection scores; only the `expert_groups_used` best groups' experts may be chosen
+    expert_groups_used: int = 1
     oai_swiglu: tuple | None = None  # (alpha, limit): the experts' clamped SwiGLU, gpt-oss's: gate clamped above at
     # limit, up to [-limit, limit], gate * sigmoid(alpha gate) * (up + 1); None: SwiGLU
     recurrent_layers: tuple | None = None  # per layer, whether it is linear attention with a recurrent state (Gated
@@ -64,6 +73,11 @@ class ModelConfig:
     linear_v_heads: int = 0  # LV: its v heads (ssm.time_step_rank)
     linear_head_dim: int = 0  # LD: its heads' width, q, k and v alike (ssm.state_size)
     conv_kernel: int = 0  # CK: its causal convolution's kernel (ssm.conv_kernel)
+    qk_norm: bool = False  # per-head q/k RMSNorms in a family where they are optional (GLM-4.5's 355B has them)
+    q_lora_rank: int = 0  # multi-head latent attention (DeepSeek's MLA): q through a rank this low (0: one matrix)
+    kv_lora_rank: int = 0  # KL: k and v through a latent this wide, cached (0: not MLA); each head's k is then
+    # head_dim = NOPE + R wide (NOPE from the latent, R rotated from k_pe, shared by the heads), its v v_head_dim
+    v_head_dim: int = 0  # VD: an MLA head's value width
     linear_v_order: str = "tiled"  # which q/k head v head h reads: "tiled" h % LK (Qwen3.5's files), "grouped"
     # h // (LV / LK) (Qwen3-Next's, and HF's)
 
@@ -135,8 +149,18 @@ class ModelConfig:
                 isinstance(self.n_ff_exp, int) and self.n_ff_exp >= 1 and 1 <= self.n_expert_used <= self.n_expert):
             raise RefllamaError(f"{path}: a mixture of experts needs 1 <= experts used ({self.n_expert_used}) <= "
                                 f"experts ({self.n_expert}) and an expert width (got {self.n_ff_exp!r})")
-        if self.expert_gating not in ("softmax", "softmax_weight"):
+        if self.expert_gating not in ("softmax", "softmax_weight", "sigmoid"):
             raise RefllamaError(f"{path}: unknown expert gating {self.expert_gating!r}")
+        if self.expert_groups < 1 or not 1 <= self.expert_groups_used <= self.expert_groups or (
+                self.n_expert % self.expert_groups) or (self.expert_groups > 1 and (
+                self.n_expert // self.expert_groups < 2
+                or self.n_expert_used > self.n_expert // self.expert_groups * self.expert_groups_used)):
+            raise RefllamaError(f"{path}: {self.n_expert} experts in {self.expert_groups} groups, "
+                                f"{self.expert_groups_used} used, cannot give {self.n_expert_used} experts a token "
+                                "(each group needs 2 or more)")
+        if self.kv_lora_rank and not (self.v_head_dim >= 1 and self.q_lora_rank >= 0 and self.rope_dim < self.head_dim):
+            raise RefllamaError(f"{path}: latent attention needs a value width and a head wider than its rotated "
+                                f"part (head {self.head_dim}, rotated {self.rope_dim}, value {self.v_head_dim})")
         if self.oai_swiglu is not None and not (len(self.oai_swiglu) == 2 and all(
                 isinstance(v, float) and math.isfinite(v) and v > 0 for v in self.oai_swiglu)):
             raise RefllamaError(f"{path}: the clamped SwiGLU needs a positive alpha and limit, got {self.oai_swiglu!r}")

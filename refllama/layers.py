@@ -80,18 +80,20 @@ def rope_half(x, cos, sin):  # [T, n, HD], [T, R/2], [T, R/2] -> [T, n, HD]
 ROPE = {"interleaved": rope_interleaved, "half": rope_half}  # by q/k pair layout: llama.cpp's NORM and NEOX modes
 
 
-def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None):  # -> cos, sin
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None,
+                 mscale_in_kq=False):  # -> cos, sin
     """cos/sin [n_ctx, R/2] of pos * theta_i, theta_i = base^(-2i/R) divided by the model's frequency factors (Llama
     3.1's `rope_freqs`, LongRoPE's), positions divided by `scale` (linear scaling), both times `attn_factor`
     (LongRoPE's attention factor): computed in float64 once, stored float32. `yarn` (low, high): YaRN blends each
     theta_i between itself (i <= low) and theta_i / scale (i >= high), linearly between, and multiplies cos and sin
-    by yarn_mscale(scale) too."""
+    by yarn_mscale(scale) too, unless `mscale_in_kq` (DeepSeek's: in the softmax scale instead)."""
     theta = base ** (-np.arange(rope_dim // 2, dtype=np.float64) * 2.0 / rope_dim)  # [R/2]
     if freq_factors is not None:
         theta = theta / freq_factors
     if yarn is not None:
         ramp = yarn_ramp(rope_dim // 2, *yarn, np.float64)  # [R/2]: 1 extrapolates (unscaled), 0 interpolates
-        theta, scale, attn_factor = theta / scale * (1 - ramp) + theta * ramp, 1.0, attn_factor * yarn_mscale(scale)
+        mscale = 1.0 if mscale_in_kq else yarn_mscale(scale)
+        theta, scale, attn_factor = theta / scale * (1 - ramp) + theta * ramp, 1.0, attn_factor * mscale
     angle = (np.arange(n_ctx, dtype=np.float64) / scale)[:, None] * theta[None, :]  # [n_ctx, R/2]
     return (attn_factor * np.cos(angle)).astype(np.float32), (attn_factor * np.sin(angle)).astype(np.float32)
 
@@ -295,6 +297,8 @@ class Ops(NamedTuple):
     swiglu_oai: Callable = swiglu_oai  # (gate, up [..., F], alpha, limit) -> [..., F] (gpt-oss's experts)
     gated_delta_net: Callable = gated_delta_rule  # (q, k [T, H, dk], v [T, H, dv], g, beta [T, H], state [H, dv, dk])
     # -> out [T, H, dv], state
+    mla_absorbed: bool = False  # latent attention as llama.cpp computes it: the k/v expansion absorbed into q and the
+    # output, the latent cached (numerics "ggml"); else as the paper writes it, k and v expanded and cached
 
 
 FLOAT32 = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,

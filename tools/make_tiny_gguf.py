@@ -44,8 +44,10 @@ from llamacpp_arm import arm_logits
 from make_tiny_models import random_model
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
+    DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
+    Glm4MoeConfig,
     GPT2Config,
     GptOssConfig,
     GraniteConfig,
@@ -172,6 +174,29 @@ FAMILIES = {  # what each exercises: llama NORM pairs (permuted by the converter
                                       "rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "truncate": True, "original_max_position_embeddings": 64,
                                       "rope_theta": 150000.0})),
+    # deepseek3 (DeepSeek-V3's architecture, GGUF deepseek2): multi-head latent attention (q through q_lora_rank, k/v
+    # through kv_lora_rank and a shared rotary k_pe), YaRN with mscale_all_dim; a dense first layer, then 2 of 8 groups
+    # of 8 experts chosen by sigmoid scores plus a selection bias, 3 experts, renormalised and scaled by 2.5, a
+    # shared expert (scoring_func: the real checkpoints carry it, transformers' config does not write it)
+    "deepseek3": (DeepseekV3Config, dict(
+        COMMON, num_hidden_layers=3, rms_norm_eps=1e-6, num_key_value_heads=4, moe_intermediate_size=32,
+        n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
+        routed_scaling_factor=2.5, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16,
+        v_head_dim=32, scoring_func="sigmoid", rope_parameters={
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0, "rope_theta": 10000.0})),
+    # moonlight (Moonlight-16B-A3B's kind: q in one projection, no q_lora_rank; no groups; no YaRN; 2 shared experts)
+    "moonlight": (DeepseekV3Config, dict(
+        COMMON, num_hidden_layers=3, rms_norm_eps=1e-6, num_key_value_heads=4, moe_intermediate_size=32,
+        n_routed_experts=6, num_experts_per_tok=2, n_group=1, topk_group=1, n_shared_experts=2, first_k_dense_replace=1,
+        routed_scaling_factor=2.446, q_lora_rank=None, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=32,
+        v_head_dim=32, scoring_func="sigmoid", rope_parameters={"rope_type": "default", "rope_theta": 50000.0})),
+    # glm45 (GLM-4.5): half of each head rotated (NEOX), q/k/v biases, q/k norms, a dense first layer, 2 of 8 experts
+    # by sigmoid scores plus a selection bias, renormalised, scaled by 2.5, a shared expert
+    "glm45": (Glm4MoeConfig, dict(
+        COMMON, head_dim=32, num_hidden_layers=3, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5, attention_bias=True, use_qk_norm=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5})),
 }
 KEPT_HF = names(hf_model=True)  # the catalogue's: kept as HF directories too
 Q8_0_STAGES = names(q8_0_stages=True)  # llama.cpp's every stage on the Q8_0 file (--ggml-stages)
@@ -193,12 +218,21 @@ from conversion.base import TextModel
 TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"  # a tiny vocabulary has no known hash
 from conversion.gemma import Gemma2Model
 Gemma2Model.set_vocab = TextModel._set_vocab_gpt2  # its converter reads only SentencePiece files: a BPE vocabulary
+from conversion.glm import Glm4MoeModel
+Glm4MoeModel.set_vocab = TextModel._set_vocab_gpt2  # its converter expects GLM's special tokens
+from conversion.deepseek import DeepseekV2Model
+_params = DeepseekV2Model.set_gguf_parameters
+def _q_lora_rank_0(self):  # llama.cpp 0.3.36 requires q_lora_rank but in its 26- and 27-layer (V2-Lite) files
+    _params(self)
+    if self.hparams.get("q_lora_rank") is None:
+        self.gguf_writer.add_q_lora_rank(0)
+DeepseekV2Model.set_gguf_parameters = _q_lora_rank_0
 convert_hf_to_gguf.main()
 """
 
 
 # the hybrids: no multi-token-prediction head (their tiny models have none)
-CONVERT_ARGS = {"qwen35": ("--no-mtp",), "qwen35moe": ("--no-mtp",), "qwen3next": ("--no-mtp",)}
+CONVERT_ARGS = {"qwen35": ("--no-mtp",), "qwen35moe": ("--no-mtp",), "qwen3next": ("--no-mtp",), "glm45": ("--no-mtp",)}
 
 
 def quantize_mxfp4(f32, out):
@@ -248,6 +282,9 @@ def save_hf(name, d, tok, **shape):
             for suffix, std in SCALE.get(name, {}).items():
                 if n.endswith(suffix):
                     p.copy_(std * torch.randn_like(p))
+        for n, b in model.named_buffers():
+            if n.endswith(".e_score_correction_bias"):  # the selection bias: a buffer, zero at init
+                b.copy_(0.2 * torch.randn_like(b))
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({

@@ -67,8 +67,10 @@ from ..errors import RefllamaError, shown
 from ..pairs import LAYOUTS, QK_STAGES, pair_order, permute_qk
 from . import (
     blocks,
+    deepseek2,
     gemma2,
     gemma3,
+    glm4moe,
     gpt2,
     gptoss,
     granite,
@@ -96,7 +98,7 @@ OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMA
             "MOE_STAGES")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
-                                     smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next, gptoss)}
+                                     smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next, gptoss, glm4moe, deepseek2)}
 HF_ARCHITECTURES = {hf: m for m in ARCHITECTURES.values() for hf in m.HF_ARCHITECTURES}
 
 __all__ = ["ARCHITECTURES", "HF_ARCHITECTURES", "LAYOUTS", "OPTIONAL", "QK_STAGES", "REQUIRED", "Weight", "for_gguf",

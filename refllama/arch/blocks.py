@@ -30,9 +30,13 @@ def pre_norm_stages(qk_norm=False):  # -> the stages of pre_norm_block, with qk_
 
 
 ROUTING_STAGES = ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights")  # moe_ffn's, in order:
+BIAS_STAGES = ("ffn_moe_probs_biased",)  # after ffn_moe_probs where a selection bias chooses (DeepSeek-V3's)
+GROUP_STAGES = ("ffn_moe_group_topk", "ffn_moe_probs_masked")  # then, where the experts are grouped
 NORM_W_STAGES = ("ffn_moe_weights_sum", "ffn_moe_weights_norm")  # where the K weights are renormalised
+SCALE_W_STAGES = ("ffn_moe_weights_scaled",)  # where they are scaled (expert_scale)
 EXPERT_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down", "ffn_moe_weighted", "ffn_moe_out")
-MOE_STAGES = (*ROUTING_STAGES, *NORM_W_STAGES, *EXPERT_STAGES)  # every stage moe_ffn may tap, but gpt-oss's:
+MOE_STAGES = (*ROUTING_STAGES[:2], *BIAS_STAGES, *GROUP_STAGES, *ROUTING_STAGES[2:], *NORM_W_STAGES, *SCALE_W_STAGES,
+              *EXPERT_STAGES)  # every stage moe_ffn may tap, but gpt-oss's:
 # gpt-oss's (llama.cpp's SOFTMAX_WEIGHT router, biased experts, the clamped SwiGLU), in order
 OAI_MOE_STAGES = (*ROUTING_STAGES, "ffn_moe_weights_softmax", "ffn_moe_gate", "ffn_moe_gate_biased", "ffn_moe_up",
                   "ffn_moe_up_biased", "ffn_moe_swiglu_oai", "ffn_moe_down", "ffn_moe_down_biased", "ffn_moe_weighted",
@@ -86,11 +90,15 @@ WIRING = {
     "l_out": Feed((RESIDUAL, ("ffn_post_norm", "ffn_out", "ffn_moe_out")), "sum"),
     "ffn_moe_logits": Feed((("ffn_norm",),), "product", "ffn_gate_inp"),
     "ffn_moe_probs": Feed((("ffn_moe_logits",),)),
-    "ffn_moe_topk": Feed((("ffn_moe_probs",),)),
+    "ffn_moe_probs_biased": Feed((("ffn_moe_probs",),)),
+    "ffn_moe_group_topk": Feed((("ffn_moe_probs_biased", "ffn_moe_probs"),)),
+    "ffn_moe_probs_masked": Feed((("ffn_moe_probs_biased", "ffn_moe_probs"), ("ffn_moe_group_topk",))),
+    "ffn_moe_topk": Feed((("ffn_moe_probs_masked", "ffn_moe_probs_biased", "ffn_moe_probs"),)),
     "ffn_moe_weights": Feed((("ffn_moe_probs",), ("ffn_moe_topk",))),
     "ffn_moe_weights_sum": Feed((("ffn_moe_weights",),)),
     "ffn_moe_weights_norm": Feed((("ffn_moe_weights",), ("ffn_moe_weights_sum",))),
     "ffn_moe_weights_softmax": Feed((("ffn_moe_weights",),)),
+    "ffn_moe_weights_scaled": Feed((("ffn_moe_weights_norm", "ffn_moe_weights"),)),
     "ffn_moe_gate": Feed((("ffn_norm",), ("ffn_moe_topk",)), "product", "ffn_gate_exps"),
     "ffn_moe_gate_biased": Feed((("ffn_moe_gate",), ("ffn_moe_topk",))),
     "ffn_moe_up": Feed((("ffn_norm",), ("ffn_moe_topk",)), "product", "ffn_up_exps"),
@@ -100,17 +108,20 @@ WIRING = {
     "ffn_moe_down": Feed((("ffn_moe_swiglu", "ffn_moe_swiglu_oai"), ("ffn_moe_topk",)), "product", "ffn_down_exps"),
     "ffn_moe_down_biased": Feed((("ffn_moe_down",), ("ffn_moe_topk",))),
     "ffn_moe_weighted": Feed((("ffn_moe_down_biased", "ffn_moe_down"),
-                              ("ffn_moe_weights_norm", "ffn_moe_weights_softmax", "ffn_moe_weights"))),
+                              ("ffn_moe_weights_scaled", "ffn_moe_weights_norm", "ffn_moe_weights_softmax",
+                               "ffn_moe_weights"))),
     "ffn_moe_out": Feed((("ffn_moe_weighted",),)),
     "ffn_shexp_gate_inp": Feed((("ffn_norm",),), "product", "ffn_gate_inp_shexp"),
     "ffn_shexp_gate": Feed((("ffn_shexp_gate_inp",),)),
     "ffn_shexp": Feed((("ffn_swiglu",),), "product", "ffn_down_shexp"),
     "ffn_shexp_out": Feed((("ffn_shexp",), ("ffn_shexp_gate",))),
 }
+# DeepSeek's and GLM-4.5's shared expert, ungated: the dense stages, ffn_shexp its output, ffn_out the sum
+UNGATED_SHARED_EXPERT_STAGES = ("ffn_gate", "ffn_up", "ffn_swiglu", "ffn_shexp", "ffn_out")
 # Qwen2-MoE's shared expert taps the dense names for its own products, and ffn_out is the two outputs' sum
 SHARED_EXPERT_WIRING = {**WIRING, "ffn_gate": WIRING["ffn_gate"]._replace(weight="ffn_gate_shexp"),
                         "ffn_up": WIRING["ffn_up"]._replace(weight="ffn_up_shexp"),
-                        "ffn_out": Feed((("ffn_moe_out",), ("ffn_shexp_out",)), "sum")}
+                        "ffn_out": Feed((("ffn_moe_out",), ("ffn_shexp_out", "ffn_shexp")), "sum")}
 
 
 def wiring(table, stages, inputs):  # -> {stage: Feed with each read the one stage the family taps (or IN)}
@@ -144,7 +155,10 @@ def block_stages(stages, cfg, i, shared=SHARED_EXPERT_STAGES, moe=None):
         stages = tuple(s for s in stages if s not in ROPE_STAGES)
     if not cfg.is_moe(i):
         return stages
-    moe = moe or (*ROUTING_STAGES, *(NORM_W_STAGES if cfg.expert_norm else ()), *EXPERT_STAGES)
+    moe = moe or (*ROUTING_STAGES[:2], *(BIAS_STAGES if cfg.expert_bias else ()),
+                  *(GROUP_STAGES if cfg.expert_groups > 1 else ()), *ROUTING_STAGES[2:],
+                  *(NORM_W_STAGES if cfg.expert_norm else ()), *(SCALE_W_STAGES if cfg.expert_scale != 1.0 else ()),
+                  *EXPERT_STAGES)
     return replaced(stages, DENSE_FFN_STAGES, (*moe, *(shared if cfg.n_ff_shexp else ())))
 
 
@@ -237,15 +251,24 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
     through its K experts' SwiGLU feed-forwards, the K outputs weighted and added in slot order.
     gpt-oss's (expert_gating "softmax_weight"): the K largest of the router's biased logits kept, a softmax over those
     K; each expert's products biased (llama.cpp's add_id), its unit the clamped SwiGLU (oai_swiglu).
+    DeepSeek-V3's and GLM-4.5's ("sigmoid"): each expert's sigmoid, a selection bias added to choose the experts but
+    not to weigh them, the choice limited to the best groups of experts (expert_groups), the weights renormalised and
+    scaled (routed_scaling_factor).
     Slot k of a token is its k-th most probable expert; `ffn_moe_topk` says which."""
     xp = array_module(h)
     T, K = len(h), cfg.n_expert_used
     logits = tap("ffn_moe_logits", i, linear(h, lw["ffn_gate_inp"]))  # [T, E]
     if "ffn_gate_inp_bias" in lw:  # gpt-oss's router bias
         logits = logits + lw["ffn_gate_inp_bias"]
-    # [T, E]: what the experts are chosen by (gpt-oss: the biased logits themselves)
-    probs = tap("ffn_moe_probs", i, logits if cfg.expert_gating == "softmax_weight" else ops.softmax(logits))
-    ids = xp.argsort(-probs, axis=1, kind="stable")[:, :K].astype(xp.float32)  # float32 as dumps hold it: exact
+    # [T, E]: what the experts are weighed by (gpt-oss: the biased logits themselves)
+    probs = tap("ffn_moe_probs", i, {"softmax": ops.softmax, "sigmoid": ops.sigmoid,
+                                     "softmax_weight": lambda x: x}[cfg.expert_gating](logits))
+    chosen_by = probs  # [T, E]: what they are chosen by
+    if cfg.expert_bias:  # DeepSeek-V3's selection bias
+        chosen_by = tap("ffn_moe_probs_biased", i, probs + lw["ffn_exp_probs_b"])
+    if cfg.expert_groups > 1:
+        chosen_by = best_groups(chosen_by, cfg, i)
+    ids = xp.argsort(-chosen_by, axis=1, kind="stable")[:, :K].astype(xp.float32)  # float32 as dumps hold it: exact
     topk = tap("ffn_moe_topk", i, ids).astype(xp.int64)  # [T, K] expert ids
     weights = tap("ffn_moe_weights", i, xp.take_along_axis(probs, topk, axis=1))  # [T, K]
     if cfg.expert_gating == "softmax_weight":
@@ -255,7 +278,7 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
         # [T, 1]: added one by one in float64, as ggml_vec_sum_f32
         weights = tap("ffn_moe_weights_norm", i, weights / xp.maximum(total, xp.float32(MIN_WEIGHT_SUM)))
     if cfg.expert_scale != 1.0:
-        weights = weights * xp.float32(cfg.expert_scale)
+        weights = tap("ffn_moe_weights_scaled", i, weights * xp.float32(cfg.expert_scale))
     gate = expert_products(h, lw, "gate", topk, ops, i)  # [T, K, FE]: each slot h's row
     up = expert_products(h, lw, "up", topk, ops, i)  # [T, K, FE]
     if cfg.oai_swiglu:
@@ -268,6 +291,22 @@ def moe_ffn(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: the K chosen experts' feed
     for k in range(1, K):  # slot by slot, as llama.cpp adds its K views
         out = out + weighted[:, k]
     return tap("ffn_moe_out", i, out)  # [T, D]
+
+
+def best_groups(scores, cfg, i):  # [T, E] -> [T, E]: the experts outside each token's best groups at -inf
+    """DeepSeek-V3's group-limited routing: the E experts in G equal groups, a group scored by the sum of its two best
+    scores, the `expert_groups_used` best groups kept (ties to the lower group, as ggml's argsort)."""
+    xp = array_module(scores)
+    T, G = len(scores), cfg.expert_groups
+    groups = scores.reshape(T, G, -1)  # [T, G, E/G]
+    two = -xp.sort(-groups, axis=2)[:, :, :2]  # [T, G, 2]: each group's two best, the best first
+    group_scores = two[:, :, 0] + two[:, :, 1]  # [T, G]: float32, as ggml's sum of two in float64 rounds
+    best = xp.argsort(-group_scores, axis=1, kind="stable")[:, :cfg.expert_groups_used]  # [T, GU]
+    tap("ffn_moe_group_topk", i, best.astype(xp.float32))
+    keep = xp.zeros((T, G), dtype=bool)
+    xp.put_along_axis(keep, best, True, axis=1)
+    masked = xp.where(keep[:, :, None], groups, xp.float32(-xp.inf))  # [T, G, E/G]
+    return tap("ffn_moe_probs_masked", i, masked.reshape(T, -1))
 
 
 def expert_products(x, lw, part, topk, ops, i):  # [T, D] or [T, K, FE], ids [T, K] -> [T, K, out]: ffn_moe_{part}
@@ -324,11 +363,13 @@ def decoder_forward(w, cfg, ops, tokens, start_pos, cache, last_only, block):  #
 
 def feed_forward(h, lw, cfg, ops, i):  # [T, D] -> [T, D]: layer i's feed-forward, chosen as llama.cpp's graphs do
     """A SwiGLU feed-forward, or where the layer has a router a mixture of experts, plus the shared expert where the
-    model has one (Qwen2-MoE)."""
+    model has one: behind a gate where it has one (Qwen2-MoE), else added as it is (DeepSeek's, GLM-4.5's)."""
     if not cfg.is_moe(i):
         return gated_ffn(h, lw, ops, "swiglu", i)
     if not cfg.n_ff_shexp:
         return moe_ffn(h, lw, cfg, ops, i)
+    if "ffn_gate_inp_shexp" not in lw:
+        return tap("ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + gated_ffn(h, lw, ops, "swiglu", i, part="_shexp"))
     return tap("ffn_out", i, moe_ffn(h, lw, cfg, ops, i) + shared_expert(h, lw, ops, i))
 
 

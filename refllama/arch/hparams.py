@@ -21,9 +21,10 @@ def block_count(g, arch):
     return n
 
 
-def gguf_config(g, rope_layout, **fields):
+def gguf_config(g, rope_layout, mscale_in_kq=False, **fields):
     """ModelConfig from the `{arch}.*` metadata keys every family shares, as llama.cpp reads them, each checked for
-    its type and range; `fields` are the family's own."""
+    its type and range; `fields` are the family's own; `mscale_in_kq`: the family reads YaRN's
+    yarn_log_multiplier (DeepSeek's: its mscale in the softmax scale, which the family computes)."""
     arch = g.string("general.architecture", required=True)
 
     def count(name, default=None, low=1):  # a positive integer; required unless default is given
@@ -48,7 +49,7 @@ def gguf_config(g, rope_layout, **fields):
             "rope_attn_factor": real("rope.scaling.attn_factor", 1.0),
             "rope_ctx_orig": count("rope.scaling.original_context_length", 0, low=0) or None}
     if scaling == "yarn":
-        rope.update(gguf_yarn(g, arch, rope, n_ctx))
+        rope.update(gguf_yarn(g, arch, rope, n_ctx, mscale_in_kq))
     return ModelConfig(**{
         "arch": arch, "n_layer": block_count(g, arch), "n_embd": n_embd, "n_head": n_head,
         "n_head_kv": count("attention.head_count_kv", n_head), "head_dim": head_dim,
@@ -95,28 +96,29 @@ def hf_swa(c, n_layer, period):  # -> (window or None, per-layer local flags or 
     return window or None, tuple(t == "sliding_attention" for t in types) if window else None
 
 
-def gguf_yarn(g, arch, rope, n_ctx):
+def gguf_yarn(g, arch, rope, n_ctx, mscale_in_kq=False):
     """YaRN's fields from a GGUF file: the ramp from the original context (default: the training context) and the
     betas, the attention factor transformers' `attention_factor` was written as (yarn_attn_factor; cos and sin times
     it in place of yarn_mscale). llama.cpp reads the betas and yarn_attn_factor only for Grok (docs/references.md:
     refllama reads the model's); yarn_log_multiplier (DeepSeek's, Mistral 3's) is refused by name."""
     log_mul = f"{arch}.rope.scaling.yarn_log_multiplier"
-    if g.has(log_mul) and g.real(log_mul, positive=False) != 0:
+    if g.has(log_mul) and g.real(log_mul, positive=False) != 0 and not mscale_in_kq:
         raise RefllamaError(f"{g.path}: unsupported {log_mul} {g.real(log_mul, positive=False):g} "
                             "(YaRN's mscale_all_dim)")
     betas = tuple(g.real(f"{arch}.rope.scaling.yarn_beta_{k}", d)
                   for k, d in zip(("fast", "slow"), YARN_BETAS, strict=True))
-    yarn = {"rope_yarn": (*betas, True), "rope_ctx_orig": rope["rope_ctx_orig"] or n_ctx}
+    yarn = {"rope_yarn": (*betas, True), "rope_ctx_orig": rope["rope_ctx_orig"] or n_ctx,
+            "rope_mscale_in_kq": mscale_in_kq and g.real(log_mul, 0.0) != 0}
     key = f"{arch}.rope.scaling.yarn_attn_factor"
     if g.has(key):  # in place of yarn_mscale, which the numerics multiply in
         yarn["rope_attn_factor"] = rope["rope_attn_factor"] * g.real(key) / yarn_mscale(rope["rope_scale"])
     return yarn
 
 
-GATING = {"softmax": 1, "softmax_weight": 3}  # ModelConfig.expert_gating -> llama.cpp's expert_gating_func
+GATING = {"softmax": 1, "sigmoid": 2, "softmax_weight": 3}  # ModelConfig.expert_gating -> its expert_gating_func
 
 
-def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False, gating="softmax"):
+def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False, gating="softmax", deepseek=False):
     """The mixture-of-experts fields of a GGUF config ({} for a dense model), as llama.cpp reads them: `norm` is the
     family's renormalisation (llama.cpp's graph fixes it per architecture, no file key), `shared` the shared experts
     its graph computes (an expert_shared_count of another number is refused), `every_layer` whether its graph makes
@@ -124,7 +126,10 @@ def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False, gating="softm
     `expert_feed_forward_length` an expert is feed_forward_length wide, or (`split_ff`, Qwen's) that over K. A layer
     is a mixture where it has a router (`ffn_gate_inp`), as llama.cpp's llama graph decides per layer; `gating` the
     router's weighing (ModelConfig.expert_gating), which llama.cpp's graph fixes per architecture. Routing options
-    refllama does not compute are refused by name."""
+    refllama does not compute are refused by name.
+    `deepseek`: DeepSeek-V3's routing, read from the file as llama.cpp's deepseek2 and glm4moe graphs read it: the
+    gating function (`gating` where the file has none), renormalisation (expert_weights_norm), expert groups, a
+    selection bias where the layers have one, expert_shared_count shared experts of the experts' width."""
     arch = g.string("general.architecture", required=True)
     n_expert = int(g.integer(f"{arch}.expert_count", 0, low=0))
     if not n_expert and every_layer:  # a graph of experts only: no dense feed-forward to fall back on
@@ -132,23 +137,37 @@ def gguf_moe(g, norm, split_ff=False, shared=0, every_layer=False, gating="softm
                             "mixture of experts)")
     if not n_expert:
         return {}
-    for key, allowed in ((f"{arch}.expert_gating_func", GATING[gating]), (f"{arch}.expert_group_count", 1),
-                         (f"{arch}.expert_shared_count", shared)):
+    fields = {}
+    if deepseek:
+        code = int(g.integer(f"{arch}.expert_gating_func", 0, low=0)) or GATING[gating]
+        if code not in (GATING["softmax"], GATING["sigmoid"]):
+            raise RefllamaError(f"{g.path}: unsupported {arch}.expert_gating_func {code} (supported: 1 softmax, "
+                                "2 sigmoid)")
+        gating = next(k for k, v in GATING.items() if v == code)
+        norm = bool(g.flag(f"{arch}.expert_weights_norm", False))
+        groups = int(g.integer(f"{arch}.expert_group_count", 1, low=1))
+        fields = {"expert_groups": groups, "expert_groups_used": int(
+            g.integer(f"{arch}.expert_group_used_count", groups, low=1)) if groups > 1 else 1,
+                  "expert_bias": any(name.endswith("exp_probs_b.bias") for name in g.tensors)}
+    checks = () if deepseek else ((f"{arch}.expert_group_count", 1), (f"{arch}.expert_shared_count", shared))
+    for key, allowed in ((f"{arch}.expert_gating_func", GATING[gating]), *checks):
         if g.has(key) and int(g.integer(key, low=0)) not in (0, allowed):
             raise RefllamaError(f"{g.path}: unsupported {key} {g.integer(key, low=0)} (refllama routes this "
                                 f"architecture by {gating}, ungrouped)")
     biased = sorted(name for name in g.tensors if name.endswith("exp_probs_b.bias"))
-    if biased:
+    if biased and not deepseek:
         raise RefllamaError(f"{g.path}: unsupported tensor {shown(biased[0])} (an expert selection bias)")
-    n_layer = block_count(g, arch)
+    n_layer = block_count(g, arch) - int(g.integer(f"{arch}.nextn_predict_layers", 0, low=0))
     scale = g.real(f"{arch}.expert_weights_scale", 0.0, positive=False)
     n_used, n_ff = int(g.integer(f"{arch}.expert_used_count", low=1)), int(g.integer(f"{arch}.feed_forward_length"))
-    return {"n_expert": n_expert, "n_expert_used": n_used,
-            "n_ff_exp": int(g.integer(f"{arch}.expert_feed_forward_length", n_ff // n_used if split_ff else n_ff)),
+    n_ff_exp = int(g.integer(f"{arch}.expert_feed_forward_length", n_ff // n_used if split_ff else n_ff))
+    n_shared = int(g.integer(f"{arch}.expert_shared_count", 0, low=0)) if deepseek else 0
+    return {"n_expert": n_expert, "n_expert_used": n_used, "n_ff_exp": n_ff_exp,
             "n_ff_shexp": int(g.integer(f"{arch}.expert_shared_feed_forward_length", low=1))
-            if g.has(f"{arch}.expert_shared_feed_forward_length") else None,
+            if g.has(f"{arch}.expert_shared_feed_forward_length") else n_shared * n_ff_exp or None,
             "expert_norm": norm, "expert_scale": float(scale) if scale else 1.0, "expert_gating": gating,
-            "moe_layers": tuple(every_layer or f"blk.{i}.ffn_gate_inp.weight" in g.tensors for i in range(n_layer))}
+            "moe_layers": tuple(every_layer or f"blk.{i}.ffn_gate_inp.weight" in g.tensors for i in range(n_layer)),
+            **fields}
 
 
 def hf_moe(c, norm_default, shared=False):
@@ -166,6 +185,22 @@ def hf_moe(c, norm_default, shared=False):
             "n_ff_shexp": c.need("shared_expert_intermediate_size", int) if shared else None,
             "expert_norm": c.get("norm_topk_prob", norm_default, kind=(bool,)),
             "moe_layers": tuple(i not in dense_layers for i in range(n_layer))}
+
+
+def hf_deepseek_moe(c):
+    """DeepSeek-V3's routing from its config.json (GLM-4.5's too), as transformers computes it: sigmoid scores (its
+    modeling code reads no scoring_func), a selection bias, n_group groups of which topk_group are kept, the weights
+    renormalised where norm_topk_prob says so and scaled by routed_scaling_factor, n_shared_experts shared experts of
+    moe_intermediate_size each, the first first_k_dense_replace layers dense."""
+    n_layer, n_expert = c.need("num_hidden_layers", int), c.need("n_routed_experts", int)
+    dense, groups = c.get("first_k_dense_replace", 0, kind=(int,)), c.get("n_group", 1, kind=(int,))
+    n_ff_exp, shared = c.need("moe_intermediate_size", int), c.get("n_shared_experts", 0, kind=(int,))
+    return {"n_expert": n_expert, "n_expert_used": c.need("num_experts_per_tok", int), "n_ff_exp": n_ff_exp,
+            "n_ff_shexp": shared * n_ff_exp or None, "expert_norm": c.get("norm_topk_prob", False, kind=(bool,)),
+            "expert_scale": float(c.get("routed_scaling_factor", 1.0)), "expert_gating": "sigmoid",
+            "expert_bias": True, "expert_groups": groups,
+            "expert_groups_used": c.get("topk_group", groups, kind=(int,)) if groups > 1 else 1,
+            "moe_layers": tuple(i >= dense for i in range(n_layer))}
 
 
 def rope_parameters(c):

@@ -37,6 +37,9 @@ class Weight(NamedTuple):
     # as an array (a conv's taps)
     hf_interleaved: bool = False  # hf_fused's parts alternate along HF's last axis (gpt-oss's gate_up_proj
     # [E, D, 2 FE]: gate in the even columns, up in the odd), a matrix stored [in, out] (transposed at load)
+    hf_heads: tuple = ()  # (part, (size, ...)): HF's [H * sum(sizes), K] matrix holds each head's parts in turn
+    # (DeepSeek's kv_b_proj: k_nope's rows, then v's); this row is part `part` of every head, [H, size, K]
+    gguf_transpose: bool = False  # GGUF stores each of its matrices [in, out] (DeepSeek's k_b): transposed at load
     hf_regroup: tuple = ()  # (groups, (part, ...)): HF's rows are `groups` runs of the parts side by side (Qwen3-Next's
     # q, k, v, z per q/k head): regrouped part by part (every group's first part, then second...) before `split`
 
@@ -86,6 +89,13 @@ SHARED_EXPERT = (  # Qwen2-MoE's shared expert and its gate
     Weight("ffn_gate_shexp", "FS, D", "ffn_gate_shexp.weight", "mlp.shared_expert.gate_proj.weight"),
     Weight("ffn_up_shexp", "FS, D", "ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
     Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_expert.down_proj.weight"),
+)
+DEEPSEEK_MOE = (  # DeepSeek-V3's and GLM-4.5's: the router with its selection bias, the experts, shared experts added
+    # ungated (n_shared_experts of them as one feed-forward FS = n_shared * FE wide)
+    *MOE, Weight("ffn_exp_probs_b", "E", "exp_probs_b.bias", "mlp.gate.e_score_correction_bias", required=False),
+    Weight("ffn_gate_shexp", "FS, D", "ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"),
+    Weight("ffn_up_shexp", "FS, D", "ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+    Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"),
 )
 
 # gpt-oss's: biased attention with a sink logit a head; a biased router whose softmax is over the K it chooses;
@@ -139,7 +149,8 @@ def dims(cfg):
     return {"D": cfg.n_embd, "H": cfg.n_head, "KVH": cfg.n_head_kv, "HD": cfg.head_dim, "F": cfg.n_ff,
             "V": cfg.vocab_size, "R": cfg.rope_dim, "P": cfg.n_ctx_train, "E": cfg.n_expert, "FE": cfg.n_ff_exp,
             "FS": cfg.n_ff_shexp, "LK": cfg.linear_k_heads, "LV": cfg.linear_v_heads, "LD": cfg.linear_head_dim,
-            "CK": cfg.conv_kernel}
+            "CK": cfg.conv_kernel, "QL": cfg.q_lora_rank, "KL": cfg.kv_lora_rank,
+            "NOPE": cfg.head_dim - cfg.rope_dim, "VD": cfg.v_head_dim}
 
 
 def layer_rows(arch, cfg, i):
@@ -176,6 +187,27 @@ def size(expr, d):
 
 def shape_of(w, d):
     return tuple(size(e, d) for e in w.shape.split(","))
+
+
+def stored_shape(row, shape, side, d):  # the shape a per-head row (hf_heads, gguf_transpose) is stored in
+    H, N, K = shape
+    if side == "gguf":
+        return H, K, N
+    part, sizes = row.hf_heads
+    return H * sum(size(e, d) for e in sizes), N if row.hf_transpose else K
+
+
+def per_head(row, shape, side, t, d):  # -> H float32 matrices [N, K]: a per-head row as the table's shape says
+    """GGUF's transposed matrices transposed back; HF's heads' part `part` taken from each head's rows (and
+    transposed where HF's is the other way round: DeepSeek's k_b, as llama.cpp's converter writes it)."""
+    t = t.to_float32() if isinstance(t, QuantizedTensor) else np.asarray(t, dtype=np.float32)
+    H = shape[0]
+    if side == "gguf":
+        return [np.ascontiguousarray(m.T) for m in t]
+    part, sizes = row.hf_heads
+    starts = np.cumsum([0, *(size(e, d) for e in sizes)])
+    heads = t.reshape(H, starts[-1], -1)[:, starts[part]:starts[part + 1]]  # [H, size, K]
+    return [np.ascontiguousarray(m.T if row.hf_transpose else m) for m in heads]
 
 
 def mxfp4_from_hf(blocks, scales):  # [N, K/32, 16], [N, K/32] uint8 (HF's MXFP4) -> QuantizedTensor MXFP4 [N, K]
@@ -220,6 +252,10 @@ def read_weights(arch, cfg, side, fetch, has, place, packed=None):
             t = (whole.to_float32() if isinstance(whole, QuantizedTensor) else whole)[..., part::n_parts]
             t = np.ascontiguousarray(t.swapaxes(1, 2) if len(shape) == 3 else t)
             out[row.key] = tuple(map(place, t)) if len(shape) == 3 else place.array(t)
+            return
+        if len(shape) == 3 and (row.hf_heads if side == "hf" else row.gguf_transpose):  # a matrix per head, moved
+            out[row.key] = tuple(map(place, per_head(row, shape, side, fetch(prefix + name, stored_shape(
+                row, shape, side, d)), d)))
             return
         if len(shape) == 3:  # experts: one tensor (GGUF, transformers 5's fused form), or one per expert (HF)
             E, N, K = shape

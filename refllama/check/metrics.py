@@ -28,6 +28,9 @@ def _sums(a, b, valid):  # -> n, max |a - b|, min b, max b, sum (a - b)^2, sum b
     if valid is not None:
         a, b = a[valid], b[valid]
     a, b = a.astype(np.float64), b.astype(np.float64)
+    if not np.isfinite(b).all():  # the same infinity in both (an expert group masked out) agrees: left out
+        kept = ~(np.isinf(b) & (a == b))
+        a, b = a[kept], b[kept]
     if a.size == 0:
         return 0, 0.0, np.inf, -np.inf, 0.0, 0.0, 0.0, 0.0, 0.0
     diff = a - b
@@ -52,7 +55,7 @@ def visible(stage, positions, shape):
 
 
 SLOT_STAGES = ("ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_norm", "ffn_moe_weights_softmax",  # [T, K, ...]:
-               *ROUTED_STAGES)  # per slot
+               "ffn_moe_weights_scaled", *ROUTED_STAGES)  # per slot
 
 
 def take(dump_or_trace, name, positions, slots=None):

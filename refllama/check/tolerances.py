@@ -51,6 +51,9 @@ SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; 
     # gpt-oss's: the K weights' softmax as a softmax's, each expert product's bias as the product's, its SwiGLU's
     "ffn_moe_weights_softmax": "kq_soft_max", "ffn_moe_gate_biased": "ffn_gate", "ffn_moe_up_biased": "ffn_up",
     "ffn_moe_swiglu_oai": "ffn_swiglu", "ffn_moe_down_biased": "ffn_out",
+    # DeepSeek-V3's and GLM-4.5's: sigmoid scores, biased and masked, as a softmax's; the groups chosen as the experts
+    "ffn_moe_probs_biased": "kq_soft_max", "ffn_moe_probs_masked": "kq_soft_max", "ffn_moe_group_topk": "ffn_gate",
+    "ffn_moe_weights_scaled": "kq_soft_max",
     # the hybrids': projections of attn_norm as q's or the gate's; elementwise steps as the SwiGLU's; the conv as up's;
     # L2 norms as a norm's; the delta rule's and the attention's outputs before their gates as kqv_out's
     "Qcur_full": "Qcur", "linear_attn_qkv_mixed": "Qcur", "z": "ffn_gate", "beta": "ffn_gate", "alpha": "ffn_gate",

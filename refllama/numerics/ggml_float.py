@@ -348,7 +348,8 @@ def cos_sin(angle):  # [n, m] f32 -> cos, sin [n, m] f32, as ggml's rope compute
     return _cos_sin(np.ascontiguousarray(angle, dtype=np.float32))
 
 
-def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None):  # -> cos, sin
+def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors=None, yarn=None,
+                 mscale_in_kq=False):  # -> cos, sin
     """cos, sin [n_ctx, R/2], the angles as ggml's rope computes them, in float32: theta_i = pos * s^i with s =
     float32(base^(-2/R)), multiplied in one factor at a time (ggml_rope_cache_init); at position 200 they differ from
     float64 angles by up to ~1e-5 radians. YaRN (rope_yarn): theta_interp * (1 - ramp) + theta_extrap * ramp, which
@@ -366,7 +367,7 @@ def rope_cos_sin(n_ctx, rope_dim, base, scale=1.0, attn_factor=1.0, freq_factors
         angle = angle / freq_factors.astype(np.float32)
     interp = angle * np.float32(1.0 / scale)
     if yarn is not None:
-        attn_factor = yarn_mscale_f32(scale, attn_factor)
+        attn_factor = yarn_mscale_f32(scale, attn_factor, mscale_in_kq)
         ramp = yarn_ramp(half, *yarn, np.float32)
         interp = (interp.astype(np.float64) * (np.float32(1) - ramp) + angle * ramp).astype(np.float32)
     cos, sin = cos_sin(interp)
@@ -377,13 +378,14 @@ def logf(x):  # the C library's logf
     return np.float32(_LIBM.logf(np.float32(x)))
 
 
-def yarn_mscale_f32(scale, attn_factor):  # -> float32: YaRN's cos/sin factor, as llama.cpp computes it
-    """llama_context's yarn_attn_factor (get_mscale(factor) / (1 + 0.1 logf(factor)), times rope.scaling.attn_factor)
-    times rope_yarn's 1 + 0.1 logf(1 / freq_scale), each step in float32: 1 + 0.1 ln(factor) up to its roundings."""
+def yarn_mscale_f32(scale, attn_factor, mscale_in_kq=False):  # -> float32: YaRN's cos/sin factor, as llama.cpp
+    """llama_context's yarn_attn_factor (get_mscale(factor) / (1 + 0.1 logf(factor)), times rope.scaling.attn_factor;
+    DeepSeek's, `mscale_in_kq`: 1 / (1 + 0.1 logf(factor)), its mscale in the softmax scale) times rope_yarn's
+    1 + 0.1 logf(1 / freq_scale), each step in float32: 1 + 0.1 ln(factor) (or 1) up to its roundings."""
     f32 = np.float32
     freq_scale = f32(1) / f32(scale)
     factor = f32(1) / freq_scale
-    mscale = f32(1) if factor <= 1 else f32(0.1) * logf(factor) + f32(1)
+    mscale = f32(1) if factor <= 1 or mscale_in_kq else f32(0.1) * logf(factor) + f32(1)
     mscale = mscale * (f32(1) / (f32(1) + f32(0.1) * logf(factor))) * f32(attn_factor)
     return mscale * (f32(1) + f32(0.1) * logf(f32(1) / freq_scale))
 

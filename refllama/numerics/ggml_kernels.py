@@ -425,7 +425,7 @@ def attention_mix(p, v, path=AVX512):  # [H, T, S] f32, [KVH, S, HD] f32 (float1
 # numerics "ggml" on numba: ggml's RMSNorm and RoPE are numba_ops' own; GELU is a table lookup (NumPy is fast)
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
-          softcap=softcap, kv_f16=True, q_first=True,
+          softcap=softcap, kv_f16=True, q_first=True, mla_absorbed=True,
           softmax=router_softmax, silu=silu, layer_norm=layer_norm,  # GPT-2's norms: NumPy's
           mul_mat_id=partial(mul_mat_id, product=id_product), sigmoid=sigmoid, softplus=softplus, l2_norm=l2_norm,
           ssm_conv=ssm_conv, gated_delta_net=gated_delta_net,  # the linear attention's sigmoid, softplus: NumPy's

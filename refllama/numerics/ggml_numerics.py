@@ -227,7 +227,7 @@ class GgmlPlacement(Placement):
 # numerics "ggml" on numpy (and cupy): RMSNorm is refllama.layers' own, which sums as ggml does
 OPS = Ops(rms_norm=rms_norm, rope=ROPE, rope_cos_sin=rope_cos_sin, attention_scores=attention_scores,
           attention_weights=attention_weights, attention_mix=attention_mix, swiglu=swiglu, gelu=gelu, geglu=geglu,
-          softcap=softcap, kv_f16=True, q_first=True, softmax=softmax,
+          softcap=softcap, kv_f16=True, q_first=True, mla_absorbed=True, softmax=softmax,
           silu=silu, mul_mat_id=partial(mul_mat_id, product=id_product), layer_norm=layer_norm, sigmoid=sigmoid,
           softplus=softplus, l2_norm=l2_norm, ssm_conv=ssm_conv, gated_delta_net=gated_delta_net,
           swiglu_oai=swiglu_oai)
