@@ -37,9 +37,10 @@ def kv_shape(cfg, ops=FLOAT32):  # -> (heads, k width, v width): one layer's cac
 
 class Cache:
     """K/V for every layer, [KVH, n_ctx, HD] each (latent attention's: kv_shape), plus RoPE tables (`cos_swa`,
-    `sin_swa` too for models whose sliding-window layers have a RoPE base of their own); `n_past` rows are valid. Where the numerics says so
-    (`ops.kv_f16`, numerics "ggml") K and V are rounded to float16 as they are stored (llama.cpp's default cache type);
-    the arrays stay float32, holding float16 values, so that the products read them without a conversion.
+    `sin_swa` too for models whose sliding-window layers have a RoPE base of their own); `n_past` rows are valid.
+    Where the numerics says so (`ops.kv_f16`, numerics "ggml") K and V are rounded to float16 as they are stored
+    (llama.cpp's default cache type); the arrays stay float32, holding float16 values, so that the products read them
+    without a conversion.
 
     A linear-attention layer (ModelConfig.is_recurrent) keeps no K/V: its state is the last CK - 1 inputs of its
     conv [CK-1, C] and its delta state [LV, LD, LD] (llama.cpp's [v head, dv, dk]), both float32, both as of the
