@@ -28,6 +28,7 @@ class Family(NamedTuple):
     gelu_table: bool = False  # a GELU, which llama.cpp computes from a float16 table (docs/references.md)
     tanhf_ulps: int | None = 0  # soft-capped logits through tanhf: the ulps a last-bit tanhf leaves (None: carried)
     mxfp4: bool = False  # gguf-NAME/NAME-mxfp4.gguf: llama.cpp's quantizer's MXFP4 experts, Q8_0 otherwise
+    latent: bool = False  # multi-head latent attention (DeepSeek's): numerics float32 and ggml compute other forms
 
     @property
     def dir(self):
@@ -60,6 +61,9 @@ GGUF = {f.name: f for f in (
     Family("qwen35moe", "qwen35moe", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
     Family("qwen3next", "qwen3next", "half", experts=True, recurrent=True, hf_model=True, q8_0_stages=True),
     Family("gptoss", "gpt-oss", "half", experts=True, window=True, hf_model=True, q8_0_stages=True, mxfp4=True),
+    Family("deepseek3", "deepseek2", "interleaved", experts=True, hf_model=True, q8_0_stages=True, latent=True),
+    Family("moonlight", "deepseek2", "interleaved", experts=True, hf_model=True, q8_0_stages=True, latent=True),
+    Family("glm45", "glm4moe", "half", experts=True, hf_model=True, q8_0_stages=True),
 )}
 
 HF = {  # tests/data/tiny-NAME -> its architecture, and whether the GPU graph reproduces its decode step

@@ -53,9 +53,10 @@ def test_each_token_takes_the_experts_llamacpp_chose(family):
     theirs = Dump(DATA / f"gguf-{family}" / "llamacpp-f32")
     with refllama.trace(m) as t:
         m.logits(r["token_ids"].tolist())
-    for i in range(m.config.n_layer):
+    for i in (i for i in range(m.config.n_layer) if m.config.is_moe(i)):  # DeepSeek's, GLM's: dense lead layers
         np.testing.assert_array_equal(t[f"ffn_moe_topk-{i}"], theirs[f"ffn_moe_topk-{i}"])
-        for stage in ("ffn_moe_weights", "ffn_moe_weights_softmax"):  # gpt-oss's: the K logits, then their softmax
+        for stage in ("ffn_moe_weights", "ffn_moe_weights_softmax",  # gpt-oss's: the K logits, then their softmax
+                      "ffn_moe_weights_scaled"):  # DeepSeek's: renormalised, then scaled
             if f"{stage}-{i}" in t:
                 want = theirs[f"{stage}-{i}"]
                 np.testing.assert_allclose(t[f"{stage}-{i}"], want, atol=1e-5 * max(1.0, np.abs(want).max()))
@@ -135,12 +136,13 @@ def test_every_stage_transformers_exposes_matches_at_float32(family, tmp_path):
 
     m, r = refllama.load(DATA / f"gguf-{family}" / "hf-model", n_ctx=N_CTX), ref(family)
     theirs = Dump(DATA / f"gguf-{family}" / "hf")
-    assert {f"ffn_moe_topk-{i}" for i in range(m.config.n_layer)} <= set(theirs.names)
+    assert {f"ffn_moe_topk-{i}" for i in range(m.config.n_layer) if m.config.is_moe(i)} <= set(theirs.names)
     report = compare(m.dump(r["token_ids"].tolist(), tmp_path / "ours"), DATA / f"gguf-{family}" / "hf", m)
     rows = report.rows
     assert len(rows) == len(theirs.names)
     assert not [line for line in report.coverage if line.startswith("unknown stage")], report.coverage
-    assert [n for n in Dump(tmp_path / "ours").names if "ffn_moe" in n][0] == "ffn_moe_logits-0"  # forward order
+    first = next(i for i in range(m.config.n_layer) if m.config.is_moe(i))
+    assert [n for n in Dump(tmp_path / "ours").names if "ffn_moe" in n][0] == f"ffn_moe_logits-{first}"  # in order
     for row in rows:
         assert row["max_rel"] <= band("float32", row["stage"])[0], f"{row['name']}: {row['max_rel']:.2e}"
 

@@ -99,7 +99,8 @@ def capture(hf, ids, decode_steps=0):
             weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         keep(f"kq_soft_max-{i}", weights)  # [H, T, S]
         out = (weights @ v).transpose(1, 2).contiguous()  # [1, T, H, HD]
-        if module.q_proj.out_features == 2 * module.config.num_attention_heads * module.head_dim:
+        if getattr(module, "q_proj", None) is not None and (  # (DeepSeek's: no head_dim, or no q_proj)
+                module.q_proj.out_features == 2 * module.config.num_attention_heads * getattr(module, "head_dim", 0)):
             keep(f"attn_pregate-{i}", out.flatten(2))  # a hybrid's gated attention, before its gate
         return out, weights
 
@@ -190,6 +191,8 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
         a, f = getattr(layer, "self_attn", None), layer.mlp
         if a is None:  # a hybrid's linear-attention layer (Qwen3.5's Gated DeltaNet)
             hooks += linear_attention_hooks(layer.linear_attn, i, keep, out_hook)
+        elif hasattr(a, "kv_a_proj_with_mqa"):  # DeepSeek's latent attention, in the paper's (expanded) form
+            hooks += latent_attention_hooks(a, i, keep, out_hook, H)
         elif a.q_proj.out_features == 2 * H * HD:  # a hybrid's gated attention: q and its gate, per head
             def gated(mod, inp, out, i=i):
                 keep(f"Qcur_full-{i}", out)
@@ -218,7 +221,7 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
                       f.up_proj.register_forward_hook(out_hook(f"ffn_up-{i}"))]
         hooks += [] if post_norms_only else [layer.input_layernorm.register_forward_hook(out_hook(f"attn_norm-{i}"))]
         if a is not None:  # the gated attention's o_proj reads the gated output
-            gated = a.q_proj.out_features == 2 * H * HD
+            gated = getattr(a, "q_proj", None) is not None and a.q_proj.out_features == 2 * H * HD
             hooks += [a.o_proj.register_forward_pre_hook(in_hook(f"{'attn_gated' if gated else 'kqv_out'}-{i}")),
                       a.o_proj.register_forward_hook(out_hook(f"attn_out-{i}"))]
         hooks.append(layer.register_forward_hook(out_hook(f"l_out-{i}")))
@@ -241,6 +244,27 @@ def llama_hooks(hf, keep, out_hook, in_hook, split_hook, H, KVH):
                       *([] if hasattr(f, "experts") else [f.down_proj.register_forward_pre_hook(
                           in_hook(f"ffn_swiglu-{i}"))])]
     hooks.append(m.norm.register_forward_hook(out_hook("result_norm")))
+    return hooks
+
+
+def latent_attention_hooks(a, i, keep, out_hook, H):
+    """DeepSeek's multi-head latent attention (transformers' expanded form): q (through q_a, its norm and q_b, or
+    q_proj), the latent and k_pe's projection, the normed latent, its expansion into each head's k_nope and v (kv). Its
+    rotated q_pe and k_pe are left out: transformers' interleaved RoPE writes each head's rotated pairs de-interleaved
+    (evens, then odds); kq and kq_soft_max, which do not depend on that order, come from the attention function."""
+    q, step = a.q_b_proj if a.q_proj is None else a.q_proj, {}
+
+    def latent(mod, inp, out):
+        step["T"] = out.shape[1]
+        keep(f"kv_cmpr_pe-{i}", out)
+
+    def kv(mod, inp, out):  # [1, 1, S, H * (NOPE + VD)]: every cached position's, this step's last
+        keep(f"kv-{i}", out[:, 0, -step["T"]:], H)
+
+    hooks = [q.register_forward_hook(out_hook(f"q-{i}", H)), a.kv_a_proj_with_mqa.register_forward_hook(latent),
+             a.kv_a_layernorm.register_forward_hook(out_hook(f"kv_cmpr-{i}")), a.kv_b_proj.register_forward_hook(kv)]
+    if a.q_proj is None:
+        hooks.append(a.q_a_layernorm.register_forward_hook(out_hook(f"q_a_norm-{i}")))
     return hooks
 
 
@@ -386,8 +410,42 @@ def moe_hooks(f, i, keep, out_hook, hybrid=False):
         keep_rows(f"ffn_moe_weights-{i}", logits.gather(1, ids))
         keep_rows(f"ffn_moe_weights_softmax-{i}", weights)
 
-    hooks = [f.router.register_forward_hook(oai_router) if hasattr(f, "router") else
-             f.gate.register_forward_hook(router)]
+    def sigmoid_router(mod, inp, out):  # DeepSeek-V3's, GLM-4.5's: each score chosen from with its bias, in groups
+        logits, weights, ids = out  # [T, E], [T, K] (renormalised, scaled), [T, K]
+        probs = torch.sigmoid(logits.float())
+        chosen_by = probs + mod.e_score_correction_bias
+        keep_rows(f"ffn_moe_logits-{i}", logits)
+        keep_rows(f"ffn_moe_probs-{i}", probs)
+        keep_rows(f"ffn_moe_probs_biased-{i}", chosen_by)
+        if mod.num_group > 1:  # as its forward computes them: a group's two best summed, the best groups kept
+            groups = chosen_by.view(len(chosen_by), mod.num_group, -1)
+            best = groups.topk(2, dim=-1)[0].sum(dim=-1).topk(mod.topk_group, dim=-1)[1]  # sorted: best first
+            keep_rows(f"ffn_moe_group_topk-{i}", best.float())
+            mask = torch.zeros(groups.shape[:2], dtype=torch.bool).scatter_(1, best, True)
+            keep_rows(f"ffn_moe_probs_masked-{i}", groups.masked_fill(~mask[..., None], float("-inf")).flatten(1))
+        chosen = probs.gather(1, ids)
+        keep_rows(f"ffn_moe_topk-{i}", ids.float())
+        keep_rows(f"ffn_moe_weights-{i}", chosen)
+        if mod.norm_topk_prob:
+            keep_rows(f"ffn_moe_weights_sum-{i}", chosen.sum(dim=1, keepdim=True))
+            keep_rows(f"ffn_moe_weights_norm-{i}", chosen / (chosen.sum(dim=-1, keepdim=True) + 1e-20))
+        if mod.routed_scaling_factor != 1.0:
+            keep_rows(f"ffn_moe_weights_scaled-{i}", weights)
+
+    if hasattr(f, "router"):
+        hooks = [f.router.register_forward_hook(oai_router)]
+    elif hasattr(f.gate, "e_score_correction_bias"):
+        hooks = [f.gate.register_forward_hook(sigmoid_router)]
+    else:
+        hooks = [f.gate.register_forward_hook(router)]
+    if hasattr(f, "shared_experts"):  # DeepSeek's, GLM-4.5's: added ungated (ffn_out the sum)
+        s = f.shared_experts
+        return hooks + [s.gate_proj.register_forward_hook(rows_hook(f"ffn_gate-{i}")),
+                        s.up_proj.register_forward_hook(rows_hook(f"ffn_up-{i}")),
+                        s.down_proj.register_forward_pre_hook(rows_hook(f"ffn_swiglu-{i}", before=True)),
+                        s.down_proj.register_forward_hook(rows_hook(f"ffn_shexp-{i}")),
+                        f.experts.register_forward_hook(rows_hook(f"ffn_moe_out-{i}")),
+                        f.register_forward_hook(out_hook(f"ffn_out-{i}"))]
     if hasattr(f, "shared_expert"):
         s = f.shared_expert
         hooks += [f.shared_expert_gate.register_forward_hook(shexp_gate),

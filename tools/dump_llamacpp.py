@@ -107,8 +107,15 @@ STAGE_OF = {("embd", "GET_ROWS"): "inp_embd", ("inp_embd", "GET_ROWS"): "inp_emb
             # qwen3next's: beta's and alpha's fused projection and its views, q and k repeated to the v heads
             ("model.embed_tokens", "GET_ROWS"): "inp_embd", ("linear_attn_mixed_ba", "MUL_MAT"): "linear_attn_mixed_ba",
             ("b", "VIEW"): "b", ("a", "VIEW"): "a", ("q_conv_predelta", "RESHAPE"): "q_conv_predelta",
-            ("k_conv_predelta", "RESHAPE"): "k_conv_predelta"}
-HEADS_AXIS = {"q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output"}  # [1, T, n, d]
+            ("k_conv_predelta", "RESHAPE"): "k_conv_predelta",
+            # DeepSeek-V3's routing (deepseek2's, glm4moe's graphs): sigmoid scores, the selection bias, the groups
+            ("ffn_moe_probs", "SIGMOID"): "ffn_moe_probs", ("ffn_moe_probs_biased", "ADD"): "ffn_moe_probs_biased",
+            ("ffn_moe_group_topk", "VIEW"): "ffn_moe_group_topk",
+            ("ffn_moe_probs_masked", "RESHAPE"): "ffn_moe_probs_masked",
+            ("ffn_moe_weights_scaled", "SCALE"): "ffn_moe_weights_scaled"}
+HEADS_AXIS = {"q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output",  # [1, T, n, d]
+              "q_nope", "q_pe", "k_pe"}  # (deepseek2's views and ropes of q and of the latent's k_pe)
+PER_HEAD = {"q_nope_absorbed", "kqv"}  # deepseek2's products per head [1, H, T, d] -> [T, H, d] (kqv: [T, H*d])
 # the output projection is named "attn_out" in llama.cpp's llama graph only; elsewhere it is found by its weight,
 # and the attention residual (named "ffn_inp" in most graphs, not in phi3's) as the ADD that takes it
 UNNAMED = r"blk\.(\d+)\.attn_output\.weight"
@@ -200,7 +207,7 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
     model = load_model(model_path, repack)
     names = {**STAGE_OF, **getattr(arch_of(model_path), "LLAMACPP_NAMES", {})}
     heads = {"Qcur": llama_cpp.llama_model_n_head(model), "Kcur": llama_cpp.llama_model_n_head_kv(model),
-             "Vcur": llama_cpp.llama_model_n_head_kv(model)}
+             "Vcur": llama_cpp.llama_model_n_head_kv(model), "q": llama_cpp.llama_model_n_head(model)}
     step = {"stages": {}, "T": 0, "S": 0, "layer": ""}  # the batch being run: its stages, its tokens, the keys it
     # sees, the layer of the last node named with one
     attn_out = {}  # node address -> layer, to find the unnamed residual that adds it
@@ -232,6 +239,11 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
         a, T = to_numpy(t), step["T"]  # [ne3, ne2, ne1, ne0]
         if stage in ("kq", "kq_scaled_2", "kq_soft_max"):
             a = a[0, :, :, :step["S"]]  # [H, T, S_pad] -> [H, T, S]: the cells this fresh context filled
+        elif op == "CONCAT" or stage in HEADS_AXIS:  # deepseek2's Qcur and Kcur: a head's parts side by side
+            a = a[0]  # [T, n, d]
+        elif stage in PER_HEAD:
+            a = a[0].transpose(1, 0, 2)
+            a = a.reshape(T, -1) if stage == "kqv" else a
         elif stage in ("Qcur_rope", "Kcur_rope"):
             a = a[0]  # [T, n_heads, HD]
         elif stage in ("Qcur_normed", "Kcur_normed"):  # per head, or (OLMoE) over the whole projection
@@ -240,8 +252,6 @@ def capture(model_path, ids, n_threads, kv_f32=False, n_ctx=None, decode_steps=0
             a = a[0]  # [T, K, X]
         elif stage in heads:
             a = a[0, 0].reshape(T, heads[stage], -1)  # [T, n_heads * HD] -> [T, n_heads, HD]
-        elif stage in HEADS_AXIS:
-            a = a[0]  # [T, n_heads, d]
         elif stage in ("beta", "beta_sigmoid", "b", "a"):  # [1, T, LV, 1] ([1, T, LK, LV/LK]: b, a)
             a = a.reshape(T, -1)
         elif stage.startswith("ffn_moe_weights"):

@@ -205,7 +205,11 @@ ROUTER = (".gate.weight", ".shared_expert_gate.weight", ".router.weight")  # rou
 # a family's tensors by name ending: the std of their random values (gpt-oss's: so that the sinks take weight, some
 # gates and ups pass the SwiGLU's limit of 7, and the tokens, not the biases, choose the experts)
 SCALE = {"gptoss": {".sinks": 2.0, ".gate_up_proj": 1.0, ".down_proj": 0.05, ".down_proj_bias": 0.05,
-                    ".o_proj.bias": 0.05, ".embed_tokens.weight": 1.0}}
+                    ".o_proj.bias": 0.05, ".embed_tokens.weight": 1.0},
+         # DeepSeek's and GLM's sigmoid routers: scores off their ends (0.5 saturates them, and the selection bias alone
+         # would choose), the bias (SELECTION_BIAS) of their spread, embeddings that make the tokens choose
+         **{name: {".gate.weight": 0.1, ".embed_tokens.weight": 1.0} for name in ("deepseek3", "moonlight", "glm45")}}
+SELECTION_BIAS = 0.05  # the std of DeepSeek-V3's selection bias (e_score_correction_bias, a buffer: zero at init)
 MXFP4 = ("gptoss",)  # also quantized by llama.cpp's own quantizer to MXFP4 (experts) and Q8_0 (the rest)
 CORPUS = ("The capital of France is Paris. The quick brown fox jumps over the lazy dog. Numbers: 12 345 6789. "
           "Hello world! It's a small model, isn't it? Ça va très bien. ") * 4
@@ -284,7 +288,7 @@ def save_hf(name, d, tok, **shape):
                     p.copy_(std * torch.randn_like(p))
         for n, b in model.named_buffers():
             if n.endswith(".e_score_correction_bias"):  # the selection bias: a buffer, zero at init
-                b.copy_(0.2 * torch.randn_like(b))
+                b.copy_(SELECTION_BIAS * torch.randn_like(b))
     model.save_pretrained(d)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
@@ -433,7 +437,7 @@ def ggml_stages(families):
         cfg = refllama.load(model).config
         arch = get(cfg.arch)
         names, rows, dtypes = storage_plan(cfg.n_layer, len(ids), inputs=arch.INPUTS, stages=layer_stages(arch, cfg))
-        write_dump(out / "llamacpp-q8_0", {n: stages[n] for n in names}, {
+        write_dump(out / "llamacpp-q8_0", {n: stages[n] for n in names if n in stages}, {  # deepseek2: not kv
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
                         "float16 KV cache)", "repack": True, "cpu_path": llamacpp_path(info), "kv_cache": "float16",
             "qk_layout": arch.ROPE_LAYOUT, **v_head_fields(cfg), "model": model.name,
@@ -501,7 +505,7 @@ def main():
                                            stages=layer_stages(arch, cfg))
         common = {"model": f32.name, "model_sha256": file_sha256(f32), "prompt": TEXT, "token_ids": ids,
                   "arch": arch.NAME}
-        write_dump(out / "llamacpp-f32", {n: stages[n] for n in names}, {
+        write_dump(out / "llamacpp-f32", {n: stages[n] for n in names if n in stages}, {  # deepseek2: not kv
             "producer": f"llama.cpp via llama-cpp-python {llama_cpp.__version__} (cb_eval, CPU, flash_attn off, "
                         "F32 weights and KV cache)", "repack": True, "qk_layout": arch.ROPE_LAYOUT,
             **v_head_fields(cfg),

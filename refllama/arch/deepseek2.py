@@ -53,6 +53,7 @@ INPUTS = blocks.PRE_NORM_INPUTS
 # the stages of both forms: q, the latent and the rotated parts, then the paper's expansion (kv) or llama.cpp's
 # absorption (q_nope_absorbed, Qcur, Kcur, kqv: the heads' mix of latents), the scores and output they share
 Q_LORA_STAGES = ("q_a_norm",)
+EXPANDED_STAGES, ABSORBED_STAGES = ("kv",), ("q_nope_absorbed", "Qcur", "Kcur", "kqv")  # one form's alone
 STAGES = ("attn_norm", *Q_LORA_STAGES, "q", "kv_cmpr_pe", "kv_cmpr", "k_pe", "q_nope", "q_pe", "kv",
           "q_nope_absorbed", "Qcur", "Kcur", "kq", "kq_soft_max", "kqv", "kqv_out", "attn_out", "ffn_inp", "ffn_norm",
           *blocks.DENSE_FFN_STAGES, "l_out")

@@ -33,6 +33,7 @@ RECURRENT_INPUTS = ("linear_attn_qkv_mixed", "q_conv_predelta", "k_conv_predelta
                     "b")
 # linear attention's conv and delta rule read every position before theirs: kept at every position, as K and V
 LINEAR_HEAD_STAGES = ("q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output")  # [T, n, LD]
+LATENT_HEAD_STAGES = ("q", "q_nope", "q_pe", "k_pe", "q_nope_absorbed", "kv")  # latent attention's [T, n, d]
 SAME_VALUE = (("ffn_inp", "sa_out"),)  # one value, two families' names (the attention's residual sum: Gemma 3's)
 OUTPUT_STAGES = ("result_norm", "result_output")  # a prefill needs these at the positions a dump keeps, no others
 
@@ -263,7 +264,8 @@ ROUTED_STAGES = ("ffn_moe_gate", "ffn_moe_up", "ffn_moe_swiglu", "ffn_moe_down",
 def stage_ndim(stage):
     """The number of axes of a stage as FORMAT.md gives it: [T, n, HD] for q/k/v, [H, T, S] for kq, [T, K, X] for a
     token's K routed experts, [T, n, LD] for linear attention's heads, else [T, X]."""
-    return 3 if stage in QK_STAGES or stage in ("Vcur", *ATTENTION, *ROUTED_STAGES, *LINEAR_HEAD_STAGES) else 2
+    return 3 if stage in QK_STAGES or stage in ("Vcur", *ATTENTION, *ROUTED_STAGES, *LINEAR_HEAD_STAGES,
+                                                *LATENT_HEAD_STAGES) else 2
 
 
 def _fail(where, message):
@@ -485,7 +487,7 @@ class Dump:
         if "shape" in e and list(a.shape) != list(e["shape"]):
             _fail(self.dir, f"stage '{name}': shape {list(a.shape)} differs from the manifest's {e['shape']}")
         want = stage_ndim(stage)
-        split_heads = want == 3 and stage not in (*ATTENTION, *ROUTED_STAGES, *LINEAR_HEAD_STAGES)
+        split_heads = want == 3 and stage not in (*ATTENTION, *ROUTED_STAGES, *LINEAR_HEAD_STAGES, *LATENT_HEAD_STAGES)
         if a.shape[:1] == (1,) and (a.ndim == want + 1 or (split_heads and a.ndim == 3 and self.head_dim
                                                              and a.shape[-1] != self.head_dim)):
             a = a[0]  # a batch of one (q/k/v as [1, T, n*HD] too)

@@ -54,6 +54,10 @@ SHARED_ROW = {  # stages that take another's row: q/k norms their projection's; 
     # DeepSeek-V3's and GLM-4.5's: sigmoid scores, biased and masked, as a softmax's; the groups chosen as the experts
     "ffn_moe_probs_biased": "kq_soft_max", "ffn_moe_probs_masked": "kq_soft_max", "ffn_moe_group_topk": "ffn_gate",
     "ffn_moe_weights_scaled": "kq_soft_max",
+    # latent attention's: its projections as q's and k's, its rotated parts as theirs, the latent's norms as a norm's,
+    # the heads' mix of latents as kqv_out
+    "q": "Qcur", "q_nope": "Qcur", "q_a_norm": "ffn_norm", "kv_cmpr_pe": "Kcur", "kv_cmpr": "ffn_norm", "kv": "Kcur",
+    "q_pe": "Qcur_rope", "k_pe": "Kcur_rope", "q_nope_absorbed": "Qcur", "kqv": "kqv_out",
     # the hybrids': projections of attn_norm as q's or the gate's; elementwise steps as the SwiGLU's; the conv as up's;
     # L2 norms as a norm's; the delta rule's and the attention's outputs before their gates as kqv_out's
     "Qcur_full": "Qcur", "linear_attn_qkv_mixed": "Qcur", "z": "ffn_gate", "beta": "ffn_gate", "alpha": "ffn_gate",
