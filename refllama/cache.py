@@ -74,6 +74,10 @@ class Cache:
             self.cos_swa, self.sin_swa = xp.asarray(cos), xp.asarray(sin)
         self.n_past = 0
 
+    @property
+    def nbytes(self):  # what the K/V (or latent) and recurrent states take
+        return sum(a.nbytes for a in (*self.k, *self.v, *self.conv, *self.delta) if a is not None)
+
     def reset(self):
         """Forget every cached position (the buffers are reused, not reallocated)."""
         self.n_past = 0

@@ -50,6 +50,11 @@ WORDS = {  # where a hint names several bugs: the words of the line each must ge
     "softmax_over_every_expert": "softmax over all E experts", "swiglu_clamp_missing": "without its clamp",
     "swiglu_alpha_1": "alpha = 1", "expert_biases_missing": "are not added",
     "experts_dumped_biased": "dumped with its bias added",
+    "softmax_for_sigmoid": "its own sigmoid", "selection_bias_on_the_weights": "added to the weights",
+    "selection_bias_not_chosen_by": "before the experts are chosen", "expert_groups_ignored": "groups of experts",
+    "routed_scaling_dropped": "routed_scaling_factor", "shared_experts_left_out": "is not added",
+    "softmax_scale_without_mscale": "mscale squared", "q_pe_in_the_other_pairs": "rotated in pairs (i, i + R/2)",
+    "k_pe_from_the_latents_dims": "the latent's",
 }
 
 

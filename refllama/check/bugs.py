@@ -593,3 +593,94 @@ def rope_over_every_dim(d):  # RoPE over a head's every dim where the model rota
     A = next(i for i in range(cfg.n_layer) if not cfg.is_recurrent(i) and not cfg.is_nope(i))
     cos, sin = rope_cos_sin(d.n, cfg.head_dim, cfg.rope_base)
     return {f"Qcur_rope-{A}": ROPE[cfg.rope_layout](d[f"{d.rope_input(A)}-{A}"], cos, sin)}
+
+
+# DeepSeek-V3's routing (GLM-4.5's too) and its latent attention
+
+
+def _scored(d):  # -> the first layer with experts where the router scores by sigmoids (DeepSeek's), or None
+    if d.cfg.expert_gating != "sigmoid":
+        return None
+    return next(i for i in range(d.cfg.n_layer) if d.cfg.is_moe(i))
+
+
+def _top_k(scores, k):  # [T, E] -> [T, K] float ids, the largest first (ties to the lower id)
+    return np.argsort(-scores, axis=1, kind="stable")[:, :k].astype(np.float32)
+
+
+def softmax_for_sigmoid(d):  # the router's scores a softmax over the experts where the file says sigmoid
+    L = _scored(d)
+    return None if L is None else {f"ffn_moe_probs-{L}": softmax(d[f"ffn_moe_logits-{L}"])}
+
+
+def selection_bias_on_the_weights(d):  # the experts weighed by their biased scores
+    L = _scored(d)
+    if L is None or not d.cfg.expert_bias:
+        return None
+    ids = d[f"ffn_moe_topk-{L}"].astype(np.int64)
+    return {f"ffn_moe_weights-{L}": np.take_along_axis(d[f"ffn_moe_probs_biased-{L}"], ids, axis=1)}
+
+
+def selection_bias_not_chosen_by(d):  # the experts chosen by the unbiased scores (the bias left out)
+    L = _scored(d)
+    if L is None or not d.cfg.expert_bias or d.cfg.expert_groups > 1:
+        return None
+    ids = _top_k(d[f"ffn_moe_probs-{L}"], d.cfg.n_expert_used)
+    return None if np.array_equal(np.sort(ids, 1), np.sort(d[f"ffn_moe_topk-{L}"], 1)) else {f"ffn_moe_topk-{L}": ids}
+
+
+def expert_groups_ignored(d):  # the top K of every expert, where the model chooses within its best groups
+    L = _scored(d)
+    if L is None or d.cfg.expert_groups == 1:
+        return None
+    ids = _top_k(d[f"ffn_moe_probs_biased-{L}"], d.cfg.n_expert_used)
+    return None if np.array_equal(np.sort(ids, 1), np.sort(d[f"ffn_moe_topk-{L}"], 1)) else {f"ffn_moe_topk-{L}": ids}
+
+
+def routed_scaling_dropped(d):  # the weights not scaled by routed_scaling_factor
+    L = _scored(d)
+    if L is None or d.cfg.expert_scale == 1.0:
+        return None
+    return {f"ffn_moe_weights_scaled-{L}": d[f"ffn_moe_weights_scaled-{L}"] / np.float32(d.cfg.expert_scale)}
+
+
+def shared_experts_left_out(d):  # DeepSeek's ungated shared experts not added
+    L = next((i for i in range(d.cfg.n_layer) if f"ffn_shexp-{i}" in d and f"ffn_shexp_out-{i}" not in d), None)
+    return None if L is None else {f"ffn_out-{L}": d[f"ffn_moe_out-{L}"]}
+
+
+def dense_layer_routed(d):  # a dense lead layer's feed-forward computed as the next layer's mixture of experts
+    cfg = d.cfg
+    if not cfg.n_expert or cfg.is_moe(0):
+        return None
+    from ..arch import blocks  # the forward's own pieces, in float32
+
+    L = next(i for i in range(cfg.n_layer) if cfg.is_moe(i))
+    return {"ffn_out-0": to_numpy(blocks.feed_forward(d["ffn_norm-0"], d.model.weights["layers"][L], cfg, d.model.ops,
+                                                      L))}
+
+
+def _latent(d):  # the model's latent attention: (NOPE, KL) or None
+    return (d.cfg.head_dim - d.cfg.rope_dim, d.cfg.kv_lora_rank) if d.cfg.kv_lora_rank else None
+
+
+def q_pe_in_the_other_pairs(d):  # q_pe rotated in the other pair layout
+    if not _latent(d):
+        return None
+    cos, sin = d.tables()
+    other = next(x for x in archs.LAYOUTS if x != d.cfg.rope_layout)
+    return {"q_pe-0": ROPE[other](d["q-0"][..., _latent(d)[0]:], cos, sin)}
+
+
+def k_pe_from_the_latents_dims(d):  # k_pe rotated from the projection's first R dims (the latent's) for its last R
+    if not _latent(d):
+        return None
+    cos, sin = d.tables()
+    return {"k_pe-0": ROPE[d.cfg.rope_layout](d["kv_cmpr_pe-0"][:, None, :d.cfg.rope_dim], cos, sin)}
+
+
+def softmax_scale_without_mscale(d):  # 1/sqrt(HD) where DeepSeek's YaRN puts its mscale squared in the scale
+    cfg = d.cfg
+    if not cfg.rope_mscale_in_kq:
+        return None
+    return {"kq_soft_max-0": d.attend(d["kq-0"] * np.float32(1 / np.sqrt(cfg.head_dim) / cfg.kq_scale), 0)}

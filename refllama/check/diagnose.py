@@ -301,7 +301,9 @@ def another_softmax_scale(e):
     hd, d_h = e.cfg.head_dim, e.cfg.n_embd / e.cfg.n_head
     usual = {"1/sqrt(HD)": hd ** -0.5, "1/sqrt(D/H)": d_h ** -0.5, "1/HD": 1 / hd, "1 (no scale)": 1.0}
     name = next((f" = {k}" for k, v in usual.items() if abs(s / v - 1) < 1e-3), "")
-    yield f"hint: matches softmax(kq * {s:.4g}{name}); the model's scale is {scale:.4g}"
+    mscale = (f" (1/sqrt(HD) times YaRN's mscale squared, {scale * hd ** 0.5:.4g}: DeepSeek's mscale_all_dim, "
+              "llama.cpp's yarn_log_multiplier)") if e.cfg.rope_mscale_in_kq else ""
+    yield f"hint: matches softmax(kq * {s:.4g}{name}); the model's scale is {scale:.4g}{mscale}"
 
 
 def another_norm_eps(e):
@@ -1352,6 +1354,92 @@ def partial_rope(e):
                f"base^(-2i/{cfg.head_dim}) where partial rotary takes base^(-2i/{cfg.rope_dim})")
 
 
+def scored_router(e):
+    """DeepSeek-V3's router (GLM-4.5's): each expert's sigmoid, a selection bias added to choose the experts and not
+    to weigh them, the choice within the best groups of experts, the weights renormalised and scaled. A softmax for
+    the sigmoids, the bias on the weights or not in the choice, the groups ignored, the scale left out."""
+    cfg = e.cfg
+    if cfg is None or cfg.expert_gating != "sigmoid" or e.layer is None:
+        return
+    L = e.layer
+    if e.stage == "ffn_moe_probs":
+        logits = _stages(e.bad_dump, [f"ffn_moe_logits-{L}"], e.positions) or _stages(
+            e.ref, [f"ffn_moe_logits-{L}"], e.positions)
+        if logits and e.close(_softmax(logits[0]), e.bad):
+            yield ("hint: matches a softmax of ffn_moe_logits over the experts: this model scores each expert by its "
+                   "own sigmoid (expert_gating_func 2; scoring_func sigmoid)")
+    elif e.stage == "ffn_moe_weights" and cfg.expert_bias:
+        parts = _stages(e.good, [f"ffn_moe_probs_biased-{L}", f"ffn_moe_topk-{L}"], e.positions)
+        if parts and e.close(np.take_along_axis(parts[0], np.sort(parts[1].astype(np.int64), axis=1), 1), e.bad):
+            yield ("hint: equals the chosen experts' biased scores: the selection bias (exp_probs_b, "
+                   "e_score_correction_bias) is added to the weights; it only chooses the experts, which are weighed "
+                   "by their unbiased scores (ffn_moe_probs)")
+    elif e.stage == "ffn_moe_topk" and e.bad.shape == e.want.shape:
+        parts = _stages(e.good, [f"ffn_moe_probs-{L}", f"ffn_moe_probs_biased-{L}"], e.positions)
+        if not parts:
+            return
+        bad, K = np.sort(e.bad.astype(np.int64), axis=1), e.bad.shape[1]
+        for scores, line in (
+                (parts[1], f"the top K of all E experts: this model chooses within the {cfg.expert_groups_used} best "
+                           f"of its {cfg.expert_groups} groups of experts (a group scored by the sum of its two best "
+                           "biased scores; expert_group_count, expert_group_used_count; n_group, topk_group)"),
+                (parts[0], "the experts the unbiased scores choose: the selection bias (exp_probs_b, "
+                           "e_score_correction_bias) is added to the scores before the experts are chosen")):
+            if np.array_equal(np.sort(np.argsort(-scores, axis=1, kind="stable")[:, :K], axis=1), bad):
+                yield f"hint: {line}"
+                return
+    elif e.stage in ("ffn_moe_weights_scaled", "ffn_moe_weighted", "ffn_moe_out") and cfg.expert_scale != 1.0:
+        if e.close(e.bad * cfg.expert_scale, e.want):
+            yield (f"hint: REF's over {cfg.expert_scale:g}: the routing weights are not scaled by "
+                   f"routed_scaling_factor (expert_weights_scale {cfg.expert_scale:g})")
+
+
+def dense_lead_layers(e):
+    """A dense lead layer (DeepSeek's first_k_dense_replace, leading_dense_block_count) computed as a mixture of
+    experts: its feed-forward re-run as the first routed layer's."""
+    cfg = e.cfg
+    if e.stage != "ffn_out" or cfg is None or e.model is None or e.layer is None or cfg.is_moe(e.layer):
+        return
+    L = next((i for i in range(cfg.n_layer) if cfg.is_moe(i)), None)
+    x = _stages(e.bad_dump, [f"ffn_norm-{e.layer}"], e.positions) or _stages(e.ref, [f"ffn_norm-{e.layer}"],
+                                                                             e.positions)
+    if L is None or not x:
+        return
+    from ..arch import blocks
+
+    routed = to_numpy(blocks.feed_forward(x[0].astype(np.float32), e.model.weights["layers"][L], cfg, e.model.ops, L))
+    if e.close(routed, e.bad):
+        dense = sum(not cfg.is_moe(i) for i in range(cfg.n_layer))
+        yield (f"hint: matches layer {e.layer}'s input through layer {L}'s experts: this model's first {dense} "
+               "layers are dense (leading_dense_block_count, first_k_dense_replace), their feed-forward "
+               "ffn_gate/ffn_up/ffn_down")
+
+
+def latent_rope(e):
+    """Latent attention's RoPE (DeepSeek's q_pe and k_pe): re-run from the side's own q or kv_cmpr_pe in the other
+    pair layout, or on the other end of the head (q_nope's first dims for q_pe, the latent's for k_pe)."""
+    cfg = e.cfg
+    if e.stage not in ("q_pe", "k_pe") or cfg is None or not cfg.kv_lora_rank or e.model is None:
+        return
+    source = "q" if e.stage == "q_pe" else "kv_cmpr_pe"
+    x = _stages(e.bad_dump, [f"{source}-{e.layer}"], e.positions) or _stages(e.ref, [f"{source}-{e.layer}"],
+                                                                             e.positions)
+    if not x:
+        return
+    x, R, own = x[0].astype(np.float32), cfg.rope_dim, cfg.rope_layout
+    x = x if e.stage == "q_pe" else x[:, None]  # [T, n, width]
+    cos, sin = _rope_tables(e, False)
+    other = _other_layout(cfg)
+    pairs = {"interleaved": "adjacent pairs (2i, 2i+1)", "half": "pairs (i, i + R/2)"}
+    if e.close(ROPE[other](x[..., -R:], cos, sin), e.bad):
+        yield (f"hint: matches {e.stage} rotated in {pairs[other]}: this model rotates {pairs[own]} (llama.cpp's "
+               f"deepseek2 graph, transformers' rope_interleave {'true' if own == 'interleaved' else 'false'})")
+    elif e.close(ROPE[own](x[..., :R], cos, sin), e.bad):
+        part = "q_nope's" if e.stage == "q_pe" else "the latent's"
+        yield (f"hint: matches RoPE of {source}'s first {R} dims ({part}): the rotated part is its last {R} dims "
+               f"(qk_rope_head_dim), after {x.shape[-1] - R}")
+
+
 class Hint(NamedTuple):
     """A registered hint: the detector, where it applies, and the bug it names (as a function that injects it)."""
 
@@ -1402,7 +1490,7 @@ HINTS = (  # in the order their lines are listed
     Hint(qk_norm_variants, ("Qcur_normed", "Kcur_normed"), (bugs.q_norm_skipped, bugs.k_norm_over_the_whole_row),
          model=True),
     Hint(routing_choice, ("ffn_moe_topk",), (bugs.expert_ids_plus_1, bugs.one_token_routed_elsewhere), when=_moe,
-         unless=("least_probable_experts",)),
+         unless=("least_probable_experts", "scored_router")),
     Hint(routing_weights, ("ffn_moe_logits", "ffn_moe_probs", "ffn_moe_weights", "ffn_moe_weights_norm",
                            "ffn_moe_weighted", "ffn_moe_out"),
          (bugs.sigmoid_router, bugs.renormalised_where_kept, bugs.decode_step_not_renormalised), when=_moe),
@@ -1412,7 +1500,8 @@ HINTS = (  # in the order their lines are listed
          when=_moe),
     Hint(shared_gate_without_sigmoid, ("ffn_shexp_gate", "ffn_shexp_out", "ffn_out"), bugs.shared_gate_without_sigmoid,
          reads=("ffn_shexp_gate_inp",), when=lambda c: bool(c.n_ff_shexp)),
-    Hint(missing_shared_expert, ("ffn_out", "l_out"), (bugs.shared_expert_left_out, bugs.shared_expert_ungated),
+    Hint(missing_shared_expert, ("ffn_out", "l_out"), (bugs.shared_expert_left_out, bugs.shared_expert_ungated,
+                                                        bugs.shared_experts_left_out),
          when=lambda c: bool(c.n_ff_shexp)),
     Hint(shifted_experts, ("ffn_moe_gate", "ffn_moe_up"), bugs.neighbour_experts, reads=("ffn_norm", "ffn_moe_topk"),
          model=True, when=_moe),
@@ -1422,7 +1511,8 @@ HINTS = (  # in the order their lines are listed
     Hint(another_kv_head_mapping, ("kq",), bugs.kv_heads_modulo, reads=("Qcur_rope", "Kcur_rope"),
          when=lambda c: c.n_head != c.n_head_kv),
     Hint(another_activation, tuple(GATED), bugs.relu_for_silu),
-    Hint(another_softmax_scale, ("kq_soft_max",), bugs.softmax_scale_1_over_hd, reads=("kq",)),
+    Hint(another_softmax_scale, ("kq_soft_max",), (bugs.softmax_scale_1_over_hd, bugs.softmax_scale_without_mscale),
+         reads=("kq",)),
     Hint(another_norm_eps, ("attn_norm", "ffn_norm", "result_norm"), bugs.norm_eps_wrong,
          unless=("missing_embedding_scale",)),  # RMSNorm of x / s is RMSNorm of x with eps s^2 eps
     Hint(rope_on_the_wrong_pairs, ROPED, bugs.rope_on_the_wrong_pairs, model=True),
@@ -1454,6 +1544,14 @@ HINTS = (  # in the order their lines are listed
     Hint(beta_without_sigmoid, ("beta_sigmoid",), bugs.beta_without_sigmoid, when=_linear),
     Hint(attention_output_gate, ("attn_gated",), bugs.attention_output_gate_missing, when=_linear),
     Hint(partial_rope, ROPED, bugs.rope_over_every_dim, model=True, when=lambda c: 0 < c.rope_dim < c.head_dim),
+    Hint(scored_router, ("ffn_moe_probs", "ffn_moe_weights", "ffn_moe_topk", "ffn_moe_weights_scaled",
+                         "ffn_moe_weighted", "ffn_moe_out"),
+         (bugs.softmax_for_sigmoid, bugs.selection_bias_on_the_weights, bugs.selection_bias_not_chosen_by,
+          bugs.expert_groups_ignored, bugs.routed_scaling_dropped), when=lambda c: c.expert_gating == "sigmoid"),
+    Hint(dense_lead_layers, ("ffn_out",), bugs.dense_layer_routed, model=True,
+         when=lambda c: bool(c.n_expert) and not c.is_moe(0)),
+    Hint(latent_rope, ("q_pe", "k_pe"), (bugs.q_pe_in_the_other_pairs, bugs.k_pe_from_the_latents_dims), model=True,
+         when=lambda c: bool(c.kv_lora_rank)),
     Hint(attention_sinks, ("kq_soft_max",), (bugs.sinks_missing, bugs.sinks_in_the_numerator), reads=("kq",),
          model=True),
     Hint(oai_router, ("ffn_moe_probs", "ffn_moe_weights_softmax"),
