@@ -59,6 +59,9 @@ class Placement:
     def __call__(self, a):  # a weight; a placement may keep a product's matrix in a form of its own
         return self.array(a)
 
+    def unrepacked(self, a):  # a matrix llama.cpp never repacks (a 3-D one it multiplies per head: DeepSeek's v_b)
+        return self(a)
+
     def array(self, a):  # a tensor no product reads (a conv's taps): an array of the placement's module
         return a if self.xp is np else self.xp.asarray(a)
 

@@ -247,14 +247,15 @@ def test_a_quantized_gguf_on_the_gpu_placement_computes_its_float32_values(name)
     assert max(rel(g, w) for g, w in zip(got_logits, want_logits, strict=True)) < 1e-5
 
 
-UNGRAPHED = [(f, "q8_0") for f in names(recurrent=True)] + [("gptoss", "q8_0"), ("gptoss", "mxfp4")]
+UNGRAPHED = [(f, "q8_0") for f in (*names(recurrent=True), "gptoss", *names(latent=True), "glm45")] + [("gptoss", "mxfp4")]
 
 
 @pytest.mark.parametrize("family, qtype", UNGRAPHED)
 def test_families_the_graph_does_not_take_compute_their_float32_values_on_the_placement(family, qtype):
-    """The cupy backend's weights for the hybrids' and gpt-oss's quantized files (here on NumPy: its CPU mirror;
-    MXFP4 experts kept in their blocks) give float32's logits, prefill and decode steps without the decode graph
-    (whose kernels have no recurrence, no sinks, no experts)."""
+    """The cupy backend's weights for the hybrids', gpt-oss's, DeepSeek's and GLM-4.5's quantized files (here on
+    NumPy: its CPU mirror; MXFP4 experts kept in their blocks; DeepSeek's k_b transposed to float32) give float32's
+    logits, prefill and decode steps without the decode graph (whose kernels have no recurrence, no sinks, no
+    experts, no latent attention)."""
     path = GGUF[family].gguf(qtype)
     loaded = load_gguf(path, gpu.GpuPlacement(np))
     assert any(isinstance(w, gpu.GpuMatrix) for w in loaded.weights["layers"][0].values())

@@ -7,6 +7,7 @@ speed and memory work at the sizes people port (its text is noise: say "syntheti
     python tools/make_synthetic_model.py qwen3-30b-a3b q4_k_m -o ~/.cache/refllama/synthetic    # a mixture of experts
     python tools/make_synthetic_model.py qwen3.5-9b q4_k_m -o ~/.cache/refllama/synthetic       # a hybrid
     python tools/make_synthetic_model.py gpt-oss-20b mxfp4 -o ~/.cache/refllama/synthetic       # MXFP4 experts
+    python tools/make_synthetic_model.py moonlight-16b-a3b q4_k_m -o ~/.cache/refllama/synthetic  # latent attention
 
 Types: f16, bf16 (every matrix 16-bit), q8_0, q4_0, q4_k_m (Q4_K, with Q6_K where llama-quantize's Q4_K_M puts it:
 the output matrix, and attn_v and ffn_down in the first and last eighth of the layers and every third between),
@@ -74,7 +75,15 @@ SHAPES = {
                         n_ff=2880, n_ctx_train=131072, rms_eps=1e-5, rope_base=150000.0, sliding_window=128,
                         rope_scale=32.0, rope_ctx_orig=4096, rope_yarn=(32.0, 1.0, True), n_expert=32,
                         n_expert_used=4, n_ff_exp=2880, expert_gating="softmax_weight", oai_swiglu=(1.702, 7.0)),
+    # Moonlight-16B-A3B (DeepSeek-V3's architecture): latent attention with one q projection, a dense first layer,
+    # 6 of 64 experts by sigmoid scores, 2 shared experts; its tiktoken vocabulary: a synthetic one of its size
+    "moonlight-16b-a3b": dict(arch="deepseek2", vocab=163840, n_layer=27, n_embd=2048, n_head=16, n_head_kv=16,
+                              head_dim=192, rope_dim=64, kv_lora_rank=512, v_head_dim=128, n_ff=11264,
+                              n_ctx_train=8192, rms_eps=1e-5, rope_base=50000.0, n_expert=64, n_expert_used=6,
+                              n_ff_exp=1408, n_ff_shexp=2816, expert_norm=True, expert_scale=2.446,
+                              expert_gating="sigmoid", expert_bias=True, dense_lead=1),
 }
+OPTIONAL = {"deepseek2": ("attn_q", "ffn_exp_probs_b")}  # optional rows a synthetic model of the family has
 FULL_ATTENTION_INTERVAL = 4  # the hybrids': every 4th layer full attention
 TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K, "mxfp4": QT.MXFP4}
 SPREAD = 0.02  # the weights' standard deviation
@@ -151,6 +160,8 @@ def random_tensor(rng, qtype, shape, role):  # numpy shape [..., K] -> what GGUF
         b[:, 0:2] = f16_of(SPREAD / 73)
     elif qtype == QT.Q4_0:  # w = d * (q - 8): spread 4.6 d
         b[:, 0:2] = f16_of(SPREAD / 4.6)
+    elif qtype == QT.Q5_0:  # w = d * (q - 16): spread 9.2 d
+        b[:, 0:2] = f16_of(SPREAD / 9.2)
     elif qtype == QT.Q4_K:  # w = d * sc * q - dmin * m, 6-bit sc and m (mean 32), q 0..15
         b[:, 0:2], b[:, 2:4] = f16_of(SPREAD / (32 * 4.6)), f16_of(SPREAD * 7.5 / (32 * 4.6))
     elif qtype == QT.Q6_K:  # w = d * sc * (q - 32), sc int8 kept in 1..31 here, q 0..63: spread ~300 d
@@ -164,11 +175,13 @@ def random_tensor(rng, qtype, shape, role):  # numpy shape [..., K] -> what GGUF
 def metadata(w, cfg, name):
     """The `{arch}.*` hyper-parameters, as llama.cpp's converter writes them."""
     w.add_name(f"synthetic {name} (random weights)")
+    latent = cfg.kv_lora_rank  # llama.cpp's DeepSeek converter writes k and v as the absorbed form's one head
     for add, value in ((w.add_context_length, cfg.n_ctx_train), (w.add_embedding_length, cfg.n_embd),
                        (w.add_block_count, cfg.n_layer), (w.add_feed_forward_length, cfg.n_ff),
-                       (w.add_head_count, cfg.n_head), (w.add_head_count_kv, cfg.n_head_kv),
+                       (w.add_head_count, cfg.n_head), (w.add_head_count_kv, 1 if latent else cfg.n_head_kv),
                        (w.add_layer_norm_rms_eps, cfg.rms_eps), (w.add_rope_freq_base, cfg.rope_base),
-                       (w.add_key_length, cfg.head_dim), (w.add_value_length, cfg.head_dim),
+                       (w.add_key_length, latent + cfg.rope_dim if latent else cfg.head_dim),
+                       (w.add_value_length, latent or cfg.head_dim),
                        (w.add_rope_dimension_count, cfg.rope_dim), (w.add_vocab_size, cfg.vocab_size)):
         add(value)
     if cfg.sliding_window:
@@ -181,8 +194,19 @@ def metadata(w, cfg, name):
         w.add_expert_count(cfg.n_expert)
         w.add_expert_used_count(cfg.n_expert_used)
         w.add_expert_feed_forward_length(cfg.n_ff_exp)
-    if cfg.n_ff_shexp:
+    if cfg.n_ff_shexp and cfg.expert_gating != "sigmoid":
         w.add_expert_shared_feed_forward_length(cfg.n_ff_shexp)
+    if latent:  # the heads' own widths, and the latent's
+        w.add_key_length_mla(cfg.head_dim)
+        w.add_value_length_mla(cfg.v_head_dim)
+        w.add_kv_lora_rank(cfg.kv_lora_rank)
+        w.add_q_lora_rank(cfg.q_lora_rank)  # 0: one q projection (llama.cpp requires the key but in 26/27 layers)
+    if cfg.expert_gating == "sigmoid":  # DeepSeek-V3's routing
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_shared_count(cfg.n_ff_shexp // cfg.n_ff_exp)
+        w.add_expert_weights_scale(cfg.expert_scale)
+        w.add_expert_weights_norm(cfg.expert_norm)
+        w.add_leading_dense_block_count(sum(not m for m in cfg.moe_layers))
     if cfg.recurrent_layers:  # as llama.cpp's Qwen3.5 converter writes a hybrid's
         w.add_ssm_conv_kernel(cfg.conv_kernel)
         w.add_ssm_state_size(cfg.linear_head_dim)
@@ -197,22 +221,31 @@ def plan(name, kind, n_layer, n_vocab):
     """(config, [(GGUF name, numpy shape, type, is a norm)]): the tensors of a synthetic model, in the file's order."""
     spec = SHAPES[name]
     module = archs.get(spec["arch"])
-    hp = {k: v for k, v in spec.items() if k != "vocab"}
+    hp = {k: v for k, v in spec.items() if k not in ("vocab", "dense_lead")}
     hybrid = {"recurrent_layers": tuple((i + 1) % FULL_ATTENTION_INTERVAL != 0 for i in range(n_layer))} \
         if "linear_k_heads" in spec else {}
     cfg = ModelConfig(**{"rope_dim": spec["head_dim"], **hp, "n_layer": n_layer, **hybrid}, vocab_size=n_vocab,
-                      rope_layout=module.ROPE_LAYOUT, moe_layers=(True,) * n_layer if "n_expert" in spec else None)
+                      rope_layout=module.ROPE_LAYOUT, moe_layers=tuple(i >= spec.get("dense_lead", 0) for i in
+                                                                       range(n_layer)) if "n_expert" in spec else None)
     d = dims(cfg)
     tensors = []  # (GGUF name, row key, layer or None, numpy shape)
     for row in module.WEIGHTS:
         if row.required or (row.key == "output" and not cfg.tied_output):
             tensors.append((row.gguf, row.key, None, shape_of(row, d)))
+    optional = OPTIONAL.get(spec["arch"], ())
     for i in range(cfg.n_layer):
         for row in layer_rows(module, cfg, i):
-            if row.required:
+            if (row.required or row.key in optional) and not row.gguf_transpose:  # (a transposed row: read twice)
                 tensors.append((f"blk.{i}.{row.gguf}", row.key, i, shape_of(row, d)))
     roles = lambda key: "decay" if key == "ssm_a" else "norm" if "norm" in key else None  # noqa: E731
-    return cfg, [(n, s, tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), roles(key)) for n, key, i, s in tensors]
+    return cfg, [(n, s, fallback(tensor_type(key, i, cfg.n_layer, kind, len(s) >= 2), s), roles(key))
+                 for n, key, i, s in tensors]
+
+
+def fallback(qtype, shape):  # llama-quantize's type for rows its k-quant's 256-blocks do not divide (DeepSeek's k_b)
+    if shape[-1] % 256 == 0 or qtype not in (QT.Q4_K, QT.Q6_K):
+        return qtype
+    return QT.Q5_0 if qtype == QT.Q4_K else QT.Q8_0
 
 
 def write(name, kind, out, n_layer=None, seed=0, n_vocab=None):

@@ -44,9 +44,10 @@ LAYER_WEIGHTS = (  # a dense lead layer's; tables.layer_rows swaps in the expert
     Weight("attn_kv_a_norm", "KL", "attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"),
     # the latent's expansion, per head: k_b [KL, NOPE] (llama.cpp's, absorbed into q), its transpose [NOPE, KL]
     # (the paper's k up-projection), v_b [VD, KL]; split from HF's kv_b_proj as llama.cpp's converter splits it
-    Weight("attn_k_b", "H, KL, NOPE", "attn_k_b.weight", _KV_B, hf_heads=(0, _PARTS), hf_transpose=True),
+    Weight("attn_k_b", "H, KL, NOPE", "attn_k_b.weight", _KV_B, hf_heads=(0, _PARTS), hf_transpose=True,
+           per_head=True),
     Weight("attn_k_up", "H, NOPE, KL", "attn_k_b.weight", _KV_B, hf_heads=(0, _PARTS), gguf_transpose=True),
-    Weight("attn_v_b", "H, VD, KL", "attn_v_b.weight", _KV_B, hf_heads=(1, _PARTS)),
+    Weight("attn_v_b", "H, VD, KL", "attn_v_b.weight", _KV_B, hf_heads=(1, _PARTS), per_head=True),
     tables.ATTN_OUTPUT._replace(shape="D, H*VD"), tables.FFN_NORM, tables.FFN_GATE, tables.FFN_UP, tables.FFN_DOWN)
 MOE_WEIGHTS = tables.DEEPSEEK_MOE
 INPUTS = blocks.PRE_NORM_INPUTS

@@ -39,6 +39,8 @@ class Weight(NamedTuple):
     # [E, D, 2 FE]: gate in the even columns, up in the odd), a matrix stored [in, out] (transposed at load)
     hf_heads: tuple = ()  # (part, (size, ...)): HF's [H * sum(sizes), K] matrix holds each head's parts in turn
     # (DeepSeek's kv_b_proj: k_nope's rows, then v's); this row is part `part` of every head, [H, size, K]
+    per_head: bool = False  # a leading H axis: one matrix a head, multiplied per head as one 3-D tensor (DeepSeek's
+    # k_b, v_b), which llama.cpp never repacks
     gguf_transpose: bool = False  # GGUF stores each of its matrices [in, out] (DeepSeek's k_b): transposed at load
     hf_regroup: tuple = ()  # (groups, (part, ...)): HF's rows are `groups` runs of the parts side by side (Qwen3-Next's
     # q, k, v, z per q/k head): regrouped part by part (every group's first part, then second...) before `split`
@@ -268,7 +270,7 @@ def read_weights(arch, cfg, side, fetch, has, place, packed=None):
                          for whole in experts(fetch(prefix + fused, (E, n_parts * N, K)), E)]
             else:
                 parts = experts(fetch(prefix + name, shape), E)
-            out[row.key] = tuple(map(place, parts))
+            out[row.key] = tuple(map(place.unrepacked if row.per_head else place, parts))
             return
         if side == "hf" and row.hf_shape:
             t = fetch(prefix + name, shape_of(row._replace(shape=row.hf_shape), d)).reshape(shape)

@@ -212,6 +212,15 @@ class GgmlPlacement(Placement):
             raise RefllamaError(f"numerics 'ggml' has no emulation of {names} matrices{on} (it has "
                                 f"{', '.join(sorted(t.name for t in keep))})")
 
+    def unrepacked(self, a):
+        """llama.cpp repacks a matrix its MUL_MAT reads as 2-D, or its MUL_MAT_ID as experts; a 3-D tensor MUL_MAT
+        multiplies a matrix per head (DeepSeek's k_b and v_b) stays in its blocks."""
+        repack, self.repack = self.repack, False
+        try:
+            return self(a)
+        finally:
+            self.repack = repack
+
     def __call__(self, a):
         if isinstance(a, QuantizedTensor):
             if a.qtype == QT.F16:
