@@ -247,7 +247,8 @@ def test_a_quantized_gguf_on_the_gpu_placement_computes_its_float32_values(name)
     assert max(rel(g, w) for g, w in zip(got_logits, want_logits, strict=True)) < 1e-5
 
 
-UNGRAPHED = [(f, "q8_0") for f in (*names(recurrent=True), "gptoss", *names(latent=True), "glm45")] + [("gptoss", "mxfp4")]
+UNGRAPHED = [(f, "q8_0") for f in (*names(recurrent=True), "gptoss", *names(latent=True), "glm45")] + [
+    ("gptoss", "mxfp4")]
 
 
 @pytest.mark.parametrize("family, qtype", UNGRAPHED)
