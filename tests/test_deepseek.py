@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from families import DATA
+from tiers import first_fast, param
 
 import refllama
 from refllama import arch
@@ -70,7 +71,7 @@ def test_each_numerics_caches_its_form_and_counts_it():
 
 
 @pytest.mark.parametrize("family", ["deepseek3", "moonlight", "glm45"])
-@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("backend", ["numpy", param("numba", fast=False)])
 def test_decode_after_prefill_equals_one_prefill_in_llamacpps_arithmetic(family, backend):
     """The latent (and GLM's KV) cache carries the prefill into the decode steps: bit for bit in numerics ggml."""
     path = gguf(family, "q8_0")
@@ -175,7 +176,7 @@ def dumps(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", list(HELD))
+@pytest.mark.parametrize("family", first_fast(HELD))
 @pytest.mark.parametrize("bug", list(BUGS), ids=[b.__name__ for b in BUGS])
 def test_each_bug_gets_its_stage_and_hint(dumps, tmp_path, family, bug):
     m, correct = dumps(family)

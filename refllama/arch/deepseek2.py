@@ -21,7 +21,7 @@ from ..layers import linear, yarn_mscale
 from ..trace import tap
 from ..xp import array_module
 from . import blocks, tables
-from .hparams import block_count, gguf_config, gguf_moe, hf_config, hf_deepseek_moe, rope_parameters
+from .hparams import block_count, gguf_config, gguf_moe, hf_config, hf_deepseek_moe, refuse, rope_parameters
 from .tables import Weight
 
 NAME = "deepseek2"
@@ -75,17 +75,24 @@ def block_stages(cfg, i):
     return stages if cfg.q_lora_rank else tuple(s for s in stages if s not in Q_LORA_STAGES)
 
 
-def kq_scale_f32(head_dim, rope_scale, log_mul):
+def kq_scale_f32(head_dim, rope_scale, yarn, log_mul, attn_factor=1.0):
     """The softmax scale as llama.cpp's deepseek2 graph computes it, in float32: mscale squared over sqrt(head_dim),
     mscale = attn_factor_org (1 + 0.1 log_mul ln(factor)), attn_factor_org the context's yarn_attn_factor times
-    1 + 0.1 ln(factor) (about 1: DeepSeek's YaRN leaves cos and sin unscaled)."""
+    1 + 0.1 ln(factor). With DeepSeek's YaRN (`log_mul`, mscale_all_dim) yarn_attn_factor is 1 / (1 + 0.1 ln(factor)),
+    so that cos and sin are unscaled and attn_factor_org is 1."""
     f32 = np.float32
-    ln = f32(math.log(f32(1) / (f32(1) / f32(rope_scale))))  # logf(1 / freq_scale): 0 without YaRN
-    attn_factor = f32(1) / (f32(1) + f32(0.1) * ln) if log_mul else f32(1)  # yarn_attn_factor, its mscale cancelled
-    if not log_mul and rope_scale > 1:  # YaRN without mscale_all_dim: the usual get_mscale(factor) ahead
-        attn_factor = (f32(0.1) * ln + f32(1)) * attn_factor / (f32(1) + f32(0.1) * ln)
-    attn_factor_org = attn_factor * (f32(1) + f32(0.1) * ln)
-    mscale = attn_factor_org * (f32(1) + f32(0.1) * f32(log_mul) * ln)
+
+    def logf(x):
+        return f32(math.log(f32(x)))
+    freq_scale = f32(1) / f32(rope_scale)
+    factor = f32(1) / freq_scale
+    a = f32(1)  # llama_context's yarn_attn_factor
+    if yarn:  # get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) = 1, or get_mscale(factor, 1)
+        a = f32(1) if log_mul or factor <= 1 else f32(0.1) * f32(1) * logf(factor) + f32(1)
+        a = a * (f32(1) / (f32(1) + f32(0.1) * logf(factor)))
+    a = a * f32(attn_factor)
+    ln = logf(f32(1) / freq_scale)
+    mscale = a * (f32(1) + f32(0.1) * ln) * (f32(1) + f32(0.1) * f32(log_mul) * ln)
     return float(f32(1) * mscale * mscale / f32(math.sqrt(f32(head_dim))))
 
 
@@ -97,21 +104,22 @@ def config_from_gguf(g):
     n_layer = block_count(g, NAME) - int(g.integer(f"{NAME}.nextn_predict_layers", 0, low=0))
     head_dim = int(g.integer(f"{NAME}.attention.key_length_mla"))
     log_mul = np.float32(g.real(f"{NAME}.rope.scaling.yarn_log_multiplier", 0.0)) / np.float32(0.1)  # as llama.cpp
-    scaled = g.string(f"{NAME}.rope.scaling.type", "none") == "yarn"
-    scale = g.real(f"{NAME}.rope.scaling.factor", 1.0) if scaled else 1.0
-    return gguf_config(g, ROPE_LAYOUT, mscale_in_kq=True, n_layer=n_layer, head_dim=head_dim,
-                       n_head_kv=int(g.integer(f"{NAME}.attention.head_count")),
-                       q_lora_rank=int(g.integer(f"{NAME}.attention.q_lora_rank", 0, low=0)),
-                       kv_lora_rank=int(g.integer(f"{NAME}.attention.kv_lora_rank")),
-                       v_head_dim=int(g.integer(f"{NAME}.attention.value_length_mla")),
-                       attn_scale=kq_scale_f32(head_dim, scale, float(log_mul)),
-                       **gguf_moe(g, norm=False, gating="softmax", deepseek=True))
+    cfg = gguf_config(g, ROPE_LAYOUT, mscale_in_kq=True, n_layer=n_layer, head_dim=head_dim,
+                      n_head_kv=int(g.integer(f"{NAME}.attention.head_count")),
+                      q_lora_rank=int(g.integer(f"{NAME}.attention.q_lora_rank", 0, low=0)),
+                      kv_lora_rank=int(g.integer(f"{NAME}.attention.kv_lora_rank")),
+                      v_head_dim=int(g.integer(f"{NAME}.attention.value_length_mla")),
+                      **gguf_moe(g, norm=False, gating="softmax", deepseek=True))
+    scale = kq_scale_f32(head_dim, cfg.rope_scale, bool(cfg.rope_yarn), float(log_mul),
+                         g.real(f"{NAME}.rope.scaling.attn_factor", 1.0))
+    return dataclasses.replace(cfg, attn_scale=scale).checked(g.path)
 
 
 def config_from_hf(c):
     """DeepseekV3ForCausalLM's config.json: MLA's ranks and head widths; YaRN's mscale_all_dim, its mscale squared in
     the softmax scale and mscale / mscale_all_dim (transformers' attention factor) on cos and sin; rope_interleave
     (false: NEOX pairs); the latents' norms at transformers' epsilon (LATENT_EPS)."""
+    refuse(c, "attention_bias", "DeepSeek-V3: biased latent projections")  # neither reference has them either
     theta, s = rope_parameters(c)
     nope, rope_dim = c.need("qk_nope_head_dim", int), c.need("qk_rope_head_dim", int)
     yarn = bool(s) and s.get("rope_type", s.get("type")) == "yarn"

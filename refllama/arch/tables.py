@@ -95,9 +95,10 @@ SHARED_EXPERT = (  # Qwen2-MoE's shared expert and its gate
 DEEPSEEK_MOE = (  # DeepSeek-V3's and GLM-4.5's: the router with its selection bias, the experts, shared experts added
     # ungated (n_shared_experts of them as one feed-forward FS = n_shared * FE wide)
     *MOE, Weight("ffn_exp_probs_b", "E", "exp_probs_b.bias", "mlp.gate.e_score_correction_bias", required=False),
-    Weight("ffn_gate_shexp", "FS, D", "ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"),
-    Weight("ffn_up_shexp", "FS, D", "ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
-    Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"),
+    *(row._replace(required=False) for row in (  # (a model without shared experts has none)
+        Weight("ffn_gate_shexp", "FS, D", "ffn_gate_shexp.weight", "mlp.shared_experts.gate_proj.weight"),
+        Weight("ffn_up_shexp", "FS, D", "ffn_up_shexp.weight", "mlp.shared_experts.up_proj.weight"),
+        Weight("ffn_down_shexp", "D, FS", "ffn_down_shexp.weight", "mlp.shared_experts.down_proj.weight"))),
 )
 
 # gpt-oss's: biased attention with a sink logit a head; a biased router whose softmax is over the K it chooses;
