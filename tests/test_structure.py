@@ -53,7 +53,7 @@ def test_every_architecture_has_the_interface(name):
     assert all(isinstance(row, arch.Weight) for row in (*module.WEIGHTS, *module.LAYER_WEIGHTS))
     extra = {n for n in vars(module) if n.isupper() and n not in arch.REQUIRED + arch.OPTIONAL}
     assert extra <= {"SWA_PATTERN", "LOCAL_ROPE_BASE", "WINDOW", "CAPS", "NOPE_INTERVAL",
-                     "FULL_ATTENTION_INTERVAL", "OAI_SWIGLU"}, \
+                     "FULL_ATTENTION_INTERVAL", "OAI_SWIGLU", "LATENT_EPS"}, \
         f"undocumented interface names {extra}"
 
 

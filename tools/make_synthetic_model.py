@@ -83,7 +83,7 @@ SHAPES = {
                               n_ff_exp=1408, n_ff_shexp=2816, expert_norm=True, expert_scale=2.446,
                               expert_gating="sigmoid", expert_bias=True, dense_lead=1),
 }
-OPTIONAL = {"deepseek2": ("attn_q", "ffn_exp_probs_b", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")}  # rows it has
+OPTIONAL = {"deepseek2": ("attn_q", "ffn_exp_probs_b", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")}  # it has
 FULL_ATTENTION_INTERVAL = 4  # the hybrids': every 4th layer full attention
 TYPES = {"f16": QT.F16, "bf16": QT.BF16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k_m": QT.Q4_K, "mxfp4": QT.MXFP4}
 SPREAD = 0.02  # the weights' standard deviation

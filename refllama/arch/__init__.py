@@ -28,6 +28,10 @@ imports another. Loaders, dump, compare and the harness read these.
     gpt-oss                 NEOX (YaRN)              llama's forward: q/k/v/o biases, a sink logit a head, a window
                             (module gptoss)          on alternate layers, biased experts routed by a softmax over
                                                      the K chosen, the clamped SwiGLU
+    glm4moe                 NEOX (half a head)       llama's forward: q/k/v biases, optional q/k norms, dense lead
+                                                     layers, DeepSeek-V3's routing, a shared expert
+    deepseek2               NORM (q_pe, k_pe)        its own forward: multi-head latent attention (expanded or
+                                                     absorbed by the numerics), DeepSeek-V3's grouped sigmoid routing
 
 The module interface (tests/test_structure.py holds every module to it):
   required  NAME                   GGUF `general.architecture`, and ModelConfig.arch
@@ -52,6 +56,8 @@ The module interface (tests/test_structure.py holds every module to it):
             block_stages(cfg, i)   the stages block i taps, if not blocks.block_stages of STAGES (the hybrids')
             SHARED_EXPERT_STAGES   its shared expert's stages, if not Qwen2-MoE's (Qwen3.5-MoE's sigmoid gate)
             MOE_STAGES             its mixture of experts' stages, if not blocks.MOE_STAGES (gpt-oss's)
+            EXPANDED_STAGES,       latent attention's stages of one form alone: the paper's (numerics float32)
+            ABSORBED_STAGES        and llama.cpp's (numerics ggml; DeepSeek's, docs/mla.md)
             HF_MULTIMODAL          HF_ARCHITECTURES that are a multimodal checkpoint: the text model's config is its
                                    `text_config`, its tensors under `model.language_model.` (Qwen3.5's released ones)
   defaults  SWA_PATTERN, WINDOW    a family's sliding-window period and window where a file gives none
@@ -59,6 +65,7 @@ The module interface (tests/test_structure.py holds every module to it):
             NOPE_INTERVAL          SmolLM3's NoPE period (llama.cpp's, fixed)
             FULL_ATTENTION_INTERVAL  the hybrids' full-attention period where a file lists no recurrent layers
             OAI_SWIGLU             gpt-oss's clamped SwiGLU (alpha, limit) where a file gives none (llama.cpp's)
+            LATENT_EPS             transformers' epsilon of DeepSeek's latent norms (HF directories)
 """
 
 from functools import cache
@@ -95,7 +102,7 @@ REQUIRED = ("NAME", "HF_ARCHITECTURES", "ROPE_LAYOUT", "WEIGHTS", "LAYER_WEIGHTS
             "config_from_gguf", "config_from_hf", "forward")
 OPTIONAL = ("MOE_WEIGHTS", "HF_LAYER", "CHAT_TEMPLATE", "LLAMACPP_FUSED", "LLAMACPP_Q_SCALED", "llamacpp_differs",
             "WIRING", "RECURRENT_WEIGHTS", "block_stages", "LLAMACPP_NAMES", "SHARED_EXPERT_STAGES", "HF_MULTIMODAL",
-            "MOE_STAGES")
+            "MOE_STAGES", "EXPANDED_STAGES", "ABSORBED_STAGES")
 
 ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, phi3, gemma3, gpt2, qwen2moe, qwen3moe, olmoe, gemma2,
                                      smollm3, olmo2, granite, qwen35, qwen35moe, qwen3next, gptoss, glm4moe, deepseek2)}

@@ -30,8 +30,6 @@ ROPE_LAYOUT = "interleaved"  # NORM pairs; transformers' rope_interleave (the re
 # pairs of the same stored weights; a config with rope_interleave false rotates NEOX pairs ("half")
 LATENT_EPS = 1e-6  # transformers' q_a_layernorm and kv_a_layernorm: DeepseekV3RMSNorm's default, not rms_norm_eps
 
-_KV_B = "self_attn.kv_b_proj.weight"  # HF's [H * (NOPE + VD), KL]: per head k_nope's rows, then v's
-_PARTS = ("NOPE", "VD")
 WEIGHTS = (tables.TOKEN_EMBD, tables.OUTPUT_NORM, tables.OUTPUT)
 LAYER_WEIGHTS = (  # a dense lead layer's; tables.layer_rows swaps in the experts
     tables.ATTN_NORM,
@@ -44,18 +42,20 @@ LAYER_WEIGHTS = (  # a dense lead layer's; tables.layer_rows swaps in the expert
     Weight("attn_kv_a_norm", "KL", "attn_kv_a_norm.weight", "self_attn.kv_a_layernorm.weight"),
     # the latent's expansion, per head: k_b [KL, NOPE] (llama.cpp's, absorbed into q), its transpose [NOPE, KL]
     # (the paper's k up-projection), v_b [VD, KL]; split from HF's kv_b_proj as llama.cpp's converter splits it
-    Weight("attn_k_b", "H, KL, NOPE", "attn_k_b.weight", _KV_B, hf_heads=(0, _PARTS), hf_transpose=True,
+    # (HF's kv_b_proj [H * (NOPE + VD), KL]: per head k_nope's rows, then v's)
+    Weight("attn_k_b", "H, KL, NOPE", "attn_k_b.weight", "self_attn.kv_b_proj.weight", hf_heads=(0, ("NOPE", "VD")),
+           hf_transpose=True, per_head=True),
+    Weight("attn_k_up", "H, NOPE, KL", "attn_k_b.weight", "self_attn.kv_b_proj.weight", hf_heads=(0, ("NOPE", "VD")),
+           gguf_transpose=True),
+    Weight("attn_v_b", "H, VD, KL", "attn_v_b.weight", "self_attn.kv_b_proj.weight", hf_heads=(1, ("NOPE", "VD")),
            per_head=True),
-    Weight("attn_k_up", "H, NOPE, KL", "attn_k_b.weight", _KV_B, hf_heads=(0, _PARTS), gguf_transpose=True),
-    Weight("attn_v_b", "H, VD, KL", "attn_v_b.weight", _KV_B, hf_heads=(1, _PARTS), per_head=True),
     tables.ATTN_OUTPUT._replace(shape="D, H*VD"), tables.FFN_NORM, tables.FFN_GATE, tables.FFN_UP, tables.FFN_DOWN)
 MOE_WEIGHTS = tables.DEEPSEEK_MOE
 INPUTS = blocks.PRE_NORM_INPUTS
 # the stages of both forms: q, the latent and the rotated parts, then the paper's expansion (kv) or llama.cpp's
 # absorption (q_nope_absorbed, Qcur, Kcur, kqv: the heads' mix of latents), the scores and output they share
-Q_LORA_STAGES = ("q_a_norm",)
 EXPANDED_STAGES, ABSORBED_STAGES = ("kv",), ("q_nope_absorbed", "Qcur", "Kcur", "kqv")  # one form's alone
-STAGES = ("attn_norm", *Q_LORA_STAGES, "q", "kv_cmpr_pe", "kv_cmpr", "k_pe", "q_nope", "q_pe", "kv",
+STAGES = ("attn_norm", "q_a_norm", "q", "kv_cmpr_pe", "kv_cmpr", "k_pe", "q_nope", "q_pe", "kv",
           "q_nope_absorbed", "Qcur", "Kcur", "kq", "kq_soft_max", "kqv", "kqv_out", "attn_out", "ffn_inp", "ffn_norm",
           *blocks.DENSE_FFN_STAGES, "l_out")
 SHARED_EXPERT_STAGES = blocks.UNGATED_SHARED_EXPERT_STAGES
@@ -72,7 +72,7 @@ LLAMACPP_NAMES = {("q", "MUL_MAT"): "q", ("q", "MUL"): "q_a_norm", ("kv_cmpr_pe"
 
 def block_stages(cfg, i):
     stages = blocks.block_stages(STAGES, cfg, i, shared=SHARED_EXPERT_STAGES)
-    return stages if cfg.q_lora_rank else tuple(s for s in stages if s not in Q_LORA_STAGES)
+    return stages if cfg.q_lora_rank else tuple(s for s in stages if s != "q_a_norm")  # one q projection
 
 
 def kq_scale_f32(head_dim, rope_scale, yarn, log_mul, attn_factor=1.0):
@@ -161,13 +161,13 @@ def latent_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]
     q_nope = tap("q_nope", i, q[:, :, :NOPE])  # [T, H, NOPE]
     q_pe = tap("q_pe", i, rope(q[:, :, NOPE:], at.cos, at.sin))  # [T, H, R]
     if ops.mla_absorbed:  # q scored against the latent itself: k_b folded into q, v_b applied after the mix
-        q_nope = tap("q_nope_absorbed", i, per_head(q_nope, lw["attn_k_b"]))  # [T, H, KL]
+        q_nope = tap("q_nope_absorbed", i, per_head(q_nope, lw["attn_k_b"], ops))  # [T, H, KL]
         q = tap("Qcur", i, xp.concatenate([q_nope, q_pe], axis=2))  # [T, H, KL + R]
         k = tap("Kcur", i, xp.concatenate([c[:, None], k_pe], axis=2))  # [T, 1, KL + R], cached; V its first KL
         mix = blocks.attention(q, k, None, cfg, ops, i, at, name="kqv")  # [T, H*KL]
-        out = tap("kqv_out", i, per_head(mix.reshape(T, H, KL), lw["attn_v_b"]).reshape(T, -1))  # [T, H*VD]
+        out = tap("kqv_out", i, per_head(mix.reshape(T, H, KL), lw["attn_v_b"], ops).reshape(T, -1))  # [T, H*VD]
     else:  # the paper's: each head's k_nope and v expanded from the latent, k_pe shared by the heads
-        kv = tap("kv", i, xp.concatenate([per_head(c, lw["attn_k_up"]), per_head(c, lw["attn_v_b"])], axis=2))
+        kv = tap("kv", i, xp.concatenate([per_head(c, lw["attn_k_up"], ops), per_head(c, lw["attn_v_b"], ops)], axis=2))
         k_nope, v = kv[:, :, :NOPE], kv[:, :, NOPE:]  # [T, H, NOPE], [T, H, VD]
         q = xp.concatenate([q_nope, q_pe], axis=2)  # [T, H, HD]
         k = xp.concatenate([k_nope, xp.broadcast_to(k_pe, (T, H, R))], axis=2)  # [T, H, HD]
@@ -175,8 +175,13 @@ def latent_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]
     return tap("attn_out", i, linear(out, lw["attn_output"]))  # [T, D]
 
 
-def per_head(x, mats):  # [T, H, K] or [T, K] (every head's input), H matrices [N, K] -> [T, H, N]
+def per_head(x, mats, ops):  # [T, H, K] or [T, K] (every head's input), H matrices [N, K] -> [T, H, N]
+    """Each head's rows times its own matrix (llama.cpp's MUL_MAT of a 3-D weight). A decode step's one token takes
+    them as a token takes its experts (ops.mul_mat_id: one kernel call for the H products where the backend joins
+    the matrices), the same products."""
     xp = array_module(x)
+    if len(x) == 1:
+        return ops.mul_mat_id(x, mats, xp.arange(len(mats))[None])  # [1, H, N]
     return xp.stack([linear(x if x.ndim == 2 else x[:, h], m) for h, m in enumerate(mats)], axis=1)
 
 
