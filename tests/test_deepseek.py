@@ -188,3 +188,20 @@ def test_each_bug_gets_its_stage_and_hint(dumps, tmp_path, family, bug):
     rep = compare(tmp_path / "mine", correct, m)
     assert rep.first is not None and rep.first["name"] in changed, rep.first
     assert BUGS[bug] in " ".join(rep.hints), rep.hints
+
+
+def test_an_engines_latent_stages_dumped_flat_are_read_by_the_models_widths(dumps, tmp_path):
+    """An engine may dump q, q_pe, k_pe, kv, ... as [T, n*d]; compare splits each by its own head width (q's HD, q_pe's
+    R, kv's NOPE + VD, ...) from the model, and finds the dumps equal."""
+    m, correct = dumps("deepseek3")
+    shutil.copytree(correct, tmp_path / "mine")
+    manifest = json.loads((tmp_path / "mine" / "manifest.json").read_text())
+    flat = [t for t in manifest["tensors"] if t["name"].split("-")[0] in ("q", "q_pe", "k_pe", "kv", "q_nope")]
+    for t in flat:
+        a = np.load(tmp_path / "mine" / f"{t['name']}.npy")
+        np.save(tmp_path / "mine" / f"{t['name']}.npy", a.reshape(len(a), -1))
+        t.pop("shape", None)
+    (tmp_path / "mine" / "manifest.json").write_text(json.dumps(manifest))
+    assert flat
+    rep = compare(tmp_path / "mine", correct, m)
+    assert rep.first is None and {r["stage"] for r in rep.rows} >= {"q", "q_pe", "k_pe", "kv", "q_nope"}

@@ -22,6 +22,7 @@ from .dump import (
     closest,
     forward_order,
     known_stages,
+    latent_widths,
     model_sha256,
     split_name,
 )
@@ -206,8 +207,11 @@ def compare(mine_path, ref_path, model=None, column=None, numerics=None, require
     layout, head_dim = (model.config.rope_layout, model.config.head_dim) if model else (None, None)
     v_order, v_heads = (model.config.linear_v_order, (model.config.linear_k_heads, model.config.linear_v_heads)
                         ) if model else (None, None)
-    ref = Dump(ref_path, layout=layout, head_dim=head_dim, v_order=v_order, v_heads=v_heads)  # no model: REF's
-    mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim, v_order=ref.want_v, v_heads=v_heads)  # layouts
+    widths = latent_widths(model.config) if model else None
+    ref = Dump(ref_path, layout=layout, head_dim=head_dim, v_order=v_order, v_heads=v_heads,
+               widths=widths)  # no model: REF's layouts
+    mine = Dump(mine_path, layout=ref.want_layout, head_dim=head_dim, v_order=ref.want_v, v_heads=v_heads,
+                widths=widths)
     if numerics:
         mine.numerics = numerics
     if mine.prompt_ids != ref.prompt_ids:

@@ -359,13 +359,15 @@ class Dump:
     each row; `token_ids` the token at every position (prompt, then `decode_ids`).
 
     Also read: a leading batch axis of 1, q/k/v as [T, H*HD] (split with `head_dim`, the manifest's or the one
-    given), float16 and bfloat16. `layout` converts q/k to that RoPE pair layout; `prefill_only` leaves the
-    decode steps out.
+    given; latent attention's stages with `widths`), float16 and bfloat16. `layout` converts q/k to that RoPE pair
+    layout; `prefill_only` leaves the decode steps out.
     """
 
     def __init__(self, path: str | os.PathLike, layout: str | None = None, head_dim: int | None = None,
-                 prefill_only: bool = False, v_order: str | None = None, v_heads: tuple | None = None):
+                 prefill_only: bool = False, v_order: str | None = None, v_heads: tuple | None = None,
+                 widths: dict | None = None):
         self.dir, self.prefill_only = Path(path), prefill_only
+        self.widths = widths or {}  # latent attention's stages dumped [T, n*d]: d per stage (latent_widths)
         if self.dir.is_file() and self.dir.suffix == ".safetensors":
             self.manifest, raw = _read_safetensors(self.dir)
         elif self.dir.is_dir():
@@ -491,6 +493,8 @@ class Dump:
         if a.shape[:1] == (1,) and (a.ndim == want + 1 or (split_heads and a.ndim == 3 and self.head_dim
                                                              and a.shape[-1] != self.head_dim)):
             a = a[0]  # a batch of one (q/k/v as [1, T, n*HD] too)
+        if a.ndim == 2 and stage in self.widths:  # latent attention's [T, n*d]
+            a = a.reshape(len(a), -1, self.widths[stage])
         if a.ndim == 2 and split_heads:  # [T, n*HD]: split into heads
             if not self.head_dim or a.shape[1] % self.head_dim:
                 _fail(self.dir, f"stage '{name}' is [T, n*HD] {list(a.shape)}; give the head dim (manifest "
@@ -509,6 +513,14 @@ class Dump:
                 _fail(self.dir, f"stage '{name}' {list(a.shape)} does not split into the 'linear_heads' "
                       f"{list(self.v_heads)} (q/k heads, v heads)")
         return a
+
+
+def latent_widths(cfg):  # -> {stage: a head's width} for latent attention's stages ({}: the model has none)
+    if not cfg.kv_lora_rank:
+        return {}
+    nope, R = cfg.head_dim - cfg.rope_dim, cfg.rope_dim
+    return {"q": cfg.head_dim, "q_nope": nope, "q_pe": R, "k_pe": R, "q_nope_absorbed": cfg.kv_lora_rank,
+            "kv": nope + cfg.v_head_dim}
 
 
 def v_head_fields(cfg):  # -> the manifest's fields for a model's linear-attention v heads ({} if it has none)
