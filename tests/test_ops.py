@@ -88,8 +88,10 @@ def test_a_table_is_chosen_once_from_backend_and_numerics():
     assert chosen.placement.path == "avx2" and not chosen.placement.repack
     for table in TABLES.values():
         assert isinstance(table, Ops) and set(table.rope) == {"interleaved", "half"}
-        steps = [f for name, f in table._asdict().items() if name not in ("rope", "kv_f16", "q_first")]
-        assert all(callable(f) for f in [*steps, *table.rope.values()]) and isinstance(table.kv_f16, bool)
+        flags = ("kv_f16", "q_first", "mla_absorbed")
+        steps = [f for name, f in table._asdict().items() if name not in ("rope", *flags)]
+        assert all(callable(f) for f in [*steps, *table.rope.values()])
+        assert all(isinstance(getattr(table, flag), bool) for flag in flags)
     assert [t.kv_f16 for t in TABLES.values()] == [False, False, True, True, False]  # llama.cpp's float16 cache
 
 

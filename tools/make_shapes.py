@@ -2,9 +2,10 @@
 other widths, in Q8_0 where a row is whole blocks and F16 where it is not (llama.cpp's quantizer falls back so: at a
 width of 72 `ffn_down` is F16 with K = 72, not a multiple of 32; at 96 every matrix is Q8_0, K = 96 a multiple of 32
 and not of 64; a mixture's experts, 64 wide, cut to 40 (F16 experts, mul_mat_id's ggml_vec_dot_f16) and 32 (Q8_0,
-one block)), and the SHA-256 of llama.cpp's stages on them (HASHED, every layer, and the logits) on the installed
-build's CPU path, into llamacpp_PATH.json. Stages, not just logits: a product's last bits seldom survive the next
-product's 8-bit activations, so logits alone pass an engine whose F16 sums are in another order.
+one block), or 32 wide to 24 and 32, their shared experts with them), and the SHA-256 of llama.cpp's stages on them
+(HASHED, every layer, and the logits) on the installed build's CPU path, into llamacpp_PATH.json. Stages, not just
+logits: a product's last bits seldom survive the next product's 8-bit activations, so logits alone pass an engine
+whose F16 sums are in another order.
 tests/test_llamacpp_exact.py holds numerics ggml to them bit for bit on every path stored.
 
     python tools/make_shapes.py            # the AVX-512 wheel: files and llamacpp_avx512-vnni.json, ~20 s
@@ -34,6 +35,7 @@ from families import GGUF  # noqa: E402  (the catalogue of tiny families)
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "shapes"
 WIDTHS = (72, 96)
 EXPERT_WIDTHS = (40, 32)
+NARROW_EXPERT_WIDTHS = (24, 32)  # experts 32 wide (the tiny DeepSeek's, GLM's): F16 at 24, Q8_0 as they are
 IDS = [1, 5, 9, 14, 22, 31, 40, 47, 3, 11, 28, 19]  # 12 positions: tinyBLAS's batches and ggml_vec_dot's leftovers
 HASHED = ("attn_norm", "attn_out", "ffn_inp", "sa_out", "ffn_norm", "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_geglu",
           "ffn_gelu", "ffn_out", "l_out", "result_norm", "result_output", "final_output", "linear_attn_out")  # [T, X]:
@@ -60,9 +62,15 @@ def cut(src, out, width):
         value = width if name == key else f.contents()
         kind = f.types[0]
         w.add_key_value(name, value, kind, sub_type=f.types[-1] if kind == GGUFValueType.ARRAY else None)
+    shared = width * int(r.fields[f"{arch}.expert_shared_count"].contents()) if f"{arch}.expert_shared_count" in \
+        r.fields else None  # DeepSeek's shared experts: as wide as that many experts
     for t in r.tensors:
         a = np.array(t.data, dtype=np.float32)
-        if experts:  # [E, FE, D] gate and up, [E, D, FE] down
+        if shared and (".ffn_gate_shexp." in t.name or ".ffn_up_shexp." in t.name):
+            a = np.ascontiguousarray(a[:shared])
+        elif shared and ".ffn_down_shexp." in t.name:
+            a = np.ascontiguousarray(a[:, :shared])
+        elif experts:  # [E, FE, D] gate and up, [E, D, FE] down
             if ".ffn_gate_exps." in t.name or ".ffn_up_exps." in t.name:
                 a = np.ascontiguousarray(a[:, :width])
             elif ".ffn_down_exps.weight" in t.name:  # (gpt-oss's down bias [E, D] keeps its width)
@@ -87,6 +95,15 @@ def cut(src, out, width):
     w.close()
 
 
+def widths(family):  # the widths a family's feed-forward (a mixture's: its experts) is cut to
+    if not family.experts:
+        return WIDTHS
+    r = GGUFReader(family.gguf("f32"))
+    arch = r.fields["general.architecture"].contents()
+    ff = r.fields.get(f"{arch}.expert_feed_forward_length") or r.fields[f"{arch}.feed_forward_length"]
+    return EXPERT_WIDTHS if ff.contents() > max(EXPERT_WIDTHS) else NARROW_EXPERT_WIDTHS
+
+
 def hashes(stages):  # {name: the SHA-256 of its float32 bytes} of the HASHED stages, in forward order
     return {n: hashlib.sha256(np.ascontiguousarray(a, np.float32).tobytes()).hexdigest()
             for n, a in stages.items() if n.rsplit("-", 1)[0] in HASHED}
@@ -102,7 +119,7 @@ def main():
     table = {"ids": IDS, "n_ctx": N_CTX, "producer": f"llama-cpp-python {llama_cpp.__version__} ({info})",
              "cpu_path": path, "files": {}}
     for family in FAMILIES:
-        for width in EXPERT_WIDTHS if family.experts else WIDTHS:
+        for width in widths(family):
             name = f"{family.name}-ff{width}.gguf"
             if not args.logits:
                 cut(family.gguf("f32"), OUT / name, width)
