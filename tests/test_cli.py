@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiers import first_fast
 
 
 def cli(*args):
@@ -48,14 +49,14 @@ def test_sampling_flags_with_seed_are_reproducible():
     assert a.returncode == 0 and a.stdout == b.stdout
 
 
-@pytest.mark.parametrize("args, fragment", [
+@pytest.mark.parametrize("args, fragment", first_fast([  # the slow tier: the rest, each a process
     (("-f", "/nonexistent/prompt.txt"), "/nonexistent/prompt.txt"),
     (("-m", "/nonexistent/model.gguf"), "/nonexistent/model.gguf"),
     (("-m", "weights/pytorch_model.bin"), "pickle"),
     (("-p", "x" * 100, "-c", "8"), "context size 8"),
     (("--temp", "-1"), "temperature"),
     (("-m", "meta-llama/Llama-3.1-8B"), "never downloads"),
-])
+], n=2))
 def test_bad_input_is_one_line_and_nonzero(args, fragment):
     r = cli(*args, "-n", "2")
     assert r.returncode == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from blas import assert_float32_products_close
+from tiers import first_fast
 
 import refllama
 from refllama.arch import permute_qk
@@ -61,7 +62,7 @@ def test_batch_axis_heads_flattened_and_float16_are_read(tiny, ids, tmp_path):
     assert rep.column.name == "float16"
 
 
-@pytest.mark.parametrize("breakage, message", [
+@pytest.mark.parametrize("breakage, message", first_fast([
     (lambda m: m.pop("qk_layout"), "lacks 'qk_layout'"),
     (lambda m: m.pop("token_ids"), "lacks 'token_ids'"),
     (lambda m: m.update(token_ids="[1, 2, x]"), "'token_ids' is not a list of integers"),
@@ -71,7 +72,7 @@ def test_batch_axis_heads_flattened_and_float16_are_read(tiny, ids, tmp_path):
     (lambda m: m.update(arch="qwen3_moe"), "'arch' 'qwen3_moe' is no architecture refllama knows"),
     (lambda m: m.update(repack="yes"), "'repack' must be true or false"),
     (lambda m: m["tensors"][0].update(file="missing.npy"), "cannot read"),
-])
+], n=3))
 def test_what_cannot_be_read_is_one_line_and_exit_code_2(tiny, ids, tmp_path, breakage, message):
     with refllama.trace(tiny) as t:
         tiny.logits(ids[:2])

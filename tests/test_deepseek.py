@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 from families import DATA
-from tiers import first_fast, param
+from tiers import param
 
 import refllama
 from refllama import arch
@@ -176,7 +176,8 @@ def dumps(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", first_fast(HELD))
+@pytest.mark.slow  # test_hints holds each of these hints to its bug in the fast tier, on deepseek3
+@pytest.mark.parametrize("family", list(HELD))
 @pytest.mark.parametrize("bug", list(BUGS), ids=[b.__name__ for b in BUGS])
 def test_each_bug_gets_its_stage_and_hint(dumps, tmp_path, family, bug):
     m, correct = dumps(family)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from families import GGUF, names
 from test_gguf_families import DATA, F32_TOL, N_CTX, ref, rel_err
+from tiers import first_fast
 
 import refllama
 from refllama import arch
@@ -234,7 +235,8 @@ def _ungated_shared_expert(m, patch):
     patch.setattr(blocks, "shared_expert", lambda h, lw, ops, i: blocks.gated_ffn(h, lw, ops, "swiglu", i, "_shexp"))
 
 
-@pytest.mark.parametrize("family, bug, stage, hint", [
+@pytest.mark.parametrize("family, bug, stage, hint", first_fast([  # the slow tier: the rest (test_hints holds each
+    # registered hint to its injected bug in the fast one)
     ("qwen3moe", _sigmoid, "ffn_moe_probs-0", "matches a sigmoid of ffn_moe_logits"),
     ("mixtral", _renormalisation, "ffn_moe_weighted-0", "the K weights are not renormalised"),
     ("olmoe", _renormalisation, "ffn_moe_weighted-0", "renormalised to sum to 1 (or the softmax is taken over the K"),
@@ -250,7 +252,7 @@ def _ungated_shared_expert(m, patch):
     ("qwen3moe", _least_probable, "ffn_moe_topk-0", "the K least probable experts are chosen"),
     ("qwen2moe", _shared_gate_without_sigmoid, "ffn_shexp_gate-0", "gate is missing its sigmoid"),
     ("qwen2moe", _renormalisation, "ffn_moe_weighted-0", "renormalised to sum to 1"),
-])
+], n=4))
 def test_each_routing_bug_is_named_at_its_stage_with_its_hint(family, bug, stage, hint, tmp_path, monkeypatch):
     report = _dump_with(family, bug, tmp_path, monkeypatch)
     assert report.first is not None and report.first["name"] == stage, report.first and report.first["name"]

@@ -7,5 +7,5 @@ def param(*values, fast, id=None, marks=()):  # one parameter, marked slow unles
     return pytest.param(*values, id=id, marks=(*marks, *(() if fast else (pytest.mark.slow,))))
 
 
-def first_fast(values):  # the first value in the fast tier, the rest in the slow one
-    return [param(v, fast=i == 0) for i, v in enumerate(values)]
+def first_fast(values, n=1):  # the first n values in the fast tier, the rest in the slow one (a tuple: several
+    return [param(*(v if isinstance(v, tuple) else (v,)), fast=i < n) for i, v in enumerate(values)]  # parameters)
