@@ -481,6 +481,20 @@ class NumbaKQuantMatrix(GgmlBlocks):
     def matmul_id(self, x):  # [T, K] -> [T, N]: llama.cpp's mul_mat_id (a repacked matrix: the gemv on each row)
         return self.matmul(x, gemv=self.repacked)
 
+    def quantize_rows(self, x):  # [T, K] -> x's rows in Q8_K, once for every expert that reads them (matmul_rows)
+        return quantize_q8_K_many(np.ascontiguousarray(x, dtype=np.float32), 0, len(x))
+
+    def matmul_rows(self, q, rows):  # quantize_rows' Q8_K, [n] row ids -> [n, N]: matmul_id of those rows of x
+        """llama.cpp's mul_mat_id quantizes its input once and gathers each expert's rows; its quantization is a
+        row's own (gemv's: no rows in fours), so the rows gathered are those each expert's call would make."""
+        n = len(rows)
+        padded = n if n == 1 else n + -n % TILE_T  # zero rows to a multiple of TILE_T, as matmul's
+        xq, dx, bsums = (np.zeros((padded, *a.shape[1:]), a.dtype) for a in q)
+        for gathered, a in zip((xq, dx, bsums), q, strict=True):
+            gathered[:n] = a[rows]
+        return kquant_kernel(self.qtype, self.isa, self.repacked)(xq, dx, bsums, n, self.bases, self.starts,
+                                                                   self.repacked, False)
+
     def matmul_parts(self, X):  # [P, K] -> [1, N]: part p's rows times X[p], each as one token's product
         xq, dx, bsums = quantize_q8_K_one(np.ascontiguousarray(X, dtype=np.float32), 0, len(X))
         return kquant_kernel(self.qtype, self.isa, self.repacked)(xq, dx, bsums, 1, self.bases, self.starts, True,
