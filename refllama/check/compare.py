@@ -331,10 +331,15 @@ def coverage(mine, ref):
                     - set(range(len(ref.prompt_ids))))
     lines = [f"compared: {len(both)} stages in {len(layers)} layers ({spans(layers)})"
              + (f", decode positions {spans(decode)}" if decode else "")]
+    forms = {"the paper's expanded form": set(getattr(archs.get(ref.arch), "EXPANDED_STAGES", ())),
+             "llama.cpp's absorbed form": set(getattr(archs.get(ref.arch), "ABSORBED_STAGES", ()))}
     for who, d, other in (("only in MINE", mine, ref), ("only in REF", ref, mine)):
         alone = [n for n in d.names if n not in other]
+        form = next((f for f, stages in forms.items() if alone and stages and {split_name(n)[0] for n in alone}
+                     <= stages), None)  # latent attention's stages of one form (docs/mla.md)
         if alone:
-            lines.append(f"{who}: {len(alone)} ({', '.join(alone[:6])}{', ...' if len(alone) > 6 else ''})")
+            lines.append(f"{who}: {len(alone)} ({', '.join(alone[:6])}{', ...' if len(alone) > 6 else ''})"
+                         + (f": latent attention in {form}, compared at the stages both forms share" if form else ""))
     known = known_stages(ref.arch)
     family = ref.arch
     unknown = {}  # stage: the layers it is named in
