@@ -207,13 +207,3 @@ def test_an_engines_latent_stages_dumped_flat_are_read_by_the_models_widths(dump
     rep = compare(tmp_path / "mine", correct, m)
     assert rep.first is None and {r["stage"] for r in rep.rows} >= {"q", "q_pe", "k_pe", "kv", "q_nope"}
 
-
-def test_compare_says_which_stages_are_one_forms_alone(tmp_path):
-    """refllama's float32 dump (the paper's form) against llama.cpp's (absorbed): compared where both forms have the
-    stage, and the summary names the others as the two forms' own."""
-    m = refllama.load(gguf("deepseek3"), n_ctx=N_CTX)
-    rep = compare(m.dump(ref("deepseek3")["token_ids"].tolist(), tmp_path / "ours"),
-                  DATA / "gguf-deepseek3" / "llamacpp-f32", m)
-    lines = " ".join(rep.coverage)
-    assert rep.first is None
-    assert "expanded form, compared at the stages" in lines and "absorbed form, compared at the stages" in lines

@@ -85,8 +85,10 @@ def test_f32_every_stage_of_every_layer_matches_llamacpp(family, tmp_path):
     assert len(theirs.names) == len(a.INPUTS) + 2 + sum(len([s for s in stages if s not in expanded])
                                                        for stages in arch.layer_stages(a, m.config))
     e2e_tol = 5e-3 if GGUF[family].gelu_table else F32_TOL  # Gemma 3: 4.6e-3 at kq_soft_max, GPT-2: 2.7e-5
-    rows = compare(ours, DATA / f"gguf-{family}" / "llamacpp-f32", m).rows
+    report = compare(ours, DATA / f"gguf-{family}" / "llamacpp-f32", m)
+    rows = report.rows
     assert len(rows) == len(shared)
+    assert bool(absorbed) == ("absorbed form, compared at the stages both forms share" in " ".join(report.coverage))
     for row in rows:
         assert row["max_rel"] <= e2e_tol, f"{row['name']}: max_rel {row['max_rel']:.2e}"
         local, tol = row["local_REF"], band("llama.cpp F32", row["stage"])
