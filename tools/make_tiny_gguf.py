@@ -1,6 +1,7 @@
 """Write tests/data/gguf-{llama,qwen2,qwen3,phi3,gemma3,gpt2,mixtral,qwen3moe,qwen2moe,olmoe,gemma2,smollm3,olmo2,
 granite,yarn,llama32,phi4,qwen35,qwen35moe,qwen3next,gptoss,deepseek3,moonlight,glm45}/: tiny random models made
-by transformers, converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references beside them:
+by transformers, converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (F32 and Q8_0), with both references
+beside them:
   - transformers' logits and hidden states (float32, eager attention, from the HF weights);
   - llama.cpp's token ids for a text, its logits on both files, and a dump of every stage of every layer on the
     F32 file (llama-cpp-python, F32 KV cache, flash attention off: on F32 weights llama.cpp computes in float32).
