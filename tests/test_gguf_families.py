@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from families import GGUF
-from tiers import param
+from tiers import first_fast, param
 
 import refllama
 from refllama import arch
@@ -166,7 +166,7 @@ def test_q8_0_logits_in_ggml_numerics_are_llamacpps(family, backend, cpu):
 
 
 @pytest.mark.parametrize("cpu", [c for c in EMULATED["numpy"] if c.startswith("neon")])
-@pytest.mark.parametrize("n, repack", [(1, True), (5, True), (1, False), (39, False)])
+@pytest.mark.parametrize("n, repack", first_fast([(1, True), (5, True), (1, False), (39, False)]))
 @pytest.mark.parametrize("family", FAMILIES)
 def test_q8_0_logits_on_arm_paths_for_few_tokens_and_without_the_repack(family, n, repack, cpu):
     """ARM's kernels for fewer than 8 tokens (ggml_vec_dot_f16's float16 lanes, the F32 vec_dot below 4) and those
