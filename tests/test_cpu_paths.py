@@ -77,6 +77,7 @@ def test_a_path_that_cannot_be_computed_is_refused_by_name(kwargs, message):
         refllama.load(**kwargs)
 
 
+@pytest.mark.slow  # a dump and a compare on each path
 def test_the_dump_and_compare_say_which_path(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cpu_paths, "host_path", lambda: "neon-dotprod")
     m = refllama.load(numerics="ggml", n_ctx=32)  # SmolLM2: Q4_1 and Q8_0, both reproduced on ARM's path

@@ -81,6 +81,7 @@ def test_same_seed_same_draws_different_seed_different_draws():
     assert d1 != [s3(LOGITS, []) for _ in range(200)]
 
 
+@pytest.mark.slow  # several generations
 def test_generation_is_reproducible_with_a_seed(model):
     ids = model.tokenize("Once upon a time")
     run = lambda seed: list(model.generate(ids, max_tokens=12, temperature=1.0, seed=seed))  # noqa: E731

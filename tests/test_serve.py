@@ -203,6 +203,7 @@ def test_failing_ready_callback_is_logged_and_server_serves(server):
     assert "ready callback" in server.log.read_text() and server.health()["status"] == "ready"
 
 
+@pytest.mark.slow  # a server of its own (the fast tier keeps one)
 def test_api_key_is_required_except_for_health(secured):
     assert httpx.get(secured.url + "/health").status_code == 200
     r = httpx.get(secured.url + "/v1/models")
@@ -238,6 +239,7 @@ def test_generation_thread_runs_numba_with_the_threads_asked_for():
         assert w.executor.submit(numba.get_num_threads).result() == 1  # numba's default here: every core
 
 
+@pytest.mark.slow  # a server of its own, loading slowly
 def test_health_is_503_while_loading_and_200_once_ready(monkeypatch):
     from starlette.testclient import TestClient
 

@@ -29,6 +29,7 @@ def phi3(tool, tmp_path_factory):
     return tool.write("phi-3-mini", "q4_k_m", tmp_path_factory.mktemp("synthetic"), n_layer=1)
 
 
+@pytest.mark.slow  # writes a synthetic model
 def test_a_cut_down_synthetic_model_says_so_and_has_the_q4_k_m_mix(phi3):
     g = GGUFFile(phi3)
     assert g.string("general.name").startswith("synthetic phi-3-mini")
