@@ -207,3 +207,18 @@ def test_an_engines_latent_stages_dumped_flat_are_read_by_the_models_widths(dump
     rep = compare(tmp_path / "mine", correct, m)
     assert rep.first is None and {r["stage"] for r in rep.rows} >= {"q", "q_pe", "k_pe", "kv", "q_nope"}
 
+
+
+def test_an_hf_mscale_apart_from_mscale_all_dim_is_transformers_and_llamacpp_is_said_to_differ(tmp_path):
+    """cos and sin times yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim), as transformers
+    and DeepSeek's code; a GGUF cannot carry the ratio, and compare's note says llama.cpp computes another model."""
+    d = tmp_path / "m"
+    shutil.copytree(DATA / "gguf-deepseek3" / "hf-model", d)
+    c = json.loads((d / "config.json").read_text())
+    yarn = {**c["rope_parameters"], "mscale_all_dim": 0.8}
+    (d / "config.json").write_text(json.dumps({**c, "rope_parameters": yarn}))
+    cfg = refllama.load(d, n_ctx=N_CTX).config
+    want = (1 + 0.1 * np.log(4.0)) / (1 + 0.1 * 0.8 * np.log(4.0))
+    assert abs(cfg.rope_attn_factor / want - 1) < 1e-6
+    assert abs(cfg.kq_scale / ((1 + 0.1 * 0.8 * np.log(4.0)) ** 2 / np.sqrt(48)) - 1) < 1e-6
+    assert "mscale_all_dim" in arch.deepseek2.llamacpp_differs(cfg)

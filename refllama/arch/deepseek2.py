@@ -137,10 +137,15 @@ def config_from_hf(c):
 
 
 def llamacpp_differs(cfg):  # -> why llama.cpp computes another model than this config's, or None
-    if cfg.rope_layout == ROPE_LAYOUT:
-        return None
-    return ("this config's rope_interleave is false (q_pe and k_pe rotated in NEOX pairs); llama.cpp's deepseek2 "
-            "graph always rotates adjacent pairs, so it computes another model (docs/references.md)")
+    if cfg.rope_layout != ROPE_LAYOUT:
+        return ("this config's rope_interleave is false (q_pe and k_pe rotated in NEOX pairs); llama.cpp's deepseek2 "
+                "graph always rotates adjacent pairs, so it computes another model (docs/references.md)")
+    if cfg.rope_mscale_in_kq and abs(cfg.rope_attn_factor - 1.0) > 1e-7:
+        return (f"this config's YaRN mscale differs from its mscale_all_dim (cos and sin times their ratio, "
+                f"{cfg.rope_attn_factor:.6g}); a GGUF file carries mscale_all_dim alone and llama.cpp takes mscale to "
+                "equal it, so it computes another model; transformers and DeepSeek's reference code take the ratio "
+                "(docs/references.md)")
+    return None
 
 
 def latent_attention(h, lw, cfg, ops, i, at):  # [T, D] -> [T, D]
