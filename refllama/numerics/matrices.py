@@ -90,13 +90,9 @@ def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matric
             return whole.matmul_parts(x[0]).reshape(1, ids.shape[1], -1)
     quantize = getattr(mats[0], "quantize_rows", None)
     if quantize is not None and x.ndim == 2 and product is not linear:  # a batch's gate and up (numerics ggml):
-        q, (T, K) = quantize(x), ids.shape  # every token's row quantized once, not once an expert and product
-        flat = ids.reshape(-1)
-        out = np.empty((T * K, mats[0].shape[0]), np.float32)
-        for e in map(int, np.unique(flat)):
-            at = np.nonzero(flat == e)[0]
-            out[at] = mats[e].matmul_rows(q, at // K)
-        return out.reshape(T, K, -1)
+        q = quantize(x)  # every token's row quantized once, not once an expert and product; layers.mul_mat_id's
+        tokens = np.arange(len(x))[:, None]  # grouping then hands each expert its rows' token ids
+        return layers.mul_mat_id(tokens, mats, ids, lambda at, w: w.matmul_rows(q, at[:, 0]))
     return layers.mul_mat_id(x, mats, ids, product)
 
 
