@@ -222,3 +222,25 @@ def test_an_hf_mscale_apart_from_mscale_all_dim_is_transformers_and_llamacpp_is_
     assert abs(cfg.rope_attn_factor / want - 1) < 1e-6
     assert abs(cfg.kq_scale / ((1 + 0.1 * 0.8 * np.log(4.0)) ** 2 / np.sqrt(48)) - 1) < 1e-6
     assert "mscale_all_dim" in arch.deepseek2.llamacpp_differs(cfg)
+
+
+def test_an_engines_rotated_parts_in_the_other_pair_layout_are_read_by_its_qk_layout(dumps, tmp_path):
+    """An engine ported from transformers holds q_pe and k_pe with each rotated pair split in halves (its
+    rope_interleave writes them so); with qk_layout "half" declared, compare turns them into the model's pairs and
+    finds nothing wrong; declared as the model's, the hint names the other pairs."""
+    from refllama.pairs import permute_qk
+
+    m, correct = dumps("deepseek3")
+    for declared, wrong in (("half", False), ("interleaved", True)):
+        mine = tmp_path / declared
+        shutil.copytree(correct, mine)
+        manifest = json.loads((mine / "manifest.json").read_text())
+        for t in manifest["tensors"]:
+            if t["name"].split("-")[0] in ("q_pe", "k_pe"):
+                a = np.load(mine / f"{t['name']}.npy")
+                np.save(mine / f"{t['name']}.npy", permute_qk(a, "half", a.shape[-1]))
+        (mine / "manifest.json").write_text(json.dumps({**manifest, "qk_layout": declared}))
+        rep = compare(mine, correct, m)
+        assert (rep.first is not None) == wrong, rep.first
+        if wrong:
+            assert rep.first["stage"] in ("q_pe", "k_pe")

@@ -34,6 +34,7 @@ RECURRENT_INPUTS = ("linear_attn_qkv_mixed", "q_conv_predelta", "k_conv_predelta
 # linear attention's conv and delta rule read every position before theirs: kept at every position, as K and V
 LINEAR_HEAD_STAGES = ("q_conv", "k_conv", "v_conv", "q_conv_predelta", "k_conv_predelta", "attn_output")  # [T, n, LD]
 LATENT_HEAD_STAGES = ("q", "q_nope", "q_pe", "k_pe", "q_nope_absorbed", "kv")  # latent attention's [T, n, d]
+LATENT_ROPED = ("q_pe", "k_pe")  # its rotated parts, in the dump's qk_layout
 SAME_VALUE = (("ffn_inp", "sa_out"),)  # one value, two families' names (the attention's residual sum: Gemma 3's)
 OUTPUT_STAGES = ("result_norm", "result_output")  # a prefill needs these at the positions a dump keeps, no others
 
@@ -502,10 +503,14 @@ class Dump:
             a = a.reshape(a.shape[0], -1, self.head_dim)
         if a.ndim != want:
             _fail(self.dir, f"stage '{name}' has shape {list(a.shape)}; FORMAT.md gives it {want} axes")
-        if stage in QK_STAGES and self.want_layout != self.layout:
+        if (stage in QK_STAGES or stage in LATENT_ROPED) and self.want_layout != self.layout:
             if self.layout is None:
                 _fail(self.dir, "the manifest lacks 'qk_layout' (interleaved or half), needed for q/k stages")
-            a = permute_qk(a, self.want_layout, self.rope_dim)
+            if stage in LATENT_ROPED or self.widths:  # latent attention: a head's last R dims are the rotated ones
+                R = self.widths.get("q_pe") or a.shape[-1]
+                a = np.concatenate([a[..., :-R], permute_qk(a[..., -R:], self.want_layout, R)], axis=-1)
+            else:
+                a = permute_qk(a, self.want_layout, self.rope_dim)
         if stage in V_HEAD_STAGES and self.v_heads is not None:  # v heads in the wanted order
             try:
                 a = reorder_v_heads(stage, a, *self.v_heads, to=self.want_v)
