@@ -355,6 +355,85 @@ def _make_krow(qtype, isa, n_rows, repacked):
     return krow
 
 
+def _make_q4k_rows_vnni():
+    """KROWS of a repacked Q4_K matrix on AVX-512 VNNI: the same float steps (the x86 gemv's, once a block) over the
+    same exact integers, in 512-bit registers. A 64-byte load of codes holds two sub-blocks' worth in each nibble
+    half (low nibbles sub-blocks 2p and 2p + 2, high ones 2p + 1 and 2p + 3), so x's 32-byte chunks are paired to
+    match; a vpdpbusd sums each 4 products (at most 4 * 15 * 127, an int16), and a vpdpwssd multiplies those by their
+    sub-block's scale and adds them (each int32 lane read as two int16: the sum and its sign, the scale and 0): two
+    instructions a 64 codes where the ggml_vec_dot lanes take a vpdpbusd, a vpmulld and an add a 32."""
+    size, n_rows = BLOCK_SIZES[QT.Q4_K][1], N_READ
+    vrows = ir.VectorType(F32, n_rows)
+    v64i8 = ir.VectorType(I8, 64)
+    pairs = ((0, 2), (1, 3), (4, 6), (5, 7))  # the sub-blocks in a code vector's two halves
+
+    def codegen(context, builder, signature, args):
+        ws, x, bs, dx, nb = args
+        rows = [builder.extract_value(ws, r) for r in range(n_rows)]
+        ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), n_rows)
+        dpbusd, dpwssd = (builder.module.declare_intrinsic(f"llvm.x86.avx512.{op}.512", fnty=ir.FunctionType(
+            V16I32, [V16I32] * 3)) for op in ("vpdpbusd", "vpdpwssd"))
+        fma_rows = builder.module.declare_intrinsic(f"llvm.fma.v{n_rows}f32", fnty=ir.FunctionType(vrows, [vrows] * 3))
+        low4, zero = ir.Constant(v64i8, [15] * 64), ir.Constant(V16I32, None)
+        evens, odds = (ir.Constant(V8I32, list(range(o, 16, 2))) for o in (0, 1))
+
+        def block(i, accs):
+            xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
+                I64, 64)))
+            dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
+            chunks = [load(builder, builder.add(xi, ir.Constant(I64, 32 * c)), V32I8) for c in range(8)]
+            xs = [builder.bitcast(builder.shuffle_vector(chunks[a], chunks[b], ir.Constant(ir.VectorType(I32, 64), list(
+                range(64)))), V16I32) for a, b in pairs]
+            sums = load(builder, bsi, V16I32)  # x's 16 sums of 16 -> 8 of 32, as int16, once for each row
+            by_32 = builder.trunc(builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(
+                sums, sums, odds)), ir.VectorType(I16, 8))
+            by_32 = builder.bitcast(builder.shuffle_vector(by_32, by_32, ir.Constant(
+                ir.VectorType(I32, 32), [k % 8 for k in range(32)])), V16I32)
+            blks = [builder.add(w, builder.mul(i, ir.Constant(I64, size))) for w in rows]
+            for blk in blks:
+                prefetch_block(builder, blk, QT.Q4_K, ahead)
+            boths = k_scales_mins_rows(builder, blks, QT.Q4_K)  # a row's scales in lanes 0-7, mins in 8-15
+            isums = []
+            for blk, both in zip(blks, boths, strict=True):
+                qs = [load(builder, field_at(builder, blk, QT.Q4_K, "qs", 64 * h), v64i8) for h in (0, 1)]
+                codes = [c for q in qs for c in (builder.and_(q, low4), builder.and_(builder.lshr(
+                    q, ir.Constant(v64i8, [4] * 64)), low4))]
+                acc = zero
+                for c, (a, b) in enumerate(pairs):
+                    dots = builder.call(dpbusd, [zero, builder.bitcast(codes[c], V16I32), xs[c]])
+                    scale = builder.shuffle_vector(both, both, ir.Constant(V16I32, [a] * 8 + [b] * 8))
+                    acc = builder.call(dpwssd, [acc, dots, scale])
+                isums.append(acc)
+            mins = [builder.trunc(lanes(builder, both, 8, 8), ir.VectorType(I16, 8)) for both in boths]
+            mins = builder.shuffle_vector(*[builder.shuffle_vector(mins[k], mins[k + 1], ir.Constant(
+                ir.VectorType(I32, 16), list(range(16)))) for k in (0, 2)], ir.Constant(ir.VectorType(I32, 32), list(
+                    range(32))))
+            msums = builder.call(dpwssd, [zero, builder.bitcast(mins, V16I32), by_32])  # row r in lanes 4r .. 4r + 3
+            msums = row_totals(builder, [lanes(builder, msums, 4 * r, 4) for r in range(n_rows)])
+
+            def per_row(field):  # the rows' float16 field, one a lane
+                v = ir.Constant(vrows, ir.Undefined)
+                for r, blk in enumerate(blks):
+                    v = builder.insert_element(v, load_f16(builder, field_at(builder, blk, QT.Q4_K, field)),
+                                               ir.Constant(I32, r))
+                return v
+
+            dxs = splat(builder, dxi, vrows)
+            return [builder.call(fma_rows, [builder.sitofp(total, vrows), builder.fmul(per_row(field), dxs), acc])
+                    for acc, total, field in ((accs[0], row_totals(builder, isums), "d"), (accs[1], msums, "dmin"))]
+
+        accs = counted_loop(builder, nb, [ir.Constant(vrows, None)] * 2, block)
+        diff = builder.fsub(*accs)
+        return context.make_tuple(builder, signature.return_type, [builder.extract_element(
+            diff, ir.Constant(I32, r)) for r in range(n_rows)])
+
+    @intrinsic
+    def krows(typingctx, ws, x, bs, dx, nb):
+        return types.UniTuple(types.float32, n_rows)(types.UniTuple(types.int64, n_rows), *[types.int64] * 4), codegen
+
+    return krows
+
+
 LTILE = GTILE = KROW = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows against a lane tile (the form's; the
 # repacked gemv's), one token's row, four
 REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
@@ -459,7 +538,8 @@ def kquant_kernel(qtype, isa=ISA, repacked=False):
         tile = _make_lane_tile(qtype, isa, "gemm" if repacked else "tiled")
         consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, isa, "gemv") if repacked else tile,
                       KROW=_make_krow(qtype, isa, 1, repacked),
-                      KROWS=_make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+                      KROWS=_make_q4k_rows_vnni() if (qtype, isa, repacked) == (QT.Q4_K, "vnni", True) and WIDE
+                      else _make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{isa}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
