@@ -218,16 +218,17 @@ def test_every_instruction_form_sums_the_same_products(isa):
 @pytest.mark.parametrize("isa", KERNEL_ISAS)
 @pytest.mark.parametrize("qtype", sorted(gb.BLOCK_BYTES), ids=lambda t: t.name)
 @pytest.mark.parametrize("T", [1, 3, 8, 19])
-def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T):
+@pytest.mark.parametrize("K", [256, 224])  # MXFP4's one token: 4 blocks at a time, and the last 3 one by one
+def test_integer_kernels_equal_the_numpy_emulation_to_the_bit(qtype, isa, T, K):
     """Both kernel forms (8-token tiles and single tokens) against the NumPy lanes, in each instruction set the
     CPU has."""
     compiles_here(isa)
     N = 40 if qtype == QT.MXFP4 else 37  # MXFP4's kernel: its repacked form's (rows a multiple of 8)
-    raw = random_blocks(qtype, N, 256)
-    x = activations(T, 256)
-    slow = gn.GgmlMatrix(raw, qtype, (N, 256))
+    raw = random_blocks(qtype, N, K)
+    x = activations(T, K)
+    slow = gn.GgmlMatrix(raw, qtype, (N, K))
     want = x @ slow.T
-    fast = gb.NumbaGgmlMatrix([raw], qtype, 256)
+    fast = gb.NumbaGgmlMatrix([raw], qtype, K)
     fast.isa, fast.repacked = isa, slow.repacked
     np.testing.assert_array_equal(x @ fast.T, want)
 

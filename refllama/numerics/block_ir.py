@@ -7,7 +7,7 @@ from llvmlite import ir
 from ..formats.ggml_types import BLOCK_SIZES
 from ..formats.ggml_types import GGMLType as QT
 from .ggml_tables import LAYOUT
-from .ir import F32, I8, I32, I64, V32F32, V32I8, load, load_f16, prefetch, splat
+from .ir import F32, I8, I32, I64, V32F32, V32I8, lanes, load, load_f16, prefetch, splat
 
 V16I8 = ir.VectorType(I8, 16)
 GROUPS = {QT.Q4_0: 1, QT.Q4_1: 1, QT.Q5_0: 1, QT.Q8_0: 1, QT.MXFP4: 1,  # 32s per block
@@ -99,6 +99,25 @@ def k_scales_mins_rows(builder, blks, qtype):
     rows = [builder.shuffle_vector(pair(*words[:2], r), pair(*words[2:], r), ir.Constant(ir.VectorType(I32, 4), [
         0, 1, 2, 3])) for r in range(n)]  # row r's four words
     return [builder.zext(builder.bitcast(v, V16I8), ir.VectorType(I32, 16)) for v in rows]
+
+
+def row_totals(builder, vs, n=None):  # n vectors <m x i32> -> <n x i32>: lane r the sum of vs[r]'s lanes (n <= m,
+    """powers of 2). Neighbouring lanes added, two vectors' into one at a time, until each row's sum is one lane: the
+    rows' totals side by side in fewer shuffles than a reduction a row. (Integer sums: their order changes no bit.)
+    Another n: the result's lanes, each the sum of len(vs) * m / n neighbouring lanes of the vectors in turn."""
+    def pairs(a, b):  # <m> a, <m> b -> <m>: a's neighbours' sums, then b's
+        m = a.type.count
+        return builder.add(*[builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, m), list(range(o, 2 * m, 2))))
+                             for o in (0, 1)])
+
+    n = len(vs) if n is None else n
+    while len(vs) > 1:
+        vs = [pairs(vs[k], vs[k + 1]) for k in range(0, len(vs), 2)]
+    v = vs[0]  # row r in lanes r m / n .. (r + 1) m / n - 1
+    while v.type.count > n:
+        half = v.type.count // 2
+        v = pairs(lanes(builder, v, 0, half), lanes(builder, v, half, half))
+    return v
 
 
 def broadcast_lane(builder, v, i, n):  # lane i of vector v repeated n times

@@ -28,11 +28,27 @@ from .block_ir import (
     nibbles16,
     prefetch_block,
     q5_0_codes,
+    row_totals,
     rows_ahead,
 )
 from .ggml_numerics import GgmlMatrix
-from .ir import F32, I8, I16, I32, I64, V32I8, compile_features, counted_loop, lanes, load, load_f16, specialize, splat
-from .quant import N_READ, TILE_T, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
+from .ir import (
+    F32,
+    I8,
+    I16,
+    I32,
+    I64,
+    V32I8,
+    compile_features,
+    counted_loop,
+    lanes,
+    load,
+    load_f16,
+    prefetch,
+    specialize,
+    splat,
+)
+from .quant import N_READ, TILE_T, WIDE, Blocks, part_of, put_tile, row_address, row_quad, to_lanes
 
 
 def kernel_isa():
@@ -142,6 +158,84 @@ def _row_totals(builder, rows):  # 4 x <8 x i32> -> <4 x i32>: lane r the sum of
     return pairs(pairs(halves[0], halves[1]), pairs(halves[2], halves[3]))
 
 
+def _mxfp4_fours(builder, ws, x, xd, g, ahead, acc, fma4):
+    """The repacked MXFP4 gemv's blocks 4g .. 4g + 3 of the N_READ rows at ws, in 512-bit registers: acc (<4 x
+    float>, a row a lane) after their 4 float steps, fma(isum, d_w * d_x, acc) a block in order, over the same exact
+    integers as a block at a time. A row's 4 blocks are 68 bytes: two loads (at 0 and 4) hold them, one byte
+    permute (vpermt2b) gathers their 64 bytes of codes and a shuffle their 4 scales; x's 4 blocks of 32 are paired
+    to the nibbles (values 0-15 of each block with the low ones); each nibble's value is looked up (vpshufb) and two
+    vpdpbusd sum a row's 4 blocks, 4 lanes a block, where a block at a time takes a vpdpbusd on half a register."""
+    v64i8, size, n_rows = ir.VectorType(I8, 64), BLOCK_BYTES[QT.MXFP4], N_READ
+    base = builder.mul(g, ir.Constant(I64, 4 * size))
+    xs = [load(builder, builder.add(x, builder.add(builder.mul(g, ir.Constant(I64, 128)), ir.Constant(I64, 64 * h))),
+               v64i8) for h in (0, 1)]
+    x_low, x_high = (builder.bitcast(builder.shuffle_vector(*xs, ir.Constant(ir.VectorType(I32, 64), [
+        32 * b + 16 * half + j for b in range(4) for j in range(16)])), V16I32) for half in (0, 1))
+    permute = builder.module.declare_intrinsic("llvm.x86.avx512.vpermi2var.qi.512", fnty=ir.FunctionType(
+        v64i8, [v64i8] * 3))
+    lookup = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(v64i8, [v64i8] * 2))
+    dpbusd = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
+        V16I32, [V16I32] * 3))
+    table, low4 = ir.Constant(v64i8, KVALUES_PLUS_12 * 4), ir.Constant(v64i8, [15] * 64)
+    # the codes of block b: bytes 17 b + 1 .. 17 b + 16, from the load at 0 (below 64) or the one at 4 (64 + j - 4)
+    at = ir.Constant(v64i8, [j if j < 64 else 64 + j - 4 for b in range(4) for j in range(17 * b + 1, 17 * b + 17)])
+    dots, firsts = [], []
+    for r in range(n_rows):
+        blk = builder.add(builder.extract_value(ws, r), base)
+        for line in (0, 64):
+            prefetch(builder, builder.add(blk, builder.add(ahead, ir.Constant(I64, line))))
+        first, last = (load(builder, builder.add(blk, ir.Constant(I64, o)), v64i8) for o in (0, 4))
+        qs = builder.call(permute, [first, at, last])
+        nibbles = builder.and_(qs, low4), builder.and_(builder.lshr(qs, ir.Constant(v64i8, [4] * 64)), low4)
+        v = ir.Constant(V16I32, None)
+        for n, y in zip(nibbles, (x_low, x_high), strict=True):
+            v = builder.call(dpbusd, [v, builder.bitcast(builder.call(lookup, [table, n]), V16I32), y])
+        dots.append(v)  # block b in lanes 4b .. 4b + 3
+        firsts.append(first)
+    # -> lane 4r + b: row r's block b; less 12 times x's sum over block b (the codes' offset)
+    isums = row_totals(builder, dots, 4 * n_rows)
+    ones = ir.Constant(V16I32, [0x01010101] * 16)
+    x_sums = builder.call(dpbusd, [builder.call(dpbusd, [ir.Constant(V16I32, None), ones, x_low]), ones, x_high])
+    x_sums = row_totals(builder, [x_sums], 4)
+    isums = builder.sub(isums, builder.mul(builder.shuffle_vector(x_sums, x_sums, ir.Constant(V16I32, [
+        b for _ in range(n_rows) for b in range(4)])), ir.Constant(V16I32, [OFFSET[QT.MXFP4]] * 16)))
+    e = builder.zext(builder.shuffle_vector(*[builder.shuffle_vector(firsts[k], firsts[k + 1], ir.Constant(
+        ir.VectorType(I32, 8), [64 * h + 17 * b for h in (0, 1) for b in range(4)])) for k in (0, 2)],
+        ir.Constant(V16I32, list(range(16)))), V16I32)  # lane 4r + b: row r's block b's exponent
+    small = builder.shl(ir.Constant(V16I32, [0x00200000] * 16), e)  # as _block_scales: e < 2, the subnormals
+    normal = builder.shl(builder.sub(e, ir.Constant(V16I32, [1] * 16)), ir.Constant(V16I32, [23] * 16))
+    scales = builder.bitcast(builder.select(builder.icmp_unsigned("<", e, ir.Constant(V16I32, [2] * 16)), small,
+                                            normal), V16F32)
+    dx = load(builder, builder.add(xd, builder.mul(g, ir.Constant(I64, 16))), V4F32)
+    ds = builder.fmul(scales, builder.shuffle_vector(dx, dx, ir.Constant(V16I32, [b for _ in range(n_rows)
+                                                                                   for b in range(4)])))
+    isums = builder.sitofp(isums, V16F32)
+    acc = acc[0]
+    for b in range(4):  # block b of every row: lanes b, 4 + b, ..
+        pick = ir.Constant(ir.VectorType(I32, n_rows), [4 * r + b for r in range(n_rows)])
+        acc = builder.call(fma4, [builder.shuffle_vector(isums, isums, pick), builder.shuffle_vector(ds, ds, pick),
+                                  acc])
+    return [acc]
+
+
+def loop_of(builder, n, initial, body):
+    """counted_loop for any n >= 0: its values unchanged where n is 0."""
+    entry, run, after = builder.block, builder.append_basic_block("run"), builder.append_basic_block("after")
+    builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), run, after)
+    builder.position_at_end(run)
+    new = counted_loop(builder, n, initial, body)
+    end = builder.block
+    builder.branch(after)
+    builder.position_at_end(after)
+    values = []
+    for first, last in zip(initial, new, strict=True):
+        phi = builder.phi(first.type)
+        phi.add_incoming(first, entry)
+        phi.add_incoming(last, end)
+        values.append(phi)
+    return values
+
+
 def _make_dot(qtype, isa, repacked):
     """An intrinsic (ws, x, xd, xs, nb) -> N_READ floats: one token's dot products with the rows at addresses ws,
     nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
@@ -201,7 +295,12 @@ def _make_dot(qtype, isa, repacked):
             fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(V4F32, [V4F32] * 3))
             reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32",
                                                        fnty=ir.FunctionType(I32, [V8I32]))
-            acc = counted_loop(builder, nb, [ir.Constant(V4F32, None)], block)[0]
+            acc, done = [ir.Constant(V4F32, None)], ir.Constant(I64, 0)
+            if qtype == QT.MXFP4 and isa == "vnni" and WIDE:  # 4 blocks at a time, the last nb % 4 one by one
+                fours = builder.udiv(nb, ir.Constant(I64, 4))
+                acc = loop_of(builder, fours, acc, lambda g, a: _mxfp4_fours(builder, ws, x, xd, g, ahead, a, fma4))
+                done = builder.mul(fours, ir.Constant(I64, 4))
+            acc = loop_of(builder, builder.sub(nb, done), acc, lambda i, a: block(builder.add(i, done), a))[0]
             results = [builder.extract_element(acc, ir.Constant(I32, r)) for r in range(N_READ)]
             return context.make_tuple(builder, signature.return_type, results)
         sums = counted_loop(builder, nb, [ir.Constant(V8F32, None), ir.Constant(F32, 0.0)] * N_READ, block)

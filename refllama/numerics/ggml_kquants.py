@@ -21,6 +21,7 @@ from .block_ir import (
     prefetch_block,
     q3_k_scales,
     q6_k_codes,
+    row_totals,
     rows_ahead,
 )
 from .ggml_blocks import ISA, MAGIC, V8F32, V8I32, V16F32, V16I32, GgmlBlocks, _dpbusd16, _lanes
@@ -249,24 +250,6 @@ def _make_lane_tile(qtype, isa, form):
         return types.none(types.UniTuple(types.int64, K_TILE_N), *[types.int64] * 6), codegen
 
     return lane_tile
-
-
-def row_totals(builder, vs):  # n vectors <m x i32> -> <n x i32>: lane r the sum of vs[r]'s lanes (n <= m, powers of 2)
-    """Neighbouring lanes added, two vectors' into one at a time, until each row's sum is one lane: the rows' totals
-    side by side in fewer shuffles than a reduction a row. (Integer sums: their order changes no bit.)"""
-    def pairs(a, b):  # <m> a, <m> b -> <m>: a's neighbours' sums, then b's
-        m = a.type.count
-        return builder.add(*[builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(I32, m), list(range(o, 2 * m, 2))))
-                             for o in (0, 1)])
-
-    n = len(vs)
-    while len(vs) > 1:
-        vs = [pairs(vs[k], vs[k + 1]) for k in range(0, len(vs), 2)]
-    v = vs[0]  # row r in lanes r m / n .. (r + 1) m / n - 1
-    while v.type.count > n:
-        half = v.type.count // 2
-        v = pairs(lanes(builder, v, 0, half), lanes(builder, v, half, half))
-    return v
 
 
 def _make_krow(qtype, isa, n_rows, repacked):
