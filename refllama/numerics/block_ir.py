@@ -38,13 +38,13 @@ def bits32(builder, addr, shift, width):  # 32 bytes -> <32 x i8>: bits shift ..
     return builder.and_(builder.lshr(load(builder, addr, V32I8), const8(shift)), const8((1 << width) - 1))
 
 
-def q5_0_codes(builder, blk):  # a Q5_0 block -> <32 x i8> its signed codes: nibble | fifth bit << 4, minus 16
-    v32 = ir.VectorType(I32, 32)
-    bits = builder.lshr(splat(builder, load(builder, field_at(builder, blk, QT.Q5_0, "qh"), I32), v32),
-                        ir.Constant(v32, list(range(32))))  # bit j of qh is value j's fifth bit
-    high = builder.shl(builder.trunc(builder.and_(bits, ir.Constant(v32, [1] * 32)), V32I8), const8(4))
-    codes = builder.or_(nibbles16(builder, field_at(builder, blk, QT.Q5_0, "qs")), high)
-    return builder.sub(codes, const8(16))
+def q5_0_codes(builder, blk, signed=True):  # a Q5_0 block -> <32 x i8> its codes: nibble | fifth bit << 4, minus
+    """16 (or, not `signed`, not). Bit j of qh is value j's fifth bit: a mask of 32 lanes (AVX-512: one k-register
+    move), each lane's 16 where its bit is set."""
+    bits = builder.bitcast(load(builder, field_at(builder, blk, QT.Q5_0, "qh"), I32), ir.VectorType(ir.IntType(1), 32))
+    codes = builder.or_(nibbles16(builder, field_at(builder, blk, QT.Q5_0, "qs")),
+                        builder.select(bits, const8(16), const8(0)))
+    return builder.sub(codes, const8(16)) if signed else codes
 
 
 def mxfp4_codes(builder, blk):  # an MXFP4 block -> <32 x i8>: ggml_tables.KVALUES_MXFP4 of each nibble

@@ -254,7 +254,7 @@ def _make_dot(qtype, isa, repacked):
         def row_block(w, i, y, offset, acc, summs):  # one row's block i added to its sums and its Q4_1 offset sums
             blk = builder.add(w, builder.mul(i, ir.Constant(I64, BLOCK_BYTES[qtype])))
             prefetch_block(builder, blk, qtype, ahead)
-            if qtype in (QT.Q8_0, QT.Q5_0):  # ggml's sign trick: |w| (unsigned) times y with w's sign
+            if qtype == QT.Q8_0:  # ggml's sign trick: |w| (unsigned) times y with w's sign
                 q = _signed_codes(builder, blk, qtype)
                 neg = builder.icmp_signed("<", q, zero)
                 u = builder.select(neg, builder.sub(zero, q), q)
@@ -262,6 +262,8 @@ def _make_dot(qtype, isa, repacked):
                 y = builder.select(neg, builder.sub(zero, y), builder.select(is_zero, zero, y))
             elif qtype == QT.MXFP4:  # its codes plus OFFSET[MXFP4] (unsigned), the offset's products taken off below
                 u = _mxfp4_unsigned(builder, blk, isa)
+            elif qtype == QT.Q5_0:  # its codes plus 16, as Q4_0's plus 8: a lane's integer as the sign trick's
+                u = q5_0_codes(builder, blk, signed=False)
             else:  # 4-bit codes: byte j holds value j (low nibble) and value j + 16 (high)
                 u = nibbles16(builder, field_at(builder, blk, qtype, "qs"))
             dots = _lanes(builder, u, y, isa)
@@ -379,7 +381,7 @@ def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0/MXFP4 block -> 
     return builder.sub(codes, const8(8)) if qtype == QT.Q4_0 else codes
 
 
-OFFSET = {QT.Q4_0: 8, QT.MXFP4: 12}  # what the one-token kernel adds to a type's codes to make them unsigned
+OFFSET = {QT.Q4_0: 8, QT.Q5_0: 16, QT.MXFP4: 12}  # what the one-token kernel adds to codes to make them unsigned
 KVALUES_PLUS_12 = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0]  # ggml_tables.KVALUES_MXFP4 + 12
 
 
