@@ -141,14 +141,21 @@ def _scores_ir(qh, k):  # [T, H, HD] f32, [KVH, S, HD] f32 (float16 values; HD %
     T, H, HD = qh.shape
     KVH, S, _ = k.shape
     out = np.empty((H, T, S), np.float32)
+    G = H // KVH
+    if T == 1:  # one token: each key read once for the G heads that share it (latent attention: all of them)
+        n_chunks = (S + 15) // 16
+        for c in prange(KVH * n_chunks):
+            g, first = c // n_chunks, 16 * (c % n_chunks)
+            q0, k0 = qh.ctypes.data, k.ctypes.data + g * k.strides[0]
+            for s in range(first, min(first + 16, S)):
+                for h in range(g * G, (g + 1) * G):
+                    out[h, 0, s] = KQ_ONE(q0 + h * HD * 4, k0 + s * k.strides[1], HD // (4 * PW))
+        return out
     for ht in prange(H * T):
         h, t = ht // T, ht % T
-        q0, k0 = qh.ctypes.data + (t * H + h) * HD * 4, k.ctypes.data + (h // (H // KVH)) * k.strides[0]
+        q0, k0 = qh.ctypes.data + (t * H + h) * HD * 4, k.ctypes.data + (h // G) * k.strides[0]
         for s in range(S):
-            if T == 1:
-                out[h, t, s] = KQ_ONE(q0, k0 + s * k.strides[1], HD // (4 * PW))
-            else:
-                out[h, t, s] = KQ_MANY(q0, k0 + s * k.strides[1], HD // PW)
+            out[h, t, s] = KQ_MANY(q0, k0 + s * k.strides[1], HD // PW)
     return out
 
 

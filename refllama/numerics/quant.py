@@ -11,7 +11,7 @@ float32 additions is the kernel's, the same on every x86 host.
 A QuantMatrix `w` multiplies as `x @ w.T`, so `layers.linear` is the same code for every backend.
 """
 
-import copy
+import itertools
 from functools import partial
 
 import numpy as np
@@ -287,15 +287,19 @@ class Blocks(WeightMatrix):
 def concat_blocks(ms):
     """One matrix of the rows of several of one class, type, width and form, their blocks joined by reference; or
     None."""
-    first = ms[0]
-    if not all(isinstance(m, Blocks) and type(m) is type(first) and m.qtype == first.qtype
-               and m.shape[1] == first.shape[1] and m.repacked == first.repacked for m in ms):
+    first = ms[0]  # (a decode step joins a token's experts several times a layer: a loop, not a generator)
+    cls, qtype, K, repacked = type(first), first.qtype, first.shape[1], first.repacked
+    if not isinstance(first, Blocks):
         return None
-    whole = copy.copy(first)  # its class, type, form and kernels; the parts were checked when each was made
+    for m in ms:
+        if type(m) is not cls or m.qtype != qtype or m.shape[1] != K or m.repacked != repacked:
+            return None
+    whole = cls.__new__(cls)  # its class, type, form and kernels; the parts were checked when each was made
+    whole.__dict__.update(first.__dict__)
     whole.parts = [p for m in ms for p in m.parts]
     whole.bases = np.concatenate([m.bases for m in ms])
-    whole.starts = np.cumsum([0] + [len(p) for p in whole.parts]).astype(np.int64)
-    whole.shape = (int(whole.starts[-1]), first.shape[1])
+    whole.starts = np.array([0, *itertools.accumulate(len(p) for p in whole.parts)], np.int64)
+    whole.shape = (int(whole.starts[-1]), K)
     return whole
 
 
