@@ -424,7 +424,7 @@ def test_numba_f32_products_equal_numpy_in_every_form(T, N, K, path):
     lambda r, q: QuantMatrix([r], q, 256),
     lambda r, q: gq.NumbaKQuantMatrix([r], q, 256) if q in gq.K_QUANTS else gb.NumbaGgmlMatrix([r], q, 256),
 ], ids=["float32", "ggml"])
-@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0])
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0, QT.Q4_0, QT.MXFP4])
 @pytest.mark.parametrize("repack", [False, True])
 def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, repack):
     """mul_mat_id for one token: its K experts' matrices joined into one kernel call, by its one row (gate, up) and

@@ -158,7 +158,7 @@ def _row_totals(builder, rows):  # 4 x <8 x i32> -> <4 x i32>: lane r the sum of
     return pairs(pairs(halves[0], halves[1]), pairs(halves[2], halves[3]))
 
 
-def _mxfp4_fours(builder, ws, x, xd, g, ahead, acc, fma4):
+def _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, acc, fma4):
     """The repacked MXFP4 gemv's blocks 4g .. 4g + 3 of the N_READ rows at ws, in 512-bit registers: acc (<4 x
     float>, a row a lane) after their 4 float steps, fma(isum, d_w * d_x, acc) a block in order, over the same exact
     integers as a block at a time. A row's 4 blocks are 68 bytes: two loads (at 0 and 4) hold them, one byte
@@ -167,10 +167,8 @@ def _mxfp4_fours(builder, ws, x, xd, g, ahead, acc, fma4):
     vpdpbusd sum a row's 4 blocks, 4 lanes a block, where a block at a time takes a vpdpbusd on half a register."""
     v64i8, size, n_rows = ir.VectorType(I8, 64), BLOCK_BYTES[QT.MXFP4], N_READ
     base = builder.mul(g, ir.Constant(I64, 4 * size))
-    xs = [load(builder, builder.add(x, builder.add(builder.mul(g, ir.Constant(I64, 128)), ir.Constant(I64, 64 * h))),
-               v64i8) for h in (0, 1)]
-    x_low, x_high = (builder.bitcast(builder.shuffle_vector(*xs, ir.Constant(ir.VectorType(I32, 64), [
-        32 * b + 16 * half + j for b in range(4) for j in range(16)])), V16I32) for half in (0, 1))
+    x_low, x_high = (load(builder, builder.add(x, builder.add(builder.mul(g, ir.Constant(I64, 128)), ir.Constant(
+        I64, 64 * h))), V16I32) for h in (0, 1))  # _fours_of's order: blocks' values 0-15, then 16-31
     permute = builder.module.declare_intrinsic("llvm.x86.avx512.vpermi2var.qi.512", fnty=ir.FunctionType(
         v64i8, [v64i8] * 3))
     lookup = builder.module.declare_intrinsic("llvm.x86.avx512.pshuf.b.512", fnty=ir.FunctionType(v64i8, [v64i8] * 2))
@@ -192,13 +190,11 @@ def _mxfp4_fours(builder, ws, x, xd, g, ahead, acc, fma4):
             v = builder.call(dpbusd, [v, builder.bitcast(builder.call(lookup, [table, n]), V16I32), y])
         dots.append(v)  # block b in lanes 4b .. 4b + 3
         firsts.append(first)
-    # -> lane 4r + b: row r's block b; less 12 times x's sum over block b (the codes' offset)
+    # -> lane 4r + b: row r's block b; less the codes' offset times x's sum over block b (_fours_of's)
     isums = row_totals(builder, dots, 4 * n_rows)
-    ones = ir.Constant(V16I32, [0x01010101] * 16)
-    x_sums = builder.call(dpbusd, [builder.call(dpbusd, [ir.Constant(V16I32, None), ones, x_low]), ones, x_high])
-    x_sums = row_totals(builder, [x_sums], 4)
-    isums = builder.sub(isums, builder.mul(builder.shuffle_vector(x_sums, x_sums, ir.Constant(V16I32, [
-        b for _ in range(n_rows) for b in range(4)])), ir.Constant(V16I32, [OFFSET[QT.MXFP4]] * 16)))
+    offsets = load(builder, builder.add(xs, builder.mul(g, ir.Constant(I64, 16))), V4I32)
+    isums = builder.sub(isums, builder.shuffle_vector(offsets, offsets, ir.Constant(V16I32, [
+        b for _ in range(n_rows) for b in range(4)])))
     e = builder.zext(builder.shuffle_vector(*[builder.shuffle_vector(firsts[k], firsts[k + 1], ir.Constant(
         ir.VectorType(I32, 8), [64 * h + 17 * b for h in (0, 1) for b in range(4)])) for k in (0, 2)],
         ir.Constant(V16I32, list(range(16)))), V16I32)  # lane 4r + b: row r's block b's exponent
@@ -298,10 +294,10 @@ def _make_dot(qtype, isa, repacked):
             reduce8 = builder.module.declare_intrinsic("llvm.vector.reduce.add.v8i32",
                                                        fnty=ir.FunctionType(I32, [V8I32]))
             acc, done = [ir.Constant(V4F32, None)], ir.Constant(I64, 0)
-            if qtype == QT.MXFP4 and isa == "vnni" and WIDE:  # 4 blocks at a time, the last nb % 4 one by one
-                fours = builder.udiv(nb, ir.Constant(I64, 4))
-                acc = loop_of(builder, fours, acc, lambda g, a: _mxfp4_fours(builder, ws, x, xd, g, ahead, a, fma4))
-                done = builder.mul(fours, ir.Constant(I64, 4))
+            if fours(qtype, isa, repacked):  # 4 blocks at a time, the last nb % 4 one by one
+                n4 = builder.udiv(nb, ir.Constant(I64, 4))
+                acc = loop_of(builder, n4, acc, lambda g, a: _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, a, fma4))
+                done = builder.mul(n4, ir.Constant(I64, 4))
             acc = loop_of(builder, builder.sub(nb, done), acc, lambda i, a: block(builder.add(i, done), a))[0]
             results = [builder.extract_element(acc, ir.Constant(I32, r)) for r in range(N_READ)]
             return context.make_tuple(builder, signature.return_type, results)
@@ -382,6 +378,7 @@ def _signed_codes(builder, blk, qtype):  # a Q4_0/Q4_1/Q5_0/Q8_0/MXFP4 block -> 
 
 
 OFFSET = {QT.Q4_0: 8, QT.Q5_0: 16, QT.MXFP4: 12}  # what the one-token kernel adds to codes to make them unsigned
+MXFP4_OFFSET = OFFSET[QT.MXFP4]
 KVALUES_PLUS_12 = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0]  # ggml_tables.KVALUES_MXFP4 + 12
 
 
@@ -499,8 +496,34 @@ def _make_block_tile(qtype, isa, repacked):
     return block_tile
 
 
-# one type's intrinsics (a token's N_READ rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC
-DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = None
+# one type's intrinsics (a token's N_READ rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC,
+# whether a token's rows go 4 blocks at a time (_mxfp4_fours)
+DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = FOURS = None
+
+
+def fours(qtype, isa, repacked):
+    return qtype == QT.MXFP4 and isa == "vnni" and repacked and WIDE
+
+
+@njit(cache=True)
+def _fours_of(xq):  # [P, K] i8 -> [P, K] i8, [P, K/32] i32: _mxfp4_fours' x, block by block
+    """Each 4 blocks' 128 codes in the nibbles' order (each block's values 0-15, then each block's 16-31), and each
+    block's codes' sum times OFFSET[MXFP4] (the codes' offset); the last K/32 % 4 blocks as they are."""
+    P, K = xq.shape
+    nb = K // 32
+    paired, offsets = xq.copy(), np.zeros((P, nb), np.int32)
+    for p in range(P):
+        for b in range(nb):
+            total = 0
+            for j in range(32):
+                total += xq[p, 32 * b + j]
+            offsets[p, b] = MXFP4_OFFSET * total
+        for g in range(nb // 4):
+            for b in range(4):
+                for j in range(16):
+                    paired[p, 128 * g + 16 * b + j] = xq[p, 128 * g + 32 * b + j]
+                    paired[p, 128 * g + 64 + 16 * b + j] = xq[p, 128 * g + 32 * b + 16 + j]
+    return paired, offsets
 
 
 def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
@@ -516,12 +539,14 @@ def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and
         xd, xs, T = np.ascontiguousarray(xd.T), np.ascontiguousarray(xs.T), 1
     out = np.empty((T, N), np.float32)
     if T == 1:
+        # _mxfp4_fours': x in its order, and (in xs' place: MXFP4 has no s) its offsets' products
+        xw, offsets = _fours_of(xq) if FOURS else (xq, np.zeros((1, 1), np.int32))
         n_quads = (N + N_READ - 1) // N_READ
         n_chunks = min(n_quads, 64)
         for c in prange(n_chunks):
             # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
             # (taken before it, Numba may free xq once its last named use has passed)
-            x0, d0, s0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+            x0, d0, s0 = xw.ctypes.data, xd.ctypes.data, offsets.ctypes.data if FOURS else xs.ctypes.data
             for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
                 p = part_of(starts, N_READ * q) if per_part else 0
                 sums = DOTS(row_quad(bases, starts, q, N, nb * ROW_BYTES), x0 + p * K, d0 + p * nb * 4,
@@ -558,7 +583,7 @@ def _make_matmul(qtype, isa, repacked):
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{isa}"
     return specialize(_matmul, name, DOTS=_make_dot(qtype, isa, repacked), CODES=_make_block_codes(qtype),
                       BTILE=_make_block_tile(qtype, isa, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
-                      N_ROWS=BLOCK_TILE_N[repacked], BIAS=0 if repacked else MAGIC)
+                      N_ROWS=BLOCK_TILE_N[repacked], BIAS=0 if repacked else MAGIC, FOURS=fours(qtype, isa, repacked))
 
 
 KERNELS = {}  # (qtype, isa, repacked) -> compiled matmul, made on first use

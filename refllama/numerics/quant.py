@@ -288,9 +288,9 @@ def concat_blocks(ms):
     """One matrix of the rows of several of one class, type, width and form, their blocks joined by reference; or
     None."""
     first = ms[0]  # (a decode step joins a token's experts several times a layer: a loop, not a generator)
-    cls, qtype, K, repacked = type(first), first.qtype, first.shape[1], first.repacked
     if not isinstance(first, Blocks):
         return None
+    cls, qtype, K, repacked = type(first), first.qtype, first.shape[1], first.repacked
     for m in ms:
         if type(m) is not cls or m.qtype != qtype or m.shape[1] != K or m.repacked != repacked:
             return None
