@@ -21,13 +21,14 @@ reports the speed each keeps. --cpu-path picks numba-ggml's CPU path (numerics "
 path its build takes. To run refllama's kernels as an AVX2-only host compiles them, set
 NUMBA_CPU_NAME=haswell NUMBA_CPU_FEATURES=+avx2,+fma,+f16c (Numba's own cache keeps them apart).
 
-    python tools/bench.py [-m MODEL] [--threads N] [--busy] [--repeat 3] [--prompt 128 --decode 128]
+    python tools/bench.py [-m MODEL] [--threads N] [--busy] [--repeat 3] [--rounds 1] [--prompt 128 --decode 128]
                           [--engines numpy,numba,...] [--cpu-path avx2]
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -197,6 +198,9 @@ def main():
     p.add_argument("--cpu-path", help="numba-ggml's CPU path (default: this host's)")
     p.add_argument("--engines", default="numpy,numba,numba-ggml,llama.cpp,transformers")
     p.add_argument("--repeat", type=int, default=3, help="prefill + decode runs per engine; the best time counts")
+    p.add_argument("--rounds", type=int, default=1, help="run the engines in turn this many times, each in a fresh "
+                   "process (a shared machine's speed moves between runs minutes apart: each round's ratios are of "
+                   "neighbouring runs); the table takes each engine's best, the ratios each round's and their median")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -208,24 +212,28 @@ def main():
         return child(args.child, path, args.threads, json.loads(args.ids), args.repeat, args.cpu_path)
     cfg, name, size_mb = describe(path)
     ids = json.dumps(prompt_ids(path, args.prompt))
-    rows, busy = {}, {}
-    for engine in args.engines.split(","):
-        if not installed(engine) or (engine == "llama.cpp" and os.path.isdir(path)):
-            print(f"{engine}: not installed or not for this model, skipped", file=sys.stderr)
-            continue
-        command = [sys.executable, __file__, "--child", engine, "-m", path, "--threads", str(args.threads), "--ids",
-                   ids, "--repeat", str(args.repeat), "--decode", str(N_DECODE)] + (
-                   ["--cpu-path", args.cpu_path] if args.cpu_path else [])
-        for runs, burner in ((rows, False), (busy, True))[:1 + args.busy]:
-            r = run_child(command, burner)
-            if r.returncode != 0:
-                print(f"{engine}: failed{' (busy)' if burner else ''}\n{r.stderr[-2000:]}", file=sys.stderr)
-                break
-            runs[engine] = json.loads(r.stdout.strip().splitlines()[-1])
+    rounds, busy = [], {}  # rounds: each round's {engine: result}
+    engines = [e for e in args.engines.split(",") if installed(e) and not (e == "llama.cpp" and os.path.isdir(path))]
+    for engine in sorted(set(args.engines.split(",")) - set(engines)):
+        print(f"{engine}: not installed or not for this model, skipped", file=sys.stderr)
+    for _ in range(args.rounds):
+        rounds.append({})
+        for engine in engines:
+            command = [sys.executable, __file__, "--child", engine, "-m", path, "--threads", str(args.threads),
+                       "--ids", ids, "--repeat", str(args.repeat), "--decode", str(N_DECODE)] + (
+                       ["--cpu-path", args.cpu_path] if args.cpu_path else [])
+            for runs, burner in ((rounds[-1], False), (busy, True))[:1 + args.busy]:
+                r = run_child(command, burner)
+                if r.returncode != 0:
+                    print(f"{engine}: failed{' (busy)' if burner else ''}\n{r.stderr[-2000:]}", file=sys.stderr)
+                    break
+                runs[engine] = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = {e: best([rd[e] for rd in rounds if e in rd]) for e in engines if any(e in rd for rd in rounds)}
     bandwidth = memory_bandwidth(args.threads or os.cpu_count())
     numba_cpu = " ".join(os.environ.get(v, "") for v in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES")).strip()
     print(f"{name} ({os.path.basename(path.rstrip('/'))}, {size_mb:.0f} MB), {cpu_name()}, {os.cpu_count()} cores, "
           f"{args.prompt}-token prompt, {N_DECODE} decoded tokens, best of {args.repeat}"
+          + (f" in each of {args.rounds} rounds" if args.rounds > 1 else "")
           + (f", Numba compiling for {numba_cpu}" if numba_cpu else "")
           + f"; memory bandwidth {bandwidth / 1e9:.1f} GB/s: reading the weights once takes "
           f"{size_mb * 2**20 / bandwidth:.2f} s, at most {bandwidth / (size_mb * 2**20):.1f} tok/s of decode\n")
@@ -247,8 +255,12 @@ def main():
                   f"{r['decode_tok_s'] / q['decode_tok_s']:.2f}x |")
 
     def ratio(a, b, key):
-        if a in rows and b in rows:
-            print(f"- {a} / {b} {key.split('_')[0]}: {rows[a][key] / rows[b][key]:.2f}x")
+        each = [rd[a][key] / rd[b][key] for rd in rounds if a in rd and b in rd]
+        if len(each) == 1:
+            print(f"- {a} / {b} {key.split('_')[0]}: {each[0]:.2f}x")
+        elif each:
+            print(f"- {a} / {b} {key.split('_')[0]}: {statistics.median(each):.2f}x, the median of the rounds' "
+                  + ", ".join(f"{v:.2f}x" for v in each))
     print()
     for mine in ("numpy", "numba", "numba-ggml"):
         for peer in ("llama.cpp", "transformers"):
@@ -257,6 +269,16 @@ def main():
     kv_mb = (args.prompt + N_DECODE) * cfg.n_layer * 2 * cfg.n_head_kv * cfg.head_dim * 4 / 2**20
     for e, r in rows.items():
         print(f"- {e} peak RSS / (file + KV cache {kv_mb:.0f} MB): {r['peak_rss_mb'] / (size_mb + kv_mb):.2f}x")
+
+
+def best(runs):  # one engine's rounds -> one row: its fastest prefill and decode, its largest memory
+    row = dict(runs[0])
+    for key in ("prefill_tok_s", "decode_tok_s"):
+        row[key] = max(r[key] for r in runs)
+    for key in ("peak_rss_mb", "anon_mb", "file_mb"):
+        row[key] = max(r[key] for r in runs)
+    row["load_s"] = min(r["load_s"] for r in runs)
+    return row
 
 
 def run_child(command, burner):

@@ -4,7 +4,7 @@ Activations are quantized to Q8_K in Numba; a batch runs as lane tiles, 16 token
 
 import numpy as np
 from llvmlite import ir
-from numba import prange, types
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..formats.ggml_types import BLOCK_SIZES
@@ -341,10 +341,11 @@ def _make_krow(qtype, isa, n_rows, repacked):
 def _make_q4k_rows_vnni():
     """KROWS of a repacked Q4_K matrix on AVX-512 VNNI: the same float steps (the x86 gemv's, once a block) over the
     same exact integers, in 512-bit registers. A 64-byte load of codes holds two sub-blocks' worth in each nibble
-    half (low nibbles sub-blocks 2p and 2p + 2, high ones 2p + 1 and 2p + 3), so x's 32-byte chunks are paired to
-    match; a vpdpbusd sums each 4 products (at most 4 * 15 * 127, an int16), and a vpdpwssd multiplies those by their
-    sub-block's scale and adds them (each int32 lane read as two int16: the sum and its sign, the scale and 0): two
-    instructions a 64 codes where the ggml_vec_dot lanes take a vpdpbusd, a vpmulld and an add a 32."""
+    half (low nibbles sub-blocks 2p and 2p + 2, high ones 2p + 1 and 2p + 3), so x's 32-byte chunks come paired to
+    match, and its sums of 32 as int16 once for each row (_q4_k_pairs, once a token); a vpdpbusd sums each 4
+    products (at most 4 * 15 * 127, an int16), and a vpdpwssd multiplies those by their sub-block's scale and adds
+    them (each int32 lane read as two int16: the sum and its sign, the scale and 0): two instructions a 64 codes
+    where the ggml_vec_dot lanes take a vpdpbusd, a vpmulld and an add a 32."""
     size, n_rows = BLOCK_SIZES[QT.Q4_K][1], N_READ
     vrows = ir.VectorType(F32, n_rows)
     v64i8 = ir.VectorType(I8, 64)
@@ -358,20 +359,13 @@ def _make_q4k_rows_vnni():
             V16I32, [V16I32] * 3)) for op in ("vpdpbusd", "vpdpwssd"))
         fma_rows = builder.module.declare_intrinsic(f"llvm.fma.v{n_rows}f32", fnty=ir.FunctionType(vrows, [vrows] * 3))
         low4, zero = ir.Constant(v64i8, [15] * 64), ir.Constant(V16I32, None)
-        evens, odds = (ir.Constant(V8I32, list(range(o, 16, 2))) for o in (0, 1))
 
         def block(i, accs):
             xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
                 I64, 64)))
             dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
-            chunks = [load(builder, builder.add(xi, ir.Constant(I64, 32 * c)), V32I8) for c in range(8)]
-            xs = [builder.bitcast(builder.shuffle_vector(chunks[a], chunks[b], ir.Constant(ir.VectorType(I32, 64), list(
-                range(64)))), V16I32) for a, b in pairs]
-            sums = load(builder, bsi, V16I32)  # x's 16 sums of 16 -> 8 of 32, as int16, once for each row
-            by_32 = builder.trunc(builder.add(builder.shuffle_vector(sums, sums, evens), builder.shuffle_vector(
-                sums, sums, odds)), ir.VectorType(I16, 8))
-            by_32 = builder.bitcast(builder.shuffle_vector(by_32, by_32, ir.Constant(
-                ir.VectorType(I32, 32), [k % 8 for k in range(32)])), V16I32)
+            xs = [load(builder, builder.add(xi, ir.Constant(I64, 64 * c)), V16I32) for c in range(4)]  # _q4_k_pairs'
+            by_32 = load(builder, bsi, V16I32)
             blks = [builder.add(w, builder.mul(i, ir.Constant(I64, size))) for w in rows]
             for blk in blks:
                 prefetch_block(builder, blk, QT.Q4_K, ahead)
@@ -419,7 +413,30 @@ def _make_q4k_rows_vnni():
 
 LTILE = GTILE = KROW = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows against a lane tile (the form's; the
 # repacked gemv's), one token's row, four
-REPACKED = SIZE = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes
+REPACKED = SIZE = PAIRS = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
+# whether one token's rows go through _make_q4k_rows_vnni
+
+
+def q4_k_rows_vnni(qtype, isa, repacked):
+    return (qtype, isa, repacked) == (QT.Q4_K, "vnni", True) and WIDE
+
+
+@njit(cache=True)
+def _q4_k_pairs(xq, bsums):  # [P, K] i8, [P, K/16] i32 -> [P, K] i8, [P, K/16] i32: _make_q4k_rows_vnni's x
+    """Each block's 32-code chunks in the order 0, 2, 1, 3, 4, 6, 5, 7 (the nibbles' pairs), and its 8 sums of 32
+    as int16, the 8 repeated 4 times (a row quad's), in the sums' place (64 bytes a block either way)."""
+    P, K = xq.shape
+    pairs = np.empty_like(xq)
+    sums = np.empty((P, K // 256 * 32), np.int16)
+    for p in range(P):
+        for b in range(K // 256):
+            for c in range(8):
+                at = 256 * b + 32 * (c // 4 * 4 + (c % 4) // 2 + 2 * (c % 2))  # chunk c's source
+                pairs[p, 256 * b + 32 * c:256 * b + 32 * c + 32] = xq[p, at:at + 32]
+                total = bsums[p, 16 * b + 2 * c] + bsums[p, 16 * b + 2 * c + 1]
+                for r in range(4):
+                    sums[p, 32 * b + 8 * r + c] = total
+    return pairs, sums.view(np.int32)
 
 
 def _quantize_q8_K(X, four, rows):  # [T, K] f32 -> q [rows, K] i8, d [rows, K/256] f32, bsums [rows, K/16] i32
@@ -474,10 +491,11 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
     if T == 1:  # one token: N_READ rows at a time (row_quad)
+        xw, sw = _q4_k_pairs(xq, bsums) if PAIRS else (xq, bsums)
         n_quads = (N + N_READ - 1) // N_READ
         n_chunks = min(n_quads, 64)
         for c in prange(n_chunks):
-            x0, b0, d0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
+            x0, b0, d0 = xw.ctypes.data, sw.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
             for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
                 p = part_of(starts, N_READ * q) if per_part else 0
                 sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0 + p * K, b0 + p * (K // 16) * 4,
@@ -521,8 +539,9 @@ def kquant_kernel(qtype, isa=ISA, repacked=False):
         tile = _make_lane_tile(qtype, isa, "gemm" if repacked else "tiled")
         consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, isa, "gemv") if repacked else tile,
                       KROW=_make_krow(qtype, isa, 1, repacked),
-                      KROWS=_make_q4k_rows_vnni() if (qtype, isa, repacked) == (QT.Q4_K, "vnni", True) and WIDE
-                      else _make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1])
+                      KROWS=_make_q4k_rows_vnni() if q4_k_rows_vnni(qtype, isa, repacked)
+                      else _make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
+                      PAIRS=q4_k_rows_vnni(qtype, isa, repacked))
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{isa}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
