@@ -44,6 +44,7 @@ from .ir import (
     lanes,
     load,
     load_f16,
+    loop_of,
     prefetch,
     specialize,
     splat,
@@ -162,9 +163,10 @@ def _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, acc, fma4):
     """The repacked MXFP4 gemv's blocks 4g .. 4g + 3 of the N_READ rows at ws, in 512-bit registers: acc (<4 x
     float>, a row a lane) after their 4 float steps, fma(isum, d_w * d_x, acc) a block in order, over the same exact
     integers as a block at a time. A row's 4 blocks are 68 bytes: two loads (at 0 and 4) hold them, one byte
-    permute (vpermt2b) gathers their 64 bytes of codes and a shuffle their 4 scales; x's 4 blocks of 32 are paired
-    to the nibbles (values 0-15 of each block with the low ones); each nibble's value is looked up (vpshufb) and two
-    vpdpbusd sum a row's 4 blocks, 4 lanes a block, where a block at a time takes a vpdpbusd on half a register."""
+    permute (vpermt2b) gathers their 64 bytes of codes and a shuffle their 4 scales; x's 4 blocks of 32 come paired
+    to the nibbles (values 0-15 of each block with the low ones) and their offsets' products in xs (_fours_of, once
+    a token); each nibble's value is looked up (vpshufb) and two vpdpbusd sum a row's 4 blocks, 4 lanes a block,
+    where a block at a time takes a vpdpbusd on half a register."""
     v64i8, size, n_rows = ir.VectorType(I8, 64), BLOCK_BYTES[QT.MXFP4], N_READ
     base = builder.mul(g, ir.Constant(I64, 4 * size))
     x_low, x_high = (load(builder, builder.add(x, builder.add(builder.mul(g, ir.Constant(I64, 128)), ir.Constant(
@@ -214,27 +216,56 @@ def _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, acc, fma4):
     return [acc]
 
 
-def loop_of(builder, n, initial, body):
-    """counted_loop for any n >= 0: its values unchanged where n is 0."""
-    entry, run, after = builder.block, builder.append_basic_block("run"), builder.append_basic_block("after")
-    builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), run, after)
-    builder.position_at_end(run)
-    new = counted_loop(builder, n, initial, body)
-    end = builder.block
-    builder.branch(after)
-    builder.position_at_end(after)
-    values = []
-    for first, last in zip(initial, new, strict=True):
-        phi = builder.phi(first.type)
-        phi.add_incoming(first, entry)
-        phi.add_incoming(last, end)
-        values.append(phi)
-    return values
+def in_pairs(qtype, isa, repacked):  # whether one token's vec_dot rows go 2 blocks at a time (_block_pairs)
+    return qtype in (QT.Q8_0, QT.Q5_0) and isa == "vnni" and not repacked and WIDE
+
+
+def _block_pairs(builder, qtype, ws, x, xd, g, ahead, sums, fma8):
+    """ggml_vec_dot's blocks 2g and 2g + 1 of the N_READ rows at ws (Q8_0, Q5_0), in 512-bit registers: a row's
+    two blocks' codes in one vector against x's 64 codes, one vpdpbusd for both blocks' 8 lanes (Q8_0 by ggml's sign
+    trick, Q5_0's codes plus 16 with the offset's products taken off once for every row), then each block's float
+    step into the row's 8 lanes in order, fma(d_w * d_x, lane, acc): the sums and steps of a block at a time."""
+    v64i8, size = ir.VectorType(I8, 64), BLOCK_BYTES[qtype]
+    dpbusd = builder.module.declare_intrinsic("llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(
+        V16I32, [V16I32] * 3))
+    zero, zero8 = ir.Constant(V16I32, None), ir.Constant(v64i8, None)
+    y = load(builder, builder.add(x, builder.mul(g, ir.Constant(I64, 64))), v64i8)
+    offset = None
+    if qtype in OFFSET:
+        offset = builder.call(dpbusd, [zero, ir.Constant(V16I32, [OFFSET[qtype] * 0x01010101] * 16),
+                                       builder.bitcast(y, V16I32)])
+    dxs = [load(builder, builder.add(xd, builder.mul(builder.add(builder.mul(g, ir.Constant(I64, 2)), ir.Constant(
+        I64, k)), ir.Constant(I64, 4))), F32) for k in (0, 1)]
+    out = list(sums)
+    for r in range(N_READ):
+        blks = [builder.add(builder.extract_value(ws, r), builder.mul(builder.add(builder.mul(g, ir.Constant(I64, 2)),
+                                                                                ir.Constant(I64, k)), ir.Constant(
+            I64, size))) for k in (0, 1)]
+        for blk in blks:
+            prefetch_block(builder, blk, qtype, ahead)
+        codes = [q5_0_codes(builder, blk, signed=False) if qtype == QT.Q5_0 else
+                 load(builder, field_at(builder, blk, qtype, "qs"), V32I8) for blk in blks]
+        u = builder.shuffle_vector(*codes, ir.Constant(ir.VectorType(I32, 64), list(range(64))))
+        yr = y
+        if qtype == QT.Q8_0:  # |w| times y with w's sign (w = 0: |w| is 0)
+            neg = builder.icmp_signed("<", u, zero8)
+            u, yr = builder.select(neg, builder.sub(zero8, u), u), builder.select(neg, builder.sub(zero8, y), y)
+        dots = builder.call(dpbusd, [zero, builder.bitcast(u, V16I32), builder.bitcast(yr, V16I32)])
+        if offset is not None:
+            dots = builder.sub(dots, offset)
+        lanes16 = builder.sitofp(dots, V16F32)
+        acc = out[2 * r]
+        for k, blk in enumerate(blks):  # d_w * d_x, then the block's 8 lanes
+            d = builder.fmul(_block_scale(builder, blk, qtype), dxs[k])
+            acc = builder.call(fma8, [splat(builder, d, V8F32), lanes(builder, lanes16, 8 * k, 8), acc])
+        out[2 * r] = acc
+    return out
 
 
 def _make_dot(qtype, isa, repacked):
     """An intrinsic (ws, x, xd, xs, nb) -> N_READ floats: one token's dot products with the rows at addresses ws,
-    nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block. Per
+    nb blocks each, read side by side; x: the token's Q8 codes, xd, xs: its d and s (float32) per block (MXFP4's
+    four blocks at a time: _fours_of's x and offsets). Per
     block ggml_vec_dot's 8 int32 lanes, fma(d_w * d_x, lane, acc) into 8 float32 lanes, hsum_float_8 at the end
     (Q4_1: plus the m_w * s_x sums); `repacked` (Q4_0): x86's repacked gemv, one fma(isum, d_w * d_x, acc) a
     block."""
@@ -301,7 +332,12 @@ def _make_dot(qtype, isa, repacked):
             acc = loop_of(builder, builder.sub(nb, done), acc, lambda i, a: block(builder.add(i, done), a))[0]
             results = [builder.extract_element(acc, ir.Constant(I32, r)) for r in range(N_READ)]
             return context.make_tuple(builder, signature.return_type, results)
-        sums = counted_loop(builder, nb, [ir.Constant(V8F32, None), ir.Constant(F32, 0.0)] * N_READ, block)
+        sums, done = [ir.Constant(V8F32, None), ir.Constant(F32, 0.0)] * N_READ, ir.Constant(I64, 0)
+        if in_pairs(qtype, isa, repacked):  # 2 blocks at a time, the last nb % 2 alone
+            n2 = builder.udiv(nb, ir.Constant(I64, 2))
+            sums = loop_of(builder, n2, sums, lambda g, s: _block_pairs(builder, qtype, ws, x, xd, g, ahead, s, fma8))
+            done = builder.mul(n2, ir.Constant(I64, 2))
+        sums = loop_of(builder, builder.sub(nb, done), sums, lambda i, s: block(builder.add(i, done), s))
         results = []
         for r in range(N_READ):
             acc, summs = sums[2 * r], sums[2 * r + 1]

@@ -75,6 +75,24 @@ def counted_loop(builder, n, initial, body):
     return new
 
 
+def loop_of(builder, n, initial, body):
+    """counted_loop for any n >= 0: its values unchanged where n is 0."""
+    entry, run, after = builder.block, builder.append_basic_block("run"), builder.append_basic_block("after")
+    builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), run, after)
+    builder.position_at_end(run)
+    new = counted_loop(builder, n, initial, body)
+    end = builder.block
+    builder.branch(after)
+    builder.position_at_end(after)
+    values = []
+    for first, last in zip(initial, new, strict=True):
+        phi = builder.phi(first.type)
+        phi.add_incoming(first, entry)
+        phi.add_incoming(last, end)
+        values.append(phi)
+    return values
+
+
 def prefetch(builder, addr):
     """A hint to bring the cache line at addr into the L2 cache ahead of its use (prefetcht1): the hardware
     prefetchers alone keep the kernels' reads well below the memory's bandwidth, and hints into L1 (prefetcht0)
