@@ -49,3 +49,20 @@ def test_matvec_1536x576(benchmark, kind):
         raw = rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((1536, 576), qt), dtype=np.uint8)
         w = QuantMatrix([raw], qt, 576)
     benchmark(lambda: x @ w.T)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "MXFP4", "Q8_0", "Q5_0"])
+def test_ggml_one_token_5760x2816(benchmark, qtype):
+    """numerics ggml's one-token product (the decode step's) on a matrix of a gpt-oss expert's width that stays in
+    L3: the kernels' own speed, not the memory's; its bytes over the time are docs/performance.md's GB/s. Repacked
+    where llama.cpp's x86 build repacks the type (Q4_K, MXFP4)."""
+    from refllama.formats.ggml_types import QuantizedTensor
+    from refllama.numerics.ggml_kernels import GgmlNumbaPlacement
+
+    rng = np.random.default_rng(0)
+    qt = QT[qtype]
+    raw = rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((5760, 2816), qt), dtype=np.uint8)
+    w = GgmlNumbaPlacement()(QuantizedTensor(raw, qt, (5760, 2816)))
+    x = rng.standard_normal((1, 2816)).astype(np.float32)
+    benchmark.extra_info["MB"] = raw.nbytes / 1e6  # GB/s = MB / median (ms)
+    benchmark(lambda: x @ w.T)
