@@ -411,10 +411,12 @@ def _make_q4k_rows_vnni():
     return krows
 
 
-LTILE = GTILE = KROW = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows against a lane tile (the form's; the
-# repacked gemv's), one token's row, four
+LTILE = GTILE = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows against a lane tile (the form's; the
+# repacked gemv's), one token against N_READ rows
 REPACKED = SIZE = PAIRS = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
 # whether one token's rows go through _make_q4k_rows_vnni
+FEW = 4  # a repacked matrix's mul_mat_id rows at most this many go one at a time: a lane tile's 16 lanes cost alike
+# for 1 to 16 rows, one token's kernel less up to 4 (a Moonlight expert, 1408 x 2048 Q4_K, 2 rows: 113 us to 259)
 
 
 def q4_k_rows_vnni(qtype, isa, repacked):
@@ -483,27 +485,31 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
     (the gemv, or vec_dot), or (`per_part`, T = 1) each part's rows through it with their own row of x (one token's
     experts, parts of whole quads); a repacked matrix's tokens in fours through the gemm (float steps every
     GEMM_STEP sub-blocks), the rest through the gemv, or (`gemv`: mul_mat_id's form) every token through the gemv's
-    float steps; 8 or more tokens of a matrix not repacked through the tiled kernel (float steps per block); fewer,
-    vec_dot each. The gemm, the tiled kernel and a batch's gemv run as lane tiles (LTILE, GTILE: TILE_T tokens
-    against K_TILE_N rows); `xq`, `dx`, `bsums` have rows up to a multiple of TILE_T (zeros past the T tokens, results
-    dropped)."""
+    float steps (up to FEW tokens: each through KROWS); 8 or more tokens of a matrix not repacked through the tiled
+    kernel (float steps per block); fewer, vec_dot each. The gemm, the tiled kernel and a batch's gemv run as lane
+    tiles (LTILE, GTILE: TILE_T tokens against K_TILE_N rows); the tokens they do not take, one at a time through
+    KROWS; `xq`, `dx`, `bsums` have rows up to a multiple of TILE_T (zeros past the T tokens, results dropped)."""
     K = xq.shape[1]
     N, nb = starts[-1], K // 256
     out = np.empty((T, N), np.float32)
-    if T == 1:  # one token: N_READ rows at a time (row_quad)
-        xw, sw = _q4_k_pairs(xq, bsums) if PAIRS else (xq, bsums)
+    # the tokens the tiles take; a few rows of a repacked matrix's mul_mat_id go as single tokens (fewer passes)
+    tiled = 0 if T == 1 or (gemv and T <= FEW) else T if gemv else T - T % 4 if REPACKED else (T if T >= 8 else 0)
+    if tiled < T:  # the others one token at a time, N_READ rows side by side (row_quad)
+        xw, sw = _q4_k_pairs(xq[tiled:], bsums[tiled:]) if PAIRS else (xq[tiled:], bsums[tiled:])
+        dw = dx[tiled:]
         n_quads = (N + N_READ - 1) // N_READ
         n_chunks = min(n_quads, 64)
         for c in prange(n_chunks):
-            x0, b0, d0 = xw.ctypes.data, sw.ctypes.data, dx.ctypes.data  # taken here: the arrays stay alive
+            x0, b0, d0 = xw.ctypes.data, sw.ctypes.data, dw.ctypes.data  # taken here: the arrays stay alive
             for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
-                p = part_of(starts, N_READ * q) if per_part else 0
-                sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0 + p * K, b0 + p * (K // 16) * 4,
-                             d0 + p * nb * 4, nb)
-                for i in range(N_READ):
-                    out[0, min(N_READ * q + i, N - 1)] = sums[i]
+                for t in range(T - tiled):
+                    p = part_of(starts, N_READ * q) if per_part else t
+                    sums = KROWS(row_quad(bases, starts, q, N, nb * SIZE), x0 + p * K, b0 + p * (K // 16) * 4,
+                                 d0 + p * nb * 4, nb)
+                    for i in range(N_READ):
+                        out[tiled + t, min(N_READ * q + i, N - 1)] = sums[i]
+    if tiled == 0:
         return out
-    tiled = T if gemv else T - T % 4 if REPACKED else (T if T >= 8 else 0)  # the tokens the tiles take
     n_tiles = (tiled + TILE_T - 1) // TILE_T
     xt, bt, dt = to_lanes(xq.view(np.int32), n_tiles), to_lanes(bsums, n_tiles), to_lanes(dx, n_tiles)
     bf = bt.astype(np.float32)
@@ -512,7 +518,7 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
     for c in prange(n_chunks):
         res = np.empty((K_TILE_N, TILE_T), np.float32)
         w = np.zeros(8, np.int64)
-        x0, b0, d0, r0 = xq.ctypes.data, bsums.ctypes.data, dx.ctypes.data, res.ctypes.data
+        r0 = res.ctypes.data
         for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
             n0, rows = g * K_TILE_N, min(K_TILE_N, N - g * K_TILE_N)
             for i in range(K_TILE_N):
@@ -524,9 +530,6 @@ def _kquant_matmul(xq, dx, bsums, T, bases, starts, gemv, per_part):  # Q8_K x [
                 else:
                     LTILE(ws, xt[j].ctypes.data, bt[j].ctypes.data, bf[j].ctypes.data, dt[j].ctypes.data, nb, r0)
                 put_tile(out, res, j * TILE_T, n0, rows, min(TILE_T, tiled - j * TILE_T))
-            for t in range(tiled, T):
-                for i in range(rows):
-                    out[t, n0 + i] = KROW((w[i],), x0 + t * K, b0 + t * (K // 16) * 4, d0 + t * nb * 4, nb)[0]
     return out
 
 
@@ -538,7 +541,6 @@ def kquant_kernel(qtype, isa=ISA, repacked=False):
     if key not in KERNELS:
         tile = _make_lane_tile(qtype, isa, "gemm" if repacked else "tiled")
         consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, isa, "gemv") if repacked else tile,
-                      KROW=_make_krow(qtype, isa, 1, repacked),
                       KROWS=_make_q4k_rows_vnni() if q4_k_rows_vnni(qtype, isa, repacked)
                       else _make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
                       PAIRS=q4_k_rows_vnni(qtype, isa, repacked))
