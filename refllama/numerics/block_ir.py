@@ -59,10 +59,17 @@ def mxfp4_codes(builder, blk):  # an MXFP4 block -> <32 x i8>: ggml_tables.KVALU
 
 
 def e8m0_half(builder, blk):  # an MXFP4 block -> its float scale, ggml_tables.e8m0_half of its exponent byte
-    e = builder.zext(load(builder, field_at(builder, blk, QT.MXFP4, "e"), I8), I32)
-    small = builder.shl(ir.Constant(I32, 0x00200000), e)  # e < 2: the subnormals
-    normal = builder.shl(builder.sub(e, ir.Constant(I32, 1)), ir.Constant(I32, 23))
-    return builder.bitcast(builder.select(builder.icmp_unsigned("<", e, ir.Constant(I32, 2)), small, normal), F32)
+    return e8m0_halves(builder, builder.zext(load(builder, field_at(builder, blk, QT.MXFP4, "e"), I8), I32))
+
+
+def e8m0_halves(builder, e):  # exponents (i32 or <n x i32>) -> ggml_tables.e8m0_half of each, float or <n x float>
+    def c(v):
+        return ir.Constant(e.type, v if isinstance(e.type, ir.IntType) else [v] * e.type.count)
+
+    small = builder.shl(c(0x00200000), e)  # e < 2: the subnormals
+    normal = builder.shl(builder.sub(e, c(1)), c(23))
+    floats = F32 if isinstance(e.type, ir.IntType) else ir.VectorType(F32, e.type.count)
+    return builder.bitcast(builder.select(builder.icmp_unsigned("<", e, c(2)), small, normal), floats)
 
 
 def k_scales_mins(builder, blk, qtype):

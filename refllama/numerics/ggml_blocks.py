@@ -23,6 +23,7 @@ from ..formats.ggml_types import GGMLType as QT
 from .block_ir import (
     const8,
     e8m0_half,
+    e8m0_halves,
     field_at,
     mxfp4_codes,
     nibbles16,
@@ -142,10 +143,7 @@ def _block_scales(builder, blks, qtype):  # 4 rows' blocks -> <4 x float>: each 
     for r, blk in enumerate(blks):
         e = builder.insert_element(e, builder.zext(load(builder, field_at(builder, blk, qtype, "e"), I8), I32),
                                    ir.Constant(I32, r))
-    small = builder.shl(ir.Constant(V4I32, [0x00200000] * 4), e)  # e < 2: the subnormals
-    normal = builder.shl(builder.sub(e, ir.Constant(V4I32, [1] * 4)), ir.Constant(V4I32, [23] * 4))
-    return builder.bitcast(builder.select(builder.icmp_unsigned("<", e, ir.Constant(V4I32, [2] * 4)), small, normal),
-                           V4F32)
+    return e8m0_halves(builder, e)
 
 
 def _row_totals(builder, rows):  # 4 x <8 x i32> -> <4 x i32>: lane r the sum of rows[r]'s lanes (exact integers)
@@ -200,10 +198,7 @@ def _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, acc, fma4):
     e = builder.zext(builder.shuffle_vector(*[builder.shuffle_vector(firsts[k], firsts[k + 1], ir.Constant(
         ir.VectorType(I32, 8), [64 * h + 17 * b for h in (0, 1) for b in range(4)])) for k in (0, 2)],
         ir.Constant(V16I32, list(range(16)))), V16I32)  # lane 4r + b: row r's block b's exponent
-    small = builder.shl(ir.Constant(V16I32, [0x00200000] * 16), e)  # as _block_scales: e < 2, the subnormals
-    normal = builder.shl(builder.sub(e, ir.Constant(V16I32, [1] * 16)), ir.Constant(V16I32, [23] * 16))
-    scales = builder.bitcast(builder.select(builder.icmp_unsigned("<", e, ir.Constant(V16I32, [2] * 16)), small,
-                                            normal), V16F32)
+    scales = e8m0_halves(builder, e)
     dx = load(builder, builder.add(xd, builder.mul(g, ir.Constant(I64, 16))), V4F32)
     ds = builder.fmul(scales, builder.shuffle_vector(dx, dx, ir.Constant(V16I32, [b for _ in range(n_rows)
                                                                                    for b in range(4)])))

@@ -416,7 +416,7 @@ LTILE = GTILE = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows aga
 REPACKED = SIZE = PAIRS = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
 # whether one token's rows go through _make_q4k_rows_vnni
 FEW = 4  # a repacked matrix's mul_mat_id rows at most this many go one at a time: a lane tile's 16 lanes cost alike
-# for 1 to 16 rows, one token's kernel less up to 4 (a Moonlight expert, 1408 x 2048 Q4_K, 2 rows: 113 us to 259)
+# for 1 to 16 rows, one token's kernel less up to 4 (docs/performance.md)
 
 
 def q4_k_rows_vnni(qtype, isa, repacked):
