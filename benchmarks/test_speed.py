@@ -66,3 +66,20 @@ def test_ggml_one_token_5760x2816(benchmark, qtype):
     x = rng.standard_normal((1, 2816)).astype(np.float32)
     benchmark.extra_info["MB"] = raw.nbytes / 1e6  # GB/s = MB / median (ms)
     benchmark(lambda: x @ w.T)
+
+
+@pytest.mark.parametrize("T", [1, 2, 6, 16])
+@pytest.mark.parametrize("qtype", ["Q4_K", "MXFP4", "Q8_0", "Q5_0"])
+def test_ggml_expert_rows_2048x1536(benchmark, qtype, T):
+    """An expert's product with the few rows a prefill hands it (llama.cpp's mul_mat_id: the gemv on each row where
+    the type is repacked): the rows one at a time up to the type's FEW, a lane tile of 16 past it; the time over T
+    against T = 1's says which costs less (docs/performance.md)."""
+    from refllama.formats.ggml_types import QuantizedTensor
+    from refllama.numerics.ggml_kernels import GgmlNumbaPlacement
+
+    rng = np.random.default_rng(0)
+    qt = QT[qtype]
+    raw = rng.integers(0, 0x3C, gguf.quant_shape_to_byte_shape((2048, 1536), qt), dtype=np.uint8)
+    w = GgmlNumbaPlacement()(QuantizedTensor(raw, qt, (2048, 1536)))
+    x = rng.standard_normal((T, 1536)).astype(np.float32)
+    benchmark(lambda: w.matmul_id(x) if hasattr(w, "matmul_id") else x @ w.T)

@@ -89,8 +89,13 @@ def test_f32_every_stage_of_every_layer_matches_llamacpp(family, tmp_path):
     rows = report.rows
     assert len(rows) == len(shared)
     assert bool(absorbed) == ("absorbed form, compared at the stages both forms share" in " ".join(report.coverage))
-    for row in rows:
-        assert row["max_rel"] <= e2e_tol, f"{row['name']}: max_rel {row['max_rel']:.2e}"
+    for row in rows:  # float32's rounding grows with a stage's magnitude, not its range: a stage near 1 that varies
+        # by 0.1 (ffn_moe_weights_sum) carries another CPU's BLAS's last bits upstream to 1e-5 of its range
+        values = theirs[row["name"]]
+        values = values[np.isfinite(values)]  # the experts routing masks at -inf
+        span = float(np.ptp(values)) or 1.0
+        scale = max(span, float(np.abs(values).max())) / span
+        assert row["max_rel"] <= e2e_tol * scale, f"{row['name']}: max_rel {row['max_rel']:.2e}"
         local, tol = row["local_REF"], band("llama.cpp F32", row["stage"])
         assert local["max_rel"] <= tol[0] and local["nmse"] <= tol[1], f"{row['name']} recomputed: {local}"
     assert rel_err(m.logits(r["token_ids"].tolist()), r["llamacpp_logits_f32"]) < e2e_tol

@@ -211,6 +211,59 @@ def _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, acc, fma4):
     return [acc]
 
 
+def _mxfp4_fours_avx2(builder, ws, x, xd, xs, g, ahead, acc, fma4):
+    """_mxfp4_fours in 256-bit registers: the same x (_fours_of's), blocks two at a time. A row's two blocks' codes
+    in one register (two 16-byte loads), each nibble's value looked up (vpshufb), the low and the high nibbles'
+    products with x in pairs (vpmaddubsw: at most 24 * 127 * 2 a pair, and two pairs' sum within int16) added,
+    then in 8 int32 lanes (vpmaddwd), 4 a block; three vphaddd take the 4 rows' lanes to one lane a row and block,
+    block-major in the register's halves: each block's float step takes a half as it is."""
+    v32i8, v16i16, size = ir.VectorType(I8, 32), ir.VectorType(I16, 16), BLOCK_BYTES[QT.MXFP4]
+    v16i8 = ir.VectorType(I8, 16)
+    base = builder.mul(g, ir.Constant(I64, 4 * size))
+
+    def declare(name, ret, *args):
+        return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ret, list(args)))
+
+    lookup = declare("llvm.x86.avx2.pshuf.b", v32i8, v32i8, v32i8)
+    maddubs = declare("llvm.x86.avx2.pmadd.ub.sw", v16i16, v32i8, v32i8)
+    madd = declare("llvm.x86.avx2.pmadd.wd", V8I32, v16i16, v16i16)
+    hadd = declare("llvm.x86.avx2.phadd.d", V8I32, V8I32, V8I32)
+    table, low4 = ir.Constant(v32i8, KVALUES_PLUS_12 * 2), ir.Constant(v32i8, [15] * 32)
+    ones = ir.Constant(v16i16, [1] * 16)
+    xg = builder.add(x, builder.mul(g, ir.Constant(I64, 128)))
+    offsets = load(builder, builder.add(xs, builder.mul(g, ir.Constant(I64, 16))), V4I32)
+    dx = load(builder, builder.add(xd, builder.mul(g, ir.Constant(I64, 16))), V4F32)
+    blks = [builder.add(builder.extract_value(ws, r), base) for r in range(N_READ)]
+    for blk in blks:
+        for line in (0, 64):
+            prefetch(builder, builder.add(blk, builder.add(ahead, ir.Constant(I64, line))))
+    acc = acc[0]
+    for pair in (0, 1):  # blocks 2 pair and 2 pair + 1
+        y_low, y_high = (load(builder, builder.add(xg, ir.Constant(I64, 32 * pair + 64 * h)), v32i8) for h in (0, 1))
+        dots = []
+        for blk in blks:
+            halves = [load(builder, builder.add(blk, ir.Constant(I64, size * (2 * pair + b) + 1)), v16i8)
+                      for b in (0, 1)]
+            qs = builder.shuffle_vector(*halves, ir.Constant(ir.VectorType(I32, 32), list(range(32))))
+            low, high = builder.and_(qs, low4), builder.and_(builder.lshr(qs, ir.Constant(v32i8, [4] * 32)), low4)
+            pairs = builder.add(*[builder.call(maddubs, [builder.call(lookup, [table, n]), y])
+                                  for n, y in ((low, y_low), (high, y_high))])
+            dots.append(builder.call(madd, [pairs, ones]))  # block 2 pair in lanes 0-3, the next in 4-7
+        # lanes 0-3: rows 0-3's first block, 4-7 their second (vphaddd adds within each 128-bit half)
+        isums = builder.call(hadd, [builder.call(hadd, dots[:2]), builder.call(hadd, dots[2:])])
+        order = [2 * pair + b for b in (0, 1) for _ in range(N_READ)]
+        isums = builder.sub(isums, builder.shuffle_vector(offsets, offsets, ir.Constant(V8I32, order)))
+        e = ir.Constant(V8I32, ir.Undefined)  # the exponents, rows 0-3's of the first block, then of the second
+        for k, (b, r) in enumerate((b, r) for b in (0, 1) for r in range(N_READ)):
+            at = builder.add(blks[r], ir.Constant(I64, size * (2 * pair + b)))
+            e = builder.insert_element(e, builder.zext(load(builder, at, I8), I32), ir.Constant(I32, k))
+        ds = builder.fmul(e8m0_halves(builder, e), builder.shuffle_vector(dx, dx, ir.Constant(V8I32, order)))
+        isums = builder.sitofp(isums, V8F32)
+        for b in (0, 1):
+            acc = builder.call(fma4, [lanes(builder, isums, 4 * b, 4), lanes(builder, ds, 4 * b, 4), acc])
+    return [acc]
+
+
 def in_pairs(qtype, isa, repacked):  # whether one token's vec_dot rows go 2 blocks at a time (_block_pairs)
     return qtype in (QT.Q8_0, QT.Q5_0) and isa == "vnni" and not repacked and WIDE
 
@@ -322,7 +375,8 @@ def _make_dot(qtype, isa, repacked):
             acc, done = [ir.Constant(V4F32, None)], ir.Constant(I64, 0)
             if fours(qtype, isa, repacked):  # 4 blocks at a time, the last nb % 4 one by one
                 n4 = builder.udiv(nb, ir.Constant(I64, 4))
-                acc = loop_of(builder, n4, acc, lambda g, a: _mxfp4_fours(builder, ws, x, xd, xs, g, ahead, a, fma4))
+                four = _mxfp4_fours if isa == "vnni" else _mxfp4_fours_avx2
+                acc = loop_of(builder, n4, acc, lambda g, a: four(builder, ws, x, xd, xs, g, ahead, a, fma4))
                 done = builder.mul(n4, ir.Constant(I64, 4))
             acc = loop_of(builder, builder.sub(nb, done), acc, lambda i, a: block(builder.add(i, done), a))[0]
             results = [builder.extract_element(acc, ir.Constant(I32, r)) for r in range(N_READ)]
@@ -528,12 +582,19 @@ def _make_block_tile(qtype, isa, repacked):
 
 
 # one type's intrinsics (a token's N_READ rows; a row's codes unpacked; a block tile), sizes, the starts' MAGIC,
-# whether a token's rows go 4 blocks at a time (_mxfp4_fours)
-DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = FOURS = None
+# whether a token's rows go 4 blocks at a time (_mxfp4_fours), the most tokens that go one at a time
+DOTS = CODES = BTILE = ROW_BYTES = N_ROWS = BIAS = FOURS = FEW = None
+
+
+# the most tokens a product takes one at a time (each row quad read once for all of them), by type and CPU path:
+# on AVX2 a block tile costs alike for 1 to 16 tokens, and Q8_0's (its codes against x + 128, widened to int16)
+# more than a token at a time at every batch (docs/performance.md); not named, one token
+FEW_TOKENS = {(QT.Q4_0, "avx2"): 8, (QT.Q4_1, "avx2"): 8, (QT.Q5_0, "avx2"): 12, (QT.MXFP4, "avx2"): 6,
+              (QT.Q8_0, "avx2"): 1 << 30}
 
 
 def fours(qtype, isa, repacked):
-    return qtype == QT.MXFP4 and isa == "vnni" and repacked and WIDE
+    return qtype == QT.MXFP4 and repacked and (isa == "vnni" and WIDE or isa == "avx2")
 
 
 @njit(cache=True)
@@ -559,17 +620,18 @@ def _fours_of(xq):  # [P, K] i8 -> [P, K] i8, [P, K/32] i32: _mxfp4_fours' x, bl
 
 def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and first rows -> [T, N] f32
     """Or (`per_part`) -> [1, N]: part p's rows times X[p], each as one token's product (one token's experts,
-    parts of whole quads)."""
+    parts of whole quads). Up to FEW tokens go one at a time, each row quad read once for all of them; more, TILE_T
+    at a time in the lanes of the block tiles. A token's products are the same floats either way."""
     T, K = X.shape
     N, nb = starts[-1], K // 32
     xq = np.empty((T, K), np.int8)
     xd = np.empty((nb, T), np.float32)  # block by block, the tokens side by side
     xs = np.empty((nb, T), np.float32)
     quantize_q8(X, xq, xd, xs)
-    if per_part:  # each part's token's d and s in a row of their own
-        xd, xs, T = np.ascontiguousarray(xd.T), np.ascontiguousarray(xs.T), 1
-    out = np.empty((T, N), np.float32)
-    if T == 1:
+    if per_part or T <= FEW:
+        dr, sr = np.ascontiguousarray(xd.T), np.ascontiguousarray(xs.T)  # [T, nb]: a token's d and s together
+        n_out = 1 if per_part else T
+        out = np.empty((n_out, N), np.float32)
         # _mxfp4_fours': x in its order, and (in xs' place: MXFP4 has no s) its offsets' products
         xw, offsets = _fours_of(xq) if FOURS else (xq, np.zeros((1, 1), np.int32))
         n_quads = (N + N_READ - 1) // N_READ
@@ -577,14 +639,16 @@ def _matmul(X, bases, starts, per_part):  # [T, K] f32, the parts' addresses and
         for c in prange(n_chunks):
             # addresses taken here, inside the loop: the arrays are then the loop's own arguments, kept alive by it
             # (taken before it, Numba may free xq once its last named use has passed)
-            x0, d0, s0 = xw.ctypes.data, xd.ctypes.data, offsets.ctypes.data if FOURS else xs.ctypes.data
+            x0, d0, s0 = xw.ctypes.data, dr.ctypes.data, offsets.ctypes.data if FOURS else sr.ctypes.data
             for q in range(c * n_quads // n_chunks, (c + 1) * n_quads // n_chunks):
-                p = part_of(starts, N_READ * q) if per_part else 0
-                sums = DOTS(row_quad(bases, starts, q, N, nb * ROW_BYTES), x0 + p * K, d0 + p * nb * 4,
-                            s0 + p * nb * 4, nb)
-                for i in range(N_READ):
-                    out[0, min(N_READ * q + i, N - 1)] = sums[i]
+                quad = row_quad(bases, starts, q, N, nb * ROW_BYTES)
+                for t in range(n_out):
+                    p = part_of(starts, N_READ * q) if per_part else t
+                    sums = DOTS(quad, x0 + p * K, d0 + p * nb * 4, s0 + p * nb * 4, nb)
+                    for i in range(N_READ):
+                        out[t, min(N_READ * q + i, N - 1)] = sums[i]
         return out
+    out = np.empty((T, N), np.float32)
     n_tiles = (T + TILE_T - 1) // TILE_T
     # the tokens in lanes: x's codes plus 128 (each byte's sign bit flipped: 0x80808080), their d and s
     xt, dt, st = to_lanes(xq.view(np.int32) ^ np.int32(-0x7F7F7F80), n_tiles), to_lanes(xd.T, n_tiles), \
@@ -614,7 +678,8 @@ def _make_matmul(qtype, isa, repacked):
     name = f"matmul_{qtype.name}{'_repacked' if repacked else ''}_{isa}"
     return specialize(_matmul, name, DOTS=_make_dot(qtype, isa, repacked), CODES=_make_block_codes(qtype),
                       BTILE=_make_block_tile(qtype, isa, repacked), ROW_BYTES=BLOCK_BYTES[qtype],
-                      N_ROWS=BLOCK_TILE_N[repacked], BIAS=0 if repacked else MAGIC, FOURS=fours(qtype, isa, repacked))
+                      N_ROWS=BLOCK_TILE_N[repacked], BIAS=0 if repacked else MAGIC, FOURS=fours(qtype, isa, repacked),
+                      FEW=FEW_TOKENS.get((qtype, isa), 1))
 
 
 KERNELS = {}  # (qtype, isa, repacked) -> compiled matmul, made on first use

@@ -415,8 +415,9 @@ LTILE = GTILE = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows aga
 # repacked gemv's), one token against N_READ rows
 REPACKED = SIZE = PAIRS = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
 # whether one token's rows go through _make_q4k_rows_vnni
-FEW = 4  # a repacked matrix's mul_mat_id rows at most this many go one at a time: a lane tile's 16 lanes cost alike
-# for 1 to 16 rows, one token's kernel less up to 4 (docs/performance.md)
+FEW = None  # a repacked matrix's mul_mat_id rows at most this many go one at a time (FEW_ROWS)
+FEW_ROWS = {"vnni": 4, "avx2": 8}  # by CPU path: a lane tile's 16 lanes cost alike for 1 to 16 rows, one token's
+# kernel less up to this many (docs/performance.md); not named, 4
 
 
 def q4_k_rows_vnni(qtype, isa, repacked):
@@ -543,7 +544,7 @@ def kquant_kernel(qtype, isa=ISA, repacked=False):
         consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, isa, "gemv") if repacked else tile,
                       KROWS=_make_q4k_rows_vnni() if q4_k_rows_vnni(qtype, isa, repacked)
                       else _make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
-                      PAIRS=q4_k_rows_vnni(qtype, isa, repacked))
+                      PAIRS=q4_k_rows_vnni(qtype, isa, repacked), FEW=FEW_ROWS.get(isa, 4))
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{isa}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
     return KERNELS[key]
