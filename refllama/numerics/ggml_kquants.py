@@ -416,8 +416,8 @@ LTILE = GTILE = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows aga
 REPACKED = SIZE = PAIRS = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
 # whether one token's rows go through _make_q4k_rows_vnni
 FEW = None  # a repacked matrix's mul_mat_id rows at most this many go one at a time (FEW_ROWS)
-FEW_ROWS = {"vnni": 4, "avx2": 8}  # by CPU path: a lane tile's 16 lanes cost alike for 1 to 16 rows, one token's
-# kernel less up to this many (docs/performance.md); not named, 4
+FEW_ROWS = {"avx2": 8}  # by CPU path (others 4): a lane tile's 16 lanes cost alike for 1 to 16 rows, one token's
+# kernel less up to this many (docs/performance.md)
 
 
 def q4_k_rows_vnni(qtype, isa, repacked):
