@@ -338,55 +338,106 @@ def _make_krow(qtype, isa, n_rows, repacked):
     return krow
 
 
-def _make_q4k_rows_vnni():
-    """KROWS of a repacked Q4_K matrix on AVX-512 VNNI: the same float steps (the x86 gemv's, once a block) over the
-    same exact integers, in 512-bit registers. A 64-byte load of codes holds two sub-blocks' worth in each nibble
-    half (low nibbles sub-blocks 2p and 2p + 2, high ones 2p + 1 and 2p + 3), so x's 32-byte chunks come paired to
-    match, and its sums of 32 as int16 once for each row (_q4_k_pairs, once a token); a vpdpbusd sums each 4
-    products (at most 4 * 15 * 127, an int16), and a vpdpwssd multiplies those by their sub-block's scale and adds
-    them (each int32 lane read as two int16: the sum and its sign, the scale and 0): two instructions a 64 codes
-    where the ggml_vec_dot lanes take a vpdpbusd, a vpmulld and an add a 32."""
-    size, n_rows = BLOCK_SIZES[QT.Q4_K][1], N_READ
-    vrows = ir.VectorType(F32, n_rows)
+def _q4k_sums_vnni(builder, x, bs, nb, i, blks):
+    """A repacked Q4_K matrix's integer sums on AVX-512 VNNI, in 512-bit registers. A 64-byte load of codes holds two
+    sub-blocks' worth in each nibble half (low nibbles sub-blocks 2p and 2p + 2, high ones 2p + 1 and 2p + 3), so x's
+    32-byte chunks come paired to match, and its sums of 32 as int16 once for each row (_q4_k_pairs, once a token); a
+    vpdpbusd sums each 4 products (at most 4 * 15 * 127, an int16), and a vpdpwssd multiplies those by their
+    sub-block's scale and adds them (each int32 lane read as two int16: the sum and its sign, the scale and 0): two
+    instructions a 64 codes where the ggml_vec_dot lanes take a vpdpbusd, a vpmulld and an add a 32."""
     v64i8 = ir.VectorType(I8, 64)
     pairs = ((0, 2), (1, 3), (4, 6), (5, 7))  # the sub-blocks in a code vector's two halves
+    dpbusd, dpwssd = (builder.module.declare_intrinsic(f"llvm.x86.avx512.{op}.512", fnty=ir.FunctionType(
+        V16I32, [V16I32] * 3)) for op in ("vpdpbusd", "vpdpwssd"))
+    low4, zero = ir.Constant(v64i8, [15] * 64), ir.Constant(V16I32, None)
+    xi = builder.add(x, builder.mul(i, ir.Constant(I64, 256)))
+    xs = [load(builder, builder.add(xi, ir.Constant(I64, 64 * c)), V16I32) for c in range(4)]  # _q4_k_pairs'
+    by_32 = load(builder, builder.add(bs, builder.mul(i, ir.Constant(I64, 64))), V16I32)
+    boths = k_scales_mins_rows(builder, blks, QT.Q4_K)  # a row's scales in lanes 0-7, mins in 8-15
+    isums = []
+    for blk, both in zip(blks, boths, strict=True):
+        qs = [load(builder, field_at(builder, blk, QT.Q4_K, "qs", 64 * h), v64i8) for h in (0, 1)]
+        codes = [c for q in qs for c in (builder.and_(q, low4), builder.and_(builder.lshr(
+            q, ir.Constant(v64i8, [4] * 64)), low4))]
+        acc = zero
+        for c, (a, b) in enumerate(pairs):
+            dots = builder.call(dpbusd, [zero, builder.bitcast(codes[c], V16I32), xs[c]])
+            scale = builder.shuffle_vector(both, both, ir.Constant(V16I32, [a] * 8 + [b] * 8))
+            acc = builder.call(dpwssd, [acc, dots, scale])
+        isums.append(acc)
+    mins = [builder.trunc(lanes(builder, both, 8, 8), ir.VectorType(I16, 8)) for both in boths]
+    mins = builder.shuffle_vector(*[builder.shuffle_vector(mins[k], mins[k + 1], ir.Constant(
+        ir.VectorType(I32, 16), list(range(16)))) for k in (0, 2)], ir.Constant(ir.VectorType(I32, 32), list(
+            range(32))))
+    msums = builder.call(dpwssd, [zero, builder.bitcast(mins, V16I32), by_32])  # row r in lanes 4r .. 4r + 3
+    return row_totals(builder, isums), row_totals(builder, [lanes(builder, msums, 4 * r, 4) for r in range(
+        len(blks))])
+
+
+def _q4k_sums_avx2(builder, x, bs, nb, i, blks):
+    """A repacked Q4_K matrix's integer sums on AVX2, in fewer instructions than the vec_dot lanes' form: each 32
+    codes one vpmaddubsw and one vpmaddwd by the sub-block's scale, picked from the row's scales by one vpshufb (as
+    ggml's AVX2 vec_dot), the mins one 128-bit vpmaddwd a row against x's sums of 32 (taken once a block for the
+    rows), no reduction until the rows' totals, side by side. Two things keep LLVM from making it slower: the
+    vpshufb masks and each row's x address hold a zero it cannot see (nb < 0, where no iteration runs), else it
+    lowers a constant byte shuffle in two or three instructions (with SSE4a, extrq: slow beside 256-bit code) and
+    keeps the x chunks the rows share in registers, spilling them, where each row can read them again from L1."""
+    v4, v8i16, v16i16 = ir.VectorType(I32, 4), ir.VectorType(I16, 8), ir.VectorType(I16, 16)
+
+    def declare(name, ret, *params):
+        return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ret, list(params)))
+
+    maddubs = declare("llvm.x86.avx2.pmadd.ub.sw", v16i16, V32I8, V32I8)
+    madd = declare("llvm.x86.avx2.pmadd.wd", V8I32, v16i16, v16i16)
+    madd4 = declare("llvm.x86.sse2.pmadd.wd", v4, v8i16, v8i16)
+    pick = declare("llvm.x86.avx2.pshuf.b", V32I8, V32I8, V32I8)
+    low4, hidden = ir.Constant(V32I8, [15] * 32), builder.lshr(nb, ir.Constant(I64, 63))
+    scale_of = [builder.or_(ir.Constant(V32I8, [2 * j, 2 * j + 1] * 16), splat(builder, builder.trunc(
+        hidden, I8), V32I8)) for j in range(8)]  # sub-block j's int16 scale, 16 times
+    sums = load(builder, builder.add(bs, builder.mul(i, ir.Constant(I64, 64))), ir.VectorType(I32, 16))
+    by_32 = builder.trunc(builder.add(*[builder.shuffle_vector(sums, sums, ir.Constant(V8I32, list(range(
+        o, 16, 2)))) for o in (0, 1)]), v8i16)  # x's 16 sums of 16 -> 8 of 32, as int16 (|s| <= 4064)
+    isums, msums = [], []
+    for r, (blk, both) in enumerate(zip(blks, k_scales_mins_rows(builder, blks, QT.Q4_K), strict=True)):
+        xr = builder.add(builder.add(x, builder.mul(hidden, ir.Constant(I64, r))), builder.mul(i, ir.Constant(
+            I64, 256)))
+        s16 = builder.trunc(both, v16i16)  # scales in lanes 0-7, mins in 8-15
+        scales = builder.bitcast(builder.shuffle_vector(s16, s16, ir.Constant(ir.VectorType(I32, 16), list(
+            range(8)) * 2)), V32I8)  # in both 128-bit halves, as vpshufb reads them
+        acc = None
+        for p in range(4):  # 32 bytes: sub-block 2p's codes in the low nibbles, 2p + 1's in the high ones
+            q = load(builder, field_at(builder, blk, QT.Q4_K, "qs", 32 * p), V32I8)
+            high = builder.bitcast(builder.lshr(builder.bitcast(q, v16i16), ir.Constant(v16i16, [4] * 16)), V32I8)
+            for j, codes in ((2 * p, builder.and_(q, low4)), (2 * p + 1, builder.and_(high, low4))):
+                y = load(builder, builder.add(xr, ir.Constant(I64, 32 * j)), V32I8)
+                scale = builder.bitcast(builder.call(pick, [scales, scale_of[j]]), v16i16)
+                dots = builder.call(madd, [builder.call(maddubs, [codes, y]), scale])
+                acc = dots if acc is None else builder.add(acc, dots)
+        isums.append(acc)
+        msums.append(builder.call(madd4, [builder.trunc(lanes(builder, both, 8, 8), v8i16), by_32]))
+    return row_totals(builder, isums), row_totals(builder, msums)
+
+
+def _make_q4k_rows(isa):
+    """KROWS of a repacked Q4_K matrix on AVX-512 VNNI or AVX2: the x86 gemv's float steps (per block, the rows in
+    the lanes, fma(isum, d_w * d_x, acc) and fma(msum, dmin_w * d_x, accm), then acc - accm) over the same exact
+    integers as _make_krow's, summed in fewer instructions (_q4k_sums_vnni, _q4k_sums_avx2)."""
+    size, n_rows = BLOCK_SIZES[QT.Q4_K][1], N_READ
+    vrows = ir.VectorType(F32, n_rows)
+    sums_of = _q4k_sums_vnni if isa == "vnni" else _q4k_sums_avx2
 
     def codegen(context, builder, signature, args):
         ws, x, bs, dx, nb = args
         rows = [builder.extract_value(ws, r) for r in range(n_rows)]
         ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), n_rows)
-        dpbusd, dpwssd = (builder.module.declare_intrinsic(f"llvm.x86.avx512.{op}.512", fnty=ir.FunctionType(
-            V16I32, [V16I32] * 3)) for op in ("vpdpbusd", "vpdpwssd"))
         fma_rows = builder.module.declare_intrinsic(f"llvm.fma.v{n_rows}f32", fnty=ir.FunctionType(vrows, [vrows] * 3))
-        low4, zero = ir.Constant(v64i8, [15] * 64), ir.Constant(V16I32, None)
 
         def block(i, accs):
-            xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
-                I64, 64)))
             dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
-            xs = [load(builder, builder.add(xi, ir.Constant(I64, 64 * c)), V16I32) for c in range(4)]  # _q4_k_pairs'
-            by_32 = load(builder, bsi, V16I32)
             blks = [builder.add(w, builder.mul(i, ir.Constant(I64, size))) for w in rows]
             for blk in blks:
                 prefetch_block(builder, blk, QT.Q4_K, ahead)
-            boths = k_scales_mins_rows(builder, blks, QT.Q4_K)  # a row's scales in lanes 0-7, mins in 8-15
-            isums = []
-            for blk, both in zip(blks, boths, strict=True):
-                qs = [load(builder, field_at(builder, blk, QT.Q4_K, "qs", 64 * h), v64i8) for h in (0, 1)]
-                codes = [c for q in qs for c in (builder.and_(q, low4), builder.and_(builder.lshr(
-                    q, ir.Constant(v64i8, [4] * 64)), low4))]
-                acc = zero
-                for c, (a, b) in enumerate(pairs):
-                    dots = builder.call(dpbusd, [zero, builder.bitcast(codes[c], V16I32), xs[c]])
-                    scale = builder.shuffle_vector(both, both, ir.Constant(V16I32, [a] * 8 + [b] * 8))
-                    acc = builder.call(dpwssd, [acc, dots, scale])
-                isums.append(acc)
-            mins = [builder.trunc(lanes(builder, both, 8, 8), ir.VectorType(I16, 8)) for both in boths]
-            mins = builder.shuffle_vector(*[builder.shuffle_vector(mins[k], mins[k + 1], ir.Constant(
-                ir.VectorType(I32, 16), list(range(16)))) for k in (0, 2)], ir.Constant(ir.VectorType(I32, 32), list(
-                    range(32))))
-            msums = builder.call(dpwssd, [zero, builder.bitcast(mins, V16I32), by_32])  # row r in lanes 4r .. 4r + 3
-            msums = row_totals(builder, [lanes(builder, msums, 4 * r, 4) for r in range(n_rows)])
+            isum, msum = sums_of(builder, x, bs, nb, i, blks)
 
             def per_row(field):  # the rows' float16 field, one a lane
                 v = ir.Constant(vrows, ir.Undefined)
@@ -397,7 +448,7 @@ def _make_q4k_rows_vnni():
 
             dxs = splat(builder, dxi, vrows)
             return [builder.call(fma_rows, [builder.sitofp(total, vrows), builder.fmul(per_row(field), dxs), acc])
-                    for acc, total, field in ((accs[0], row_totals(builder, isums), "d"), (accs[1], msums, "dmin"))]
+                    for acc, total, field in ((accs[0], isum, "d"), (accs[1], msum, "dmin"))]
 
         accs = counted_loop(builder, nb, [ir.Constant(vrows, None)] * 2, block)
         diff = builder.fsub(*accs)
@@ -414,7 +465,7 @@ def _make_q4k_rows_vnni():
 LTILE = GTILE = KROWS = None  # one K-quant type's intrinsics: K_TILE_N rows against a lane tile (the form's; the
 # repacked gemv's), one token against N_READ rows
 REPACKED = SIZE = PAIRS = None  # whether the matrix is in llama.cpp's repacked x86 form; the type's block bytes;
-# whether one token's rows go through _make_q4k_rows_vnni
+# whether one token's x is paired for _q4k_sums_vnni
 FEW = None  # a repacked matrix's mul_mat_id rows at most this many go one at a time (FEW_ROWS)
 FEW_ROWS = {"avx2": 8}  # by CPU path (others 4): a lane tile's 16 lanes cost alike for 1 to 16 rows, one token's
 # kernel less up to this many (docs/performance.md)
@@ -425,7 +476,7 @@ def q4_k_rows_vnni(qtype, isa, repacked):
 
 
 @njit(cache=True)
-def _q4_k_pairs(xq, bsums):  # [P, K] i8, [P, K/16] i32 -> [P, K] i8, [P, K/16] i32: _make_q4k_rows_vnni's x
+def _q4_k_pairs(xq, bsums):  # [P, K] i8, [P, K/16] i32 -> [P, K] i8, [P, K/16] i32: _q4k_sums_vnni's x
     """Each block's 32-code chunks in the order 0, 2, 1, 3, 4, 6, 5, 7 (the nibbles' pairs), and its 8 sums of 32
     as int16, the 8 repeated 4 times (a row quad's), in the sums' place (64 bytes a block either way)."""
     P, K = xq.shape
@@ -541,9 +592,10 @@ def kquant_kernel(qtype, isa=ISA, repacked=False):
     key = (qtype, isa, repacked)
     if key not in KERNELS:
         tile = _make_lane_tile(qtype, isa, "gemm" if repacked else "tiled")
+        q4_k_rows = q4_k_rows_vnni(qtype, isa, repacked) or key == (QT.Q4_K, "avx2", True)
         consts = dict(LTILE=tile, GTILE=_make_lane_tile(qtype, isa, "gemv") if repacked else tile,
-                      KROWS=_make_q4k_rows_vnni() if q4_k_rows_vnni(qtype, isa, repacked)
-                      else _make_krow(qtype, isa, N_READ, repacked), REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
+                      KROWS=_make_q4k_rows(isa) if q4_k_rows else _make_krow(qtype, isa, N_READ, repacked),
+                      REPACKED=repacked, SIZE=BLOCK_SIZES[qtype][1],
                       PAIRS=q4_k_rows_vnni(qtype, isa, repacked), FEW=FEW_ROWS.get(isa, 4))
         name = f"kquant_matmul_{qtype.name}_{'repacked' if repacked else 'vec_dot'}_{isa}"
         KERNELS[key] = specialize(_kquant_matmul, name, **consts)
