@@ -297,35 +297,36 @@ def _router_softmax(x):  # [T, n] f32 -> [T, n]: ggml_float.softmax (which says 
 
 
 def _gated_delta_net(q, k, v, g, beta, state):  # ggml_float.gated_delta_net (which says whose steps these are)
+    """Each row of a head's state on its own through all the tokens, written in place into the new state: a row's
+    steps read no other row, so its 512 bytes stay in L1 and the state is read and written once."""
     T, H, dk = q.shape
     dv = v.shape[2]
     body = dk - dk % (4 * PW)
     scale = np.float32(1.0) / np.sqrt(np.float32(dk))
+    decay = np.empty((T, H), np.float32)
+    for t in range(T):
+        for h in range(H):
+            decay[t, h] = math.exp(g[t, h])  # float32: the C library's expf
     out = np.empty((T, H, dv), np.float32)
     new = np.empty((H, dv, dk), np.float32)
     for h in prange(H):
-        s = state[h].copy()  # [dv, dk]
-        delta = np.empty(dv, np.float32)
-        for t in range(T):
-            kt, qt = k[t, h], q[t, h]
-            decay = math.exp(g[t, h])  # float32: the C library's expf
-            for j in range(dv):
-                sj = s[j]
+        for j in range(dv):
+            sj = new[h, j]
+            sj[:] = state[h, j]
+            for t in range(T):
+                kt, qt = k[t, h], q[t, h]
                 for i in range(dk):
-                    sj[i] *= decay
+                    sj[i] *= decay[t, h]
                 recall = F32_ONE(sj.ctypes.data, kt.ctypes.data, body // (4 * PW)) if body else np.float32(0.0)
                 for i in range(body, dk):
                     recall = recall + sj[i] * kt[i]
-                delta[j] = (v[t, h, j] - recall) * beta[t, h]
-            for j in range(dv):
-                sj = s[j]
+                delta = (v[t, h, j] - recall) * beta[t, h]
                 for i in range(dk):
-                    sj[i] = fma32(kt[i], delta[j], sj[i])  # ggml_vec_mad_f32
+                    sj[i] = fma32(kt[i], delta, sj[i])  # ggml_vec_mad_f32
                 read = F32_ONE(sj.ctypes.data, qt.ctypes.data, body // (4 * PW)) if body else np.float32(0.0)
                 for i in range(body, dk):
                     read = read + sj[i] * qt[i]
                 out[t, h, j] = read * scale
-        new[h] = s
     return out, new
 
 
