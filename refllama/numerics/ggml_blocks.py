@@ -42,6 +42,7 @@ from .ir import (
     V32I8,
     compile_features,
     counted_loop,
+    declare,
     lanes,
     load,
     load_f16,
@@ -221,13 +222,10 @@ def _mxfp4_fours_avx2(builder, ws, x, xd, xs, g, ahead, acc, fma4):
     v16i8 = ir.VectorType(I8, 16)
     base = builder.mul(g, ir.Constant(I64, 4 * size))
 
-    def declare(name, ret, *args):
-        return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ret, list(args)))
-
-    lookup = declare("llvm.x86.avx2.pshuf.b", v32i8, v32i8, v32i8)
-    maddubs = declare("llvm.x86.avx2.pmadd.ub.sw", v16i16, v32i8, v32i8)
-    madd = declare("llvm.x86.avx2.pmadd.wd", V8I32, v16i16, v16i16)
-    hadd = declare("llvm.x86.avx2.phadd.d", V8I32, V8I32, V8I32)
+    lookup = declare(builder, "llvm.x86.avx2.pshuf.b", v32i8, v32i8, v32i8)
+    maddubs = declare(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, v32i8, v32i8)
+    madd = declare(builder, "llvm.x86.avx2.pmadd.wd", V8I32, v16i16, v16i16)
+    hadd = declare(builder, "llvm.x86.avx2.phadd.d", V8I32, V8I32, V8I32)
     table, low4 = ir.Constant(v32i8, KVALUES_PLUS_12 * 2), ir.Constant(v32i8, [15] * 32)
     ones = ir.Constant(v16i16, [1] * 16)
     xg = builder.add(x, builder.mul(g, ir.Constant(I64, 128)))

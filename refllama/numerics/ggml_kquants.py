@@ -27,7 +27,7 @@ from .block_ir import (
 from .ggml_blocks import ISA, MAGIC, V8F32, V8I32, V16F32, V16I32, GgmlBlocks, _dpbusd16, _lanes
 from .ggml_tables import LAYOUT
 from .ggml_x86 import GEMM_STEP
-from .ir import F32, I8, I16, I32, I64, V32I8, counted_loop, hsum, lanes, load, load_f16, specialize, splat
+from .ir import F32, I8, I16, I32, I64, V32I8, counted_loop, declare, hsum, lanes, load, load_f16, specialize, splat
 from .quant import N_READ, TILE_T, WIDE, part_of, put_tile, row_address, row_quad, to_lanes
 
 K_QUANTS = (QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K)
@@ -384,13 +384,10 @@ def _q4k_sums_avx2(builder, x, bs, nb, i, blks):
     keeps the x chunks the rows share in registers, spilling them, where each row can read them again from L1."""
     v4, v8i16, v16i16 = ir.VectorType(I32, 4), ir.VectorType(I16, 8), ir.VectorType(I16, 16)
 
-    def declare(name, ret, *params):
-        return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ret, list(params)))
-
-    maddubs = declare("llvm.x86.avx2.pmadd.ub.sw", v16i16, V32I8, V32I8)
-    madd = declare("llvm.x86.avx2.pmadd.wd", V8I32, v16i16, v16i16)
-    madd4 = declare("llvm.x86.sse2.pmadd.wd", v4, v8i16, v8i16)
-    pick = declare("llvm.x86.avx2.pshuf.b", V32I8, V32I8, V32I8)
+    maddubs = declare(builder, "llvm.x86.avx2.pmadd.ub.sw", v16i16, V32I8, V32I8)
+    madd = declare(builder, "llvm.x86.avx2.pmadd.wd", V8I32, v16i16, v16i16)
+    madd4 = declare(builder, "llvm.x86.sse2.pmadd.wd", v4, v8i16, v8i16)
+    pick = declare(builder, "llvm.x86.avx2.pshuf.b", V32I8, V32I8, V32I8)
     low4, hidden = ir.Constant(V32I8, [15] * 32), builder.lshr(nb, ir.Constant(I64, 63))
     scale_of = [builder.or_(ir.Constant(V32I8, [2 * j, 2 * j + 1] * 16), splat(builder, builder.trunc(
         hidden, I8), V32I8)) for j in range(8)]  # sub-block j's int16 scale, 16 times

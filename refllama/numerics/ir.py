@@ -93,6 +93,10 @@ def loop_of(builder, n, initial, body):
     return values
 
 
+def declare(builder, name, ret, *params):  # an LLVM intrinsic of this signature, declared in the builder's module
+    return builder.module.declare_intrinsic(name, fnty=ir.FunctionType(ret, list(params)))
+
+
 def prefetch(builder, addr):
     """A hint to bring the cache line at addr into the L2 cache ahead of its use (prefetcht1): the hardware
     prefetchers alone keep the kernels' reads well below the memory's bandwidth, and hints into L1 (prefetcht0)
