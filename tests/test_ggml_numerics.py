@@ -408,6 +408,32 @@ def test_integer_kernels_of_more_types_equal_the_numpy_emulation_to_the_bit(qtyp
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("qtype", [QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q8_0, QT.MXFP4, *gq.K_QUANTS], ids=lambda t: t.name)
+def test_no_kernel_mixes_sse4a_into_its_vector_code(qtype):
+    """LLVM lowers some constant byte shuffles with SSE4a's extrq/insertq where the CPU has it (AMD's); those
+    legacy-SSE instructions beside 256-bit code made Q4_K's one-token kernel 4.7x slower on a Zen 3. Every block
+    kernel this host compiles (one token, a few, a batch; mul_mat_id) holds none of them."""
+    if "sse4a" not in refllama.numerics.ir.compile_features():
+        pytest.skip("this CPU has no SSE4a: LLVM emits no extrq/insertq here")
+    raw = RNG.integers(0, 0x3C, size=gguf.quant_shape_to_byte_shape((40, 512), qtype), dtype=np.uint8)
+    fast = gk.GgmlNumbaPlacement()(refllama.formats.ggml_types.QuantizedTensor(raw, qtype, (40, 512)))
+    for T in (1, 3, 20):
+        x = RNG.standard_normal((T, 512)).astype(np.float32)
+        x @ fast.T
+        if hasattr(fast, "matmul_id"):  # a repacked K-quant form of its own; the block types: x @ w.T
+            fast.matmul_id(x)
+    kernels = gq.KERNELS if qtype in gq.K_QUANTS else gb.KERNELS
+    kernel = kernels[(qtype, fast.isa, fast.repacked)]
+    options = {k: v for k, v in kernel.targetoptions.items() if k in ("parallel", "fastmath", "nogil")}
+    fresh = numba.njit(**options)(kernel.py_func)  # compiled anew: Numba returns no assembly for cached code
+    for sig in kernel.signatures:
+        fresh.compile(sig)
+        asm = fresh.inspect_asm(sig)
+        assert "ret" in asm  # real assembly
+        assert "extrq" not in asm and "insertq" not in asm, f"{qtype.name}'s kernel: extrq/insertq in its code"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EMULATED["numba"])
 @pytest.mark.parametrize("T,N,K", [(1, 128, 2048), (1, 8, 200), (1, 8, 96), (3, 8, 64), (2, 6, 48), (5, 4, 100),
                                    (3, 4, 40)])

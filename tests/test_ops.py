@@ -30,6 +30,10 @@ def calls(T, rng):
     cache = np.zeros((KVH, CTX, HD), np.float32)  # K and V are views of the cache, holding float16 values
     cache[:, :S] = ggml_numerics.round_f16(randn(KVH, S, HD))
     kq = randn(H, T, S) * 4
+    qk = randn(2, T, 3, 36)  # a linear layer's q, k (L2-normalised), 3 v heads, 36 wide: a tail past ggml's vectors
+    qk /= np.sqrt((qk * qk).sum(-1, keepdims=True))
+    delta_args = (*qk, randn(T, 3, 24), -np.abs(randn(T, 3)), rng.uniform(0, 1, (T, 3)).astype(np.float32),
+                  randn(3, 24, 36) * 0.5)  # v [T, H, dv], log decay, beta; the state [H, dv, dk] before them
     return {
         "rms_norm rows": lambda ops: ops.rms_norm(randn(T, D) * 3, randn(D), 1e-5),
         "rms_norm heads": lambda ops: ops.rms_norm(randn(T, H, HD) * 3, randn(HD), 1e-6),  # Qwen3's, Gemma 3's
@@ -43,6 +47,7 @@ def calls(T, rng):
         "swiglu": lambda ops: ops.swiglu(randn(T, F) * 3, randn(T, F)),
         "gelu": lambda ops: ops.gelu(randn(T, F) * 3),
         "geglu": lambda ops: ops.geglu(randn(T, F) * 3, randn(T, F)),
+        "gated_delta_net": lambda ops: np.concatenate([a.ravel() for a in ops.gated_delta_net(*delta_args)]),
     }
 
 

@@ -177,7 +177,7 @@ def _make_lane_tile(qtype, isa, form):
         ws, xt, bt, bf, dt, nb, out = args
         rows = [builder.extract_value(ws, r) for r in range(K_TILE_N)]
         ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), K_TILE_N)
-        fma = builder.module.declare_intrinsic("llvm.fma.v16f32", fnty=ir.FunctionType(V16F32, [V16F32] * 3))
+        fma = declare(builder, "llvm.fma.v16f32", V16F32, V16F32, V16F32, V16F32)
         zero, fzero = ir.Constant(V16I32, None), ir.Constant(V16F32, None)
         magic = ir.Constant(V16F32, [1.5 * 2 ** 23] * 16)
 
@@ -265,12 +265,12 @@ def _make_krow(qtype, isa, n_rows, repacked):
         ws, x, bs, dx, nb = args
         rows = [builder.extract_value(ws, r) for r in range(n_rows)]
         ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), n_rows)
-        fma = builder.module.declare_intrinsic("llvm.fma.f32", fnty=ir.FunctionType(F32, [F32] * 3))
-        fma4 = builder.module.declare_intrinsic("llvm.fma.v4f32", fnty=ir.FunctionType(v4f, [v4f] * 3))
-        fma8 = builder.module.declare_intrinsic("llvm.fma.v8f32", fnty=ir.FunctionType(V8F32, [V8F32] * 3))
-        msum_of = builder.module.declare_intrinsic("llvm.vector.reduce.add.v4i32", fnty=ir.FunctionType(I32, [v4]))
+        fma = declare(builder, "llvm.fma.f32", F32, F32, F32, F32)
+        fma4 = declare(builder, "llvm.fma.v4f32", v4f, v4f, v4f, v4f)
+        fma8 = declare(builder, "llvm.fma.v8f32", V8F32, V8F32, V8F32, V8F32)
+        msum_of = declare(builder, "llvm.vector.reduce.add.v4i32", I32, v4)
         vrows = ir.VectorType(F32, n_rows)
-        fma_rows = builder.module.declare_intrinsic(f"llvm.fma.v{n_rows}f32", fnty=ir.FunctionType(vrows, [vrows] * 3))
+        fma_rows = declare(builder, f"llvm.fma.v{n_rows}f32", vrows, vrows, vrows, vrows)
 
         def block(i, accs):
             xi, bsi = builder.add(x, builder.mul(i, ir.Constant(I64, 256))), builder.add(bs, builder.mul(i, ir.Constant(
@@ -347,8 +347,8 @@ def _q4k_sums_vnni(builder, x, bs, nb, i, blks):
     instructions a 64 codes where the ggml_vec_dot lanes take a vpdpbusd, a vpmulld and an add a 32."""
     v64i8 = ir.VectorType(I8, 64)
     pairs = ((0, 2), (1, 3), (4, 6), (5, 7))  # the sub-blocks in a code vector's two halves
-    dpbusd, dpwssd = (builder.module.declare_intrinsic(f"llvm.x86.avx512.{op}.512", fnty=ir.FunctionType(
-        V16I32, [V16I32] * 3)) for op in ("vpdpbusd", "vpdpwssd"))
+    dpbusd, dpwssd = (declare(builder, f"llvm.x86.avx512.{op}.512", V16I32, V16I32, V16I32, V16I32)
+                      for op in ("vpdpbusd", "vpdpwssd"))
     low4, zero = ir.Constant(v64i8, [15] * 64), ir.Constant(V16I32, None)
     xi = builder.add(x, builder.mul(i, ir.Constant(I64, 256)))
     xs = [load(builder, builder.add(xi, ir.Constant(I64, 64 * c)), V16I32) for c in range(4)]  # _q4_k_pairs'
@@ -427,7 +427,7 @@ def _make_q4k_rows(isa):
         ws, x, bs, dx, nb = args
         rows = [builder.extract_value(ws, r) for r in range(n_rows)]
         ahead = rows_ahead(builder, builder.mul(nb, ir.Constant(I64, size)), n_rows)
-        fma_rows = builder.module.declare_intrinsic(f"llvm.fma.v{n_rows}f32", fnty=ir.FunctionType(vrows, [vrows] * 3))
+        fma_rows = declare(builder, f"llvm.fma.v{n_rows}f32", vrows, vrows, vrows, vrows)
 
         def block(i, accs):
             dxi = load(builder, builder.add(dx, builder.mul(i, ir.Constant(I64, 4))), F32)
