@@ -1,6 +1,8 @@
 """Weights that are not arrays (kept quantized, in float16, in the file's form, or several joined as one) multiply as
 arrays do: `x @ w.T` calls `w.matmul(x)`, so `layers.linear` is one line for every backend and numerics."""
 
+import functools
+
 import numpy as np
 
 from .. import layers
@@ -72,8 +74,47 @@ class FusedPart(WeightMatrix):
 
 
 FUSED = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("attn_qkv", "attn_gate"),
-         ("ssm_beta", "ssm_alpha"))  # a layer's products of one input (linear attention's four: two pairs, each of
-# one type in llama.cpp's quantized files)
+         ("ssm_beta", "ssm_alpha"), ("ffn_gate_shexp", "ffn_up_shexp"))  # a layer's products of one input (linear
+# attention's four: two pairs, each of one type in llama.cpp's quantized files)
+PAIRED = ("ffn_gate_exps", "ffn_up_exps")  # the experts' matrices of one input, joined for a decode step (Paired)
+
+
+class Stack(tuple):
+    """A layer's matrices of one 3-D tensor (experts, or heads: DeepSeek's k_b and v_b), with `whole`, all of them
+    joined, made once: a decode step's per-head products multiply every head's matrix."""
+
+    def __new__(cls, mats, join):
+        stack = super().__new__(cls, mats)
+        stack.join, stack.pair = join, None
+        return stack
+
+    @functools.cached_property
+    def whole(self):
+        return self.join(list(self))
+
+
+class Paired:
+    """A layer's gate and up experts (Stacks): one token's chosen experts of both multiply as one joined matrix, one
+    kernel call, as Fused joins a dense layer's gate and up; the second of the two products takes its half of it
+    (the whole product is kept until it has)."""
+
+    def __init__(self, gate, up):
+        self.gate, self.up = gate, up
+        self.key = self.out = None
+        self.left = 0
+
+    def product(self, x, ids, mats, product):  # [1, in], [1, K] -> [1, K, out] of `mats` (gate or up); or None
+        if self.key is None or self.key[0] is not x or self.key[1] is not ids:
+            chosen = ids[0].tolist()
+            whole = self.gate.join([self.gate[e] for e in chosen] + [self.up[e] for e in chosen])
+            if whole is None:
+                return None
+            self.key, self.out, self.left = (x, ids), product(x, whole).reshape(2, len(chosen), -1), 2
+        out = self.out[0 if mats is self.gate else 1]
+        self.left -= 1
+        if self.left == 0:
+            self.key = self.out = None
+        return out[None]
 
 
 def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matrices, [T, K] ids -> [T, K, out]
@@ -83,7 +124,14 @@ def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matric
     products), where the joined matrix can (`matmul_parts`). Each row's products are those of its own matrix."""
     join = getattr(mats[0], "join", None)
     if join is not None and len(x) == 1:
-        whole = join([mats[int(e)] for e in ids[0]])
+        pair = getattr(mats, "pair", None)
+        if pair is not None and x.ndim == 2:  # the gate and up experts, joined (Paired)
+            y = pair.product(x, ids, mats, product)
+            if y is not None:
+                return y
+        chosen = ids[0].tolist()
+        every = isinstance(mats, Stack) and chosen == list(range(len(mats)))  # every head's (per-head products)
+        whole = mats.whole if every else join([mats[e] for e in chosen])
         if whole is not None and x.ndim == 2:
             return product(x, whole).reshape(1, ids.shape[1], -1)
         if whole is not None and hasattr(whole, "matmul_parts") and whole.in_quads():
@@ -98,12 +146,19 @@ def mul_mat_id(x, mats, ids, product=linear):  # [T, K, in] or [T, in], E matric
 
 def fuse_layer(lw, concat):
     """Replace each group of FUSED in a layer's weights by parts of one matrix, where `concat` can join them (it
-    returns None where it cannot: different types or widths)."""
+    returns None where it cannot: different types or widths); each 3-D tensor's matrices by a Stack, the gate and up
+    experts' Paired."""
     for names in FUSED:
         if all(n in lw for n in names):
             whole = concat([lw[n] for n in names])
             if whole is not None:
                 lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts(), strict=True))
+    for name, mats in lw.items():
+        if isinstance(mats, tuple) and mats and hasattr(mats[0], "join"):
+            lw[name] = Stack(mats, concat)
+    if all(isinstance(lw.get(n), Stack) for n in PAIRED):
+        gate, up = (lw[n] for n in PAIRED)
+        gate.pair = up.pair = Paired(gate, up)
 
 
 SCRATCH_VALUES = 64 << 20  # float32 values (256 MiB): every matrix of an 8B model but the vocabulary's fits whole
