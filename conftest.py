@@ -47,7 +47,8 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session):
     path = session.config.getoption("--skipped-to")
-    if path:
+    if path and not hasattr(session.config, "workerinput"):  # pytest-xdist's workers: their reports reach the main
+        # process, which writes the file
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(f"{nodeid}\n" for nodeid in dict.fromkeys(SKIPPED))
 
