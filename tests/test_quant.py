@@ -112,6 +112,7 @@ def _resident_kb(pattern):  # resident KB of this process's read-only mappings o
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # MADV_PAGEOUT leaves the pages another process maps too (another worker's LLVM)
 @pytest.mark.skipif(not sys.platform.startswith("linux") or tuple(map(int, os.uname().release.split(".")[:2])) < (5, 4),
                     reason="MADV_PAGEOUT needs Linux 5.4+")
 def test_released_loader_pages_leave_kernels_and_hashing_working():
