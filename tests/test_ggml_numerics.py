@@ -25,7 +25,7 @@ from refllama.numerics import ggml_numerics as gn
 from refllama.numerics import ggml_quantize as gz
 from refllama.numerics import ggml_tables as gt
 from refllama.numerics.cpu_paths import EMULATED
-from refllama.numerics.matrices import Fused, mul_mat_id
+from refllama.numerics.matrices import Fused, fuse_layer, mul_mat_id
 from refllama.numerics.quant import QuantMatrix, concat_blocks
 
 RNG = np.random.default_rng(20261123)
@@ -470,6 +470,23 @@ def test_a_tokens_experts_joined_give_each_expert_its_own_product(make, qtype, r
         got = mul_mat_id(inputs, experts, ids, product=product)
         want = [product((inputs[:, k] if inputs.ndim == 3 else inputs), experts[e]) for k, e in enumerate(ids[0])]
         np.testing.assert_array_equal(got, np.stack(want, axis=1))
+    # a layer's gate and up experts (fuse_layer: Stacks sharing a Paired): both products of one call of the kernel
+    # on the 2K experts joined, each its own experts' rows; every head's matrices (a Stack's whole) as each its own
+    lw = {"ffn_gate_exps": tuple(experts[:3]), "ffn_up_exps": tuple(experts[3:])}
+    fuse_layer(lw, concat_blocks)
+    gate, up = lw["ffn_gate_exps"], lw["ffn_up_exps"]
+    assert gate.pair is up.pair is not None
+    ids = np.array([[2, 0]])
+    got_gate = mul_mat_id(x, gate, ids, product=product)
+    assert gate.pair.left == 1  # the up half kept for the second product
+    got_up = mul_mat_id(x, up, ids, product=product)
+    assert gate.pair.out is None
+    for got, mats in ((got_gate, gate), (got_up, up)):
+        np.testing.assert_array_equal(got, np.stack([product(x, mats[e]) for e in ids[0]], axis=1))
+    every = np.arange(3)[None]
+    np.testing.assert_array_equal(mul_mat_id(rows, gate, every, product=product),
+                                  np.stack([product(rows[:, k], gate[k]) for k in range(3)], axis=1))
+    assert "whole" in vars(gate)  # made once, kept for the next step
 
 
 @pytest.mark.slow

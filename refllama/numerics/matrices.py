@@ -83,14 +83,11 @@ class Stack(tuple):
     """A layer's matrices of one 3-D tensor (experts, or heads: DeepSeek's k_b and v_b), with `whole`, all of them
     joined, made once: a decode step's per-head products multiply every head's matrix."""
 
-    def __new__(cls, mats, join):
-        stack = super().__new__(cls, mats)
-        stack.join, stack.pair = join, None
-        return stack
+    pair = None  # the Paired the layer's gate and up experts share
 
     @functools.cached_property
     def whole(self):
-        return self.join(list(self))
+        return self[0].join(list(self))
 
 
 class Paired:
@@ -106,7 +103,7 @@ class Paired:
     def product(self, x, ids, mats, product):  # [1, in], [1, K] -> [1, K, out] of `mats` (gate or up); or None
         if self.key is None or self.key[0] is not x or self.key[1] is not ids:
             chosen = ids[0].tolist()
-            whole = self.gate.join([self.gate[e] for e in chosen] + [self.up[e] for e in chosen])
+            whole = self.gate[0].join([self.gate[e] for e in chosen] + [self.up[e] for e in chosen])
             if whole is None:
                 return None
             self.key, self.out, self.left = (x, ids), product(x, whole).reshape(2, len(chosen), -1), 2
@@ -155,7 +152,7 @@ def fuse_layer(lw, concat):
                 lw.update(zip(names, Fused(whole, [lw[n].shape[0] for n in names]).parts(), strict=True))
     for name, mats in lw.items():
         if isinstance(mats, tuple) and mats and hasattr(mats[0], "join"):
-            lw[name] = Stack(mats, concat)
+            lw[name] = Stack(mats)
     if all(isinstance(lw.get(n), Stack) for n in PAIRED):
         gate, up = (lw[n] for n in PAIRED)
         gate.pair = up.pair = Paired(gate, up)
